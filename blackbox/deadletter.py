@@ -1,0 +1,66 @@
+"""Dead-letter records: what they carry, so an operator can see why and replay.
+
+A dead-lettered intake record is copied unchanged (value, key, headers) with the reason,
+a readable detail and its original coordinates added as headers. An undeliverable
+schedule carries its stored value, its id and its target topic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import Message
+
+from blackbox.envelope import normalize_headers
+from blackbox.errors import DeadLetterReason
+
+REASON_HEADER = "blackbox-dlq-reason"
+DETAIL_HEADER = "blackbox-dlq-detail"
+MAX_DETAIL_BYTES = 1024
+
+Header = tuple[str, bytes | None]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One record for the dead-letter topic."""
+
+    value: bytes | None
+    key: bytes | None
+    headers: list[Header]
+    reason: DeadLetterReason
+
+
+def _reason_headers(reason: DeadLetterReason, detail: str) -> list[Header]:
+    return [
+        (REASON_HEADER, reason.value.encode()),
+        (DETAIL_HEADER, detail.encode("utf-8", "replace")[:MAX_DETAIL_BYTES]),
+    ]
+
+
+def from_intake(message: Message, reason: DeadLetterReason, detail: str) -> DeadLetter:
+    """The unchanged intake record, with why it was refused and where it came from."""
+    kept = normalize_headers(message.headers())
+    added: list[Header] = [
+        ("blackbox-dlq-topic", (message.topic() or "").encode()),
+        ("blackbox-dlq-partition", str(message.partition()).encode()),
+        ("blackbox-dlq-offset", str(message.offset()).encode()),
+    ]
+    value, key = message.value(), message.key()
+    return DeadLetter(value, key, [*kept, *_reason_headers(reason, detail), *added], reason)
+
+
+def from_schedule(
+    schedule_id: str,
+    value: bytes | None,
+    target: str | None,
+    reason: DeadLetterReason,
+    detail: str,
+) -> DeadLetter:
+    """A schedule that could not be delivered, with its id and intended target."""
+    added = [("blackbox-id", schedule_id.encode())]
+    if target is not None:
+        added.append(("blackbox-target-topic", target.encode()))
+    return DeadLetter(
+        value, schedule_id.encode(), [*_reason_headers(reason, detail), *added], reason
+    )

@@ -1,0 +1,185 @@
+"""fire_due(): claim due ids, produce them, wait for the broker's reports, then ack.
+
+An id leaves Redis only after its target topic (or the dead-letter topic) acknowledged it.
+A failed delivery goes back to due with a backoff; one failing for a lasting reason is
+dead-lettered once its attempts are spent. A full claim is followed at once by the next,
+so a backlog drains at full speed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+from confluent_kafka import KafkaError
+
+from blackbox import deadletter
+from blackbox.clock import now_ms
+from blackbox.deadletter import DeadLetter
+from blackbox.envelope import CALLER_HEADER
+from blackbox.errors import CorruptSchedule, DeadLetterReason
+from blackbox.kafka import lasting_reason
+from blackbox.metrics import Metrics
+from blackbox.outbox import Outbox, Record
+from blackbox.schedule import Schedule
+from blackbox.store import Claim, Loaded, RedisStore
+
+log = structlog.get_logger("blackbox.dispatcher")
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """How the dispatcher claims and retries."""
+
+    batch_limit: int
+    lease_ms: int
+    max_attempts: int
+    backoff_ms: int
+    backoff_max_ms: int
+    dlq_topic: str
+
+    def retry_delay_ms(self, attempt: int) -> int:
+        """Exponential backoff: base * 2^(attempt-1), capped."""
+        return int(min(self.backoff_max_ms, self.backoff_ms * 2 ** min(attempt - 1, 30)))
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """What became of one claimed batch."""
+
+    done: list[str]
+    retry: dict[int, list[str]]
+    delivered: int = 0
+
+
+def delivery_record(schedule: Schedule, attempt: int) -> Record:
+    """The record produced to the target topic: the value, with headers to de-duplicate by."""
+    headers: list[tuple[str, bytes | None]] = []
+    if schedule.caller is not None:
+        headers.append((CALLER_HEADER, schedule.caller))
+    headers += [
+        ("blackbox-id", schedule.id.encode()),
+        ("blackbox-due-ms", str(schedule.due_ms).encode()),
+        ("blackbox-attempt", str(attempt).encode()),
+    ]
+    return Record(schedule.topic, schedule.value, None, headers)
+
+
+class Dispatcher:
+    """Moves due schedules from Redis to their target topics."""
+
+    def __init__(self, store: RedisStore, outbox: Outbox, policy: Policy, metrics: Metrics) -> None:
+        self.store = store
+        self.outbox = outbox
+        self.policy = policy
+        self.metrics = metrics
+
+    def fire_due(self, stop: threading.Event) -> int:
+        """Deliver everything due now, batch after batch; return how many were delivered."""
+        self.store.reclaim(now_ms(), self.policy.batch_limit)
+        delivered = 0
+        while not stop.is_set():
+            claim = self.store.claim_due(now_ms(), self.policy.batch_limit, self.policy.lease_ms)
+            if not claim.ids:
+                break
+            delivered += self._fire(claim, stop)
+            if len(claim.ids) < self.policy.batch_limit:
+                break
+        return delivered
+
+    def _fire(self, claim: Claim, stop: threading.Event) -> int:
+        outcome = _Outcome(done=[], retry=defaultdict(list))
+        schedules: list[tuple[Schedule, int]] = []
+        dead: list[DeadLetter] = []
+        for item in self.store.load(claim.ids):
+            self._sort(item, schedules, dead)
+        self._deliver(schedules, outcome, dead, stop)
+        self._dead_letter(dead, outcome, stop)
+        self._settle(claim, outcome)
+        return outcome.delivered
+
+    def _sort(
+        self, item: Loaded, schedules: list[tuple[Schedule, int]], dead: list[DeadLetter]
+    ) -> None:
+        if item.payload is None:
+            detail = "the payload expired before it could be delivered"
+            dead.append(
+                deadletter.from_schedule(item.id, None, None, DeadLetterReason.EXPIRED, detail)
+            )
+            return
+        try:
+            schedules.append((Schedule.decode(item.id, item.payload), item.attempts + 1))
+        except CorruptSchedule as e:
+            reason = DeadLetterReason.DELIVERY_FAILED
+            dead.append(deadletter.from_schedule(item.id, item.payload, None, reason, str(e)))
+
+    def _deliver(
+        self,
+        schedules: Sequence[tuple[Schedule, int]],
+        outcome: _Outcome,
+        dead: list[DeadLetter],
+        stop: threading.Event,
+    ) -> None:
+        if not schedules:
+            return
+        errors = self.outbox.send([delivery_record(s, a) for s, a in schedules], stop)
+        acked_ms = now_ms()
+        for (schedule, attempt), error in zip(schedules, errors, strict=True):
+            if error is None:
+                outcome.done.append(schedule.id)
+                outcome.delivered += 1
+                self.metrics.lateness.observe(max(0, acked_ms - schedule.due_ms) / 1000)
+            else:
+                self._failed(schedule, attempt, error, outcome, dead)
+        self.metrics.delivered.inc(outcome.delivered)
+
+    def _failed(
+        self,
+        schedule: Schedule,
+        attempt: int,
+        error: KafkaError,
+        outcome: _Outcome,
+        dead: list[DeadLetter],
+    ) -> None:
+        reason = lasting_reason(error)
+        kind = "transient" if reason is None else "lasting"
+        self.metrics.delivery_failures.labels(kind=kind).inc()
+        log.warning(
+            "delivery_failed", blackbox_id=schedule.id, topic=schedule.topic,
+            attempt=attempt, error=error.str(), kind=kind,
+        )  # fmt: skip
+        if reason is not None and attempt >= self.policy.max_attempts:
+            detail = f"{error.str()} (after {attempt} attempts)"
+            dead.append(
+                deadletter.from_schedule(
+                    schedule.id, schedule.value, schedule.topic, reason, detail
+                )
+            )
+        else:
+            outcome.retry[attempt].append(schedule.id)
+
+    def _dead_letter(
+        self, dead: list[DeadLetter], outcome: _Outcome, stop: threading.Event
+    ) -> None:
+        if not dead:
+            return
+        records = [Record(self.policy.dlq_topic, d.value, d.key, d.headers) for d in dead]
+        for letter, error in zip(dead, self.outbox.send(records, stop), strict=True):
+            schedule_id = (letter.key or b"").decode()
+            if error is None:
+                outcome.done.append(schedule_id)
+                self.metrics.dead_letters.labels(reason=letter.reason.value).inc()
+                log.warning("dead_lettered", blackbox_id=schedule_id, reason=letter.reason.value)
+            else:
+                outcome.retry[1].append(schedule_id)
+
+    def _settle(self, claim: Claim, outcome: _Outcome) -> None:
+        acked = self.store.ack(outcome.done, claim.token)
+        if acked < len(outcome.done):
+            log.warning("lease_lost", expected=len(outcome.done), acked=acked)
+        for attempt, ids in outcome.retry.items():
+            retry_at = now_ms() + self.policy.retry_delay_ms(attempt)
+            self.store.retry(ids, claim.token, retry_at)

@@ -1,0 +1,48 @@
+"""The error tree, and the closed set of reasons a record is dead-lettered for."""
+
+from __future__ import annotations
+
+import enum
+
+
+class DeadLetterReason(enum.StrEnum):
+    """Why a record went to the dead-letter topic: the `blackbox-dlq-reason` header value.
+
+    The set is closed on purpose: it labels metrics and alerts, so it must stay small.
+    """
+
+    EMPTY_VALUE = "empty_value"
+    OVERSIZED = "oversized"
+    INVALID_JSON = "invalid_json"
+    NOT_AN_OBJECT = "not_an_object"
+    MISSING_FIELD = "missing_field"
+    WRONG_TYPE = "wrong_type"
+    INVALID_COUNTDOWN = "invalid_countdown"
+    INVALID_TOPIC = "invalid_topic"
+    FORBIDDEN_TOPIC = "forbidden_topic"
+    INVALID_HEADER = "invalid_header"
+    EXPIRED = "expired"
+    UNKNOWN_TOPIC = "unknown_topic"
+    RECORD_TOO_LARGE = "record_too_large"
+    DELIVERY_FAILED = "delivery_failed"
+
+
+class BlackboxError(Exception):
+    """The root of every error blackbox raises on purpose."""
+
+
+class InvalidEnvelope(BlackboxError):
+    """An intake record that cannot be scheduled; it goes to the dead-letter topic."""
+
+    def __init__(self, reason: DeadLetterReason, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class SettingsError(BlackboxError):
+    """A setting read from the environment is missing or malformed; the message names it."""
+
+
+class CorruptSchedule(BlackboxError):
+    """A stored schedule could not be decoded (written by something other than blackbox)."""

@@ -1,0 +1,187 @@
+"""The intake loop: poll -> parse -> store in Redis / dead-letter -> store offsets.
+
+Offsets are stored only after every record of a batch was either written to Redis or
+acknowledged by the dead-letter topic. If Redis or the broker fails, the consumer is
+rewound to the batch's first offsets and backs off, so nothing is committed and nothing
+is lost; the writes are idempotent, so the retry cannot store anything twice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis
+import structlog
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+
+from blackbox import deadletter, envelope
+from blackbox.backoff import Backoff
+from blackbox.clock import now_ms
+from blackbox.deadletter import DeadLetter
+from blackbox.envelope import Limits
+from blackbox.errors import BlackboxError, InvalidEnvelope
+from blackbox.metrics import Metrics
+from blackbox.outbox import Outbox, Record
+from blackbox.schedule import Schedule, intake_id
+from blackbox.store import RedisStore
+
+log = structlog.get_logger("blackbox.intake")
+
+
+class DeadLetterUnavailable(BlackboxError):
+    """The dead-letter topic did not acknowledge a record; the batch must be retried."""
+
+
+@dataclass(slots=True)
+class _Batch:
+    """The records of one poll, sorted into schedules and dead letters."""
+
+    schedules: list[Schedule]
+    dead: list[DeadLetter]
+
+
+def received_ms(message: Message, now: int) -> int:
+    """The instant a countdown runs from: the record's timestamp, never later than now.
+
+    Using the record's own time makes re-reads after a crash land on the same due time
+    and lets records read late (after downtime) fire when their sender meant; a producer
+    clock running ahead cannot push a schedule later than its countdown from now.
+    """
+    kind, stamp = message.timestamp()
+    if kind == TIMESTAMP_NOT_AVAILABLE or stamp <= 0:
+        return now
+    return min(stamp, now)
+
+
+class Intake:
+    """Consumes the intake topic into the store."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        store: RedisStore,
+        dead_letters: Outbox,
+        config: IntakeConfig,
+        metrics: Metrics,
+    ) -> None:
+        self.consumer = consumer
+        self.store = store
+        self.dead_letters = dead_letters
+        self.config = config
+        self.metrics = metrics
+        self.backoff = Backoff(base=0.2, cap=10.0)
+
+    def run(self, stop: threading.Event) -> None:
+        """Consume until `stop` is set, then close the consumer (committing what was stored)."""
+        self.consumer.subscribe([self.config.topic])
+        log.info("intake_started", topic=self.config.topic)
+        try:
+            while not stop.is_set():
+                self.poll_once(stop)
+        finally:
+            self.consumer.close()
+            log.info("intake_stopped")
+
+    def poll_once(self, stop: threading.Event) -> None:
+        """Consume one batch and handle it, backing off and rewinding if a dependency fails."""
+        messages = self.consumer.consume(self.config.batch, timeout=0.5)
+        records = [m for m in messages if self._is_record(m)]
+        if not records:
+            return
+        try:
+            self.handle(records, stop)
+            self.backoff.reset()
+        except (redis.RedisError, KafkaException, DeadLetterUnavailable) as e:
+            dependency = "redis" if isinstance(e, redis.RedisError) else "kafka"
+            self.metrics.dependency_errors.labels(dependency=dependency).inc()
+            delay = self.backoff.next()
+            log.warning("intake_paused", dependency=dependency, error=str(e), retry_in_s=delay)
+            self._rewind(records)
+            stop.wait(delay)
+
+    def handle(self, records: Sequence[Message], stop: threading.Event) -> None:
+        """Store or dead-letter every record, then store their offsets for commit."""
+        now = now_ms()
+        batch = _Batch(schedules=[], dead=[])
+        for message in records:
+            self._sort(message, now, batch)
+        stored = self.store.schedule(batch.schedules, now)
+        self._send_dead_letters(batch.dead, stop)
+        for message in records:
+            self.consumer.store_offsets(message=message)
+        self._count(batch, stored)
+
+    def _sort(self, message: Message, now: int, batch: _Batch) -> None:
+        origin = (message.topic() or "", message.partition() or 0, message.offset() or 0)
+        try:
+            parsed = envelope.parse(
+                message.value(), envelope.normalize_headers(message.headers()), self.config.limits
+            )
+        except InvalidEnvelope as e:
+            batch.dead.append(deadletter.from_intake(message, e.reason, e.detail))
+            log.warning("dead_lettered", reason=e.reason.value, detail=e.detail,
+                        topic=origin[0], partition=origin[1], offset=origin[2])  # fmt: skip
+            return
+        schedule_id = intake_id(*origin)
+        batch.schedules.append(
+            Schedule.from_envelope(schedule_id, parsed, received_ms(message, now))
+        )
+
+    def _send_dead_letters(self, dead: Sequence[DeadLetter], stop: threading.Event) -> None:
+        if not dead:
+            return
+        records = [Record(self.config.dlq_topic, d.value, d.key, d.headers) for d in dead]
+        errors = [e for e in self.dead_letters.send(records, stop) if e is not None]
+        if errors:
+            raise DeadLetterUnavailable(
+                f"{len(errors)} dead letters unacknowledged: {errors[0].str()}"
+            )
+        for letter in dead:
+            self.metrics.dead_letters.labels(reason=letter.reason.value).inc()
+
+    def _count(self, batch: _Batch, stored: int) -> None:
+        self.metrics.intake_records.labels(outcome="scheduled").inc(stored)
+        self.metrics.intake_records.labels(outcome="duplicate").inc(len(batch.schedules) - stored)
+        self.metrics.intake_records.labels(outcome="dead_lettered").inc(len(batch.dead))
+        for schedule in batch.schedules:
+            log.debug("message_scheduled", blackbox_id=schedule.id, topic=schedule.topic,
+                      due_ms=schedule.due_ms)  # fmt: skip
+
+    def _is_record(self, message: Message) -> bool:
+        error = message.error()
+        if error is None:
+            return True
+        log.warning("intake_consumer_error", error=error.str(), code=error.code())
+        return False
+
+    def _rewind(self, records: Sequence[Message]) -> None:
+        """Seek each partition back to the first record of the failed batch."""
+        first: dict[tuple[str, int], int] = {}
+        for m in records:
+            tp = (m.topic() or "", m.partition() or 0)
+            first[tp] = min(first.get(tp, m.offset() or 0), m.offset() or 0)
+        for (topic, partition), offset in first.items():
+            try:
+                self.consumer.seek(TopicPartition(topic, partition, offset))
+            except (
+                KafkaException
+            ) as e:  # the partition was revoked meanwhile: its new owner reads it
+                log.info("intake_rewind_skipped", topic=topic, partition=partition, error=str(e))
+
+
+@dataclass(frozen=True, slots=True)
+class IntakeConfig:
+    """What the intake reads, how much at once, and what it accepts."""
+
+    topic: str
+    batch: int
+    dlq_topic: str
+    limits: Limits

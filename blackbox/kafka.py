@@ -1,0 +1,103 @@
+"""Kafka client configuration and the classification of delivery errors.
+
+The only module that knows librdkafka property names. Order of precedence: our defaults,
+then the operator's KAFKA_* properties, then the few properties our guarantees rest on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from blackbox.errors import DeadLetterReason, SettingsError
+from blackbox.settings import Settings
+
+_CONSUMER_DEFAULTS = {
+    "auto.offset.reset": "earliest",
+    "fetch.wait.max.ms": "100",
+    "auto.commit.interval.ms": "1000",
+}
+_CONSUMER_FORCED = {
+    # The at-least-once recipe: offsets are stored only after the work is done.
+    "enable.auto.offset.store": "false",
+    "enable.auto.commit": "true",
+}
+_PRODUCER_DEFAULTS = {"linger.ms": "2"}
+_PRODUCER_FORCED = {"enable.idempotence": "true", "acks": "all"}
+
+# Errors that will not go away by retrying soon: the message counts an attempt toward
+# dead-lettering. Everything else (timeouts, brokers away) is retried without limit.
+_LASTING = {
+    KafkaError.UNKNOWN_TOPIC_OR_PART: DeadLetterReason.UNKNOWN_TOPIC,
+    KafkaError._UNKNOWN_TOPIC: DeadLetterReason.UNKNOWN_TOPIC,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: DeadLetterReason.UNKNOWN_TOPIC,
+    KafkaError.TOPIC_EXCEPTION: DeadLetterReason.UNKNOWN_TOPIC,
+    KafkaError.MSG_SIZE_TOO_LARGE: DeadLetterReason.RECORD_TOO_LARGE,
+    KafkaError.RECORD_LIST_TOO_LARGE: DeadLetterReason.RECORD_TOO_LARGE,
+    KafkaError.INVALID_RECORD: DeadLetterReason.DELIVERY_FAILED,
+    KafkaError.POLICY_VIOLATION: DeadLetterReason.DELIVERY_FAILED,
+}
+
+
+def lasting_reason(error: KafkaError) -> DeadLetterReason | None:
+    """The dead-letter reason for an error retrying will not fix; None if it may pass."""
+    return _LASTING.get(error.code())
+
+
+def consumer_config(settings: Settings) -> dict[str, Any]:
+    return {
+        **_CONSUMER_DEFAULTS,
+        **settings.kafka,
+        **settings.kafka_consumer,
+        "group.id": settings.group_id,
+        **_CONSUMER_FORCED,
+    }
+
+
+def producer_config(settings: Settings) -> dict[str, Any]:
+    timeout = {"message.timeout.ms": str(int(settings.delivery_timeout * 1000))}
+    return {
+        **_PRODUCER_DEFAULTS,
+        **settings.kafka,
+        **settings.kafka_producer,
+        **timeout,
+        **_PRODUCER_FORCED,
+    }
+
+
+def new_consumer(settings: Settings) -> Consumer:
+    with _naming_bad_settings():
+        return Consumer(consumer_config(settings))
+
+
+def new_producer(settings: Settings) -> Producer:
+    with _naming_bad_settings():
+        return Producer(producer_config(settings))
+
+
+@contextmanager
+def _naming_bad_settings() -> Iterator[None]:
+    try:
+        yield
+    except KafkaException as e:
+        raise SettingsError(f"a KAFKA_* setting is invalid: {e.args[0].str()}") from e
+
+
+def ensure_topics(
+    config: Mapping[str, Any], names: Iterable[str], partitions: int = 1, timeout: float = 15
+) -> None:
+    """Create the topics that do not exist yet (an existing topic is left as it is)."""
+    admin = AdminClient(dict(config))
+    futures = admin.create_topics(
+        [NewTopic(n, num_partitions=partitions) for n in names], request_timeout=timeout
+    )
+    for future in futures.values():
+        try:
+            future.result(timeout)
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise

@@ -1,0 +1,40 @@
+"""Every Redis key blackbox uses. Nothing else builds key names.
+
+All keys of one namespace share the hash tag ``{namespace}``, so each Lua script touches a
+single slot and runs unchanged on Redis Cluster. Names are short on purpose: a pending
+message costs one payload key and one sorted-set member, and millions may be pending.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """The key names of one blackbox namespace."""
+
+    namespace: str = "bb"
+
+    @property
+    def tag(self) -> str:
+        return "{" + self.namespace + "}"
+
+    @property
+    def due(self) -> str:
+        """Sorted set: schedule id -> due time (epoch ms)."""
+        return f"{self.tag}:due"
+
+    @property
+    def in_flight(self) -> str:
+        """Sorted set: schedule id -> lease expiry (epoch ms) of the replica firing it."""
+        return f"{self.tag}:fly"
+
+    @property
+    def attempts(self) -> str:
+        """Hash: schedule id -> delivery attempts that failed or were interrupted."""
+        return f"{self.tag}:try"
+
+    def payload(self, schedule_id: str) -> str:
+        """String (SET ... EX): the encoded Schedule of one id."""
+        return f"{self.tag}:m:{schedule_id}"

@@ -1,0 +1,21 @@
+-- Move due ids into the in-flight set under a lease, in one atomic step.
+--
+-- KEYS[1]  due sorted set (id -> due epoch ms)
+-- KEYS[2]  in-flight sorted set (id -> lease expiry epoch ms)
+-- ARGV[1]  now, epoch ms: ids due at or before it are taken
+-- ARGV[2]  the most ids to take
+-- ARGV[3]  lease expiry, epoch ms; also the token the claimer acks with
+--
+-- Returns: the ids taken, earliest due first.
+-- Invariant: an id is never in both sets after this script, and two claimers never
+-- receive the same id while its lease runs.
+local ids = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
+if #ids == 0 then
+  return ids
+end
+for _, id in ipairs(ids) do
+  redis.call('ZADD', KEYS[2], ARGV[3], id)
+end
+-- The ids taken are exactly the lowest ranks of the due set.
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids - 1)
+return ids

@@ -1,0 +1,63 @@
+"""Every metric blackbox exports: `blackbox_` prefix, base units, closed label sets.
+
+Metrics live on a registry the caller owns (one per Service), never the global one, so
+tests and several services in one process do not share counts.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from blackbox.errors import DeadLetterReason
+
+LATENESS_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+
+class Metrics:
+    """The service's counters and histograms on one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.intake_records = Counter(
+            "blackbox_intake_records",
+            "Intake records handled, by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.dead_letters = Counter(
+            "blackbox_dead_letters",
+            "Records sent to the dead-letter topic, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.delivered = Counter(
+            "blackbox_delivered",
+            "Messages acknowledged by their target topic.",
+            registry=self.registry,
+        )
+        self.delivery_failures = Counter(
+            "blackbox_delivery_failures",
+            "Deliveries the broker did not acknowledge, by kind (transient or lasting).",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.lateness = Histogram(
+            "blackbox_lateness_seconds",
+            "Delivery acknowledgement time minus due time.",
+            buckets=LATENESS_BUCKETS,
+            registry=self.registry,
+        )
+        self.dependency_errors = Counter(
+            "blackbox_dependency_errors",
+            "Failed calls to Redis or Kafka that were backed off and retried, by dependency.",
+            ["dependency"],
+            registry=self.registry,
+        )
+        for reason in DeadLetterReason:
+            self.dead_letters.labels(reason=reason.value)
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """A sample's current value (0 when never set), for tests and the admin page."""
+        return self.registry.get_sample_value(name, labels or {}) or 0.0

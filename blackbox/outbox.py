@@ -1,0 +1,91 @@
+"""Produce a batch of records and wait for the broker's report on each, within a deadline.
+
+Used for every write blackbox makes to Kafka (deliveries and dead letters): nothing is
+considered sent until its delivery report says so.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+Header = tuple[str, bytes | None]
+
+# A report still missing when the wait ended; the message may or may not have landed.
+NO_REPORT = KafkaError(KafkaError._TIMED_OUT, "no delivery report before the deadline")
+_QUEUE_FULL_RETRIES = 100
+_Callback = Callable[[KafkaError | None, Message], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record to produce."""
+
+    topic: str
+    value: bytes | None
+    key: bytes | None = None
+    headers: Sequence[Header] = ()
+
+
+class _Reports:
+    """Delivery reports of one batch, filled in by the producer's callbacks."""
+
+    def __init__(self, size: int) -> None:
+        self.errors: list[KafkaError | None] = [NO_REPORT] * size
+        self.pending = size
+
+    def report(self, index: int, error: KafkaError | None, _message: Message) -> None:
+        self.errors[index] = error
+        self.pending -= 1
+
+
+class Outbox:
+    """A producer that sends batches and returns one error (or None) per record."""
+
+    def __init__(self, producer: Producer, wait_seconds: float) -> None:
+        self.producer = producer
+        self.wait_seconds = wait_seconds
+
+    def send(
+        self, records: Sequence[Record], stop: threading.Event | None = None
+    ) -> list[KafkaError | None]:
+        """Produce all records, then wait for their reports (None means acknowledged)."""
+        reports = _Reports(len(records))
+        for index, record in enumerate(records):
+            self._produce(record, partial(reports.report, index), reports, index)
+        self._wait(reports, stop)
+        return reports.errors
+
+    def _produce(self, record: Record, callback: _Callback, reports: _Reports, index: int) -> None:
+        for _ in range(_QUEUE_FULL_RETRIES):
+            try:
+                self.producer.produce(
+                    record.topic, record.value, record.key,
+                    headers=list(record.headers), on_delivery=callback,
+                )  # fmt: skip
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+            except KafkaException as e:
+                reports.report(index, e.args[0], None)  # type: ignore[arg-type]
+                return
+        reports.report(index, KafkaError(KafkaError._QUEUE_FULL, "producer queue full"), None)  # type: ignore[arg-type]
+
+    def _wait(self, reports: _Reports, stop: threading.Event | None) -> None:
+        deadline = time.monotonic() + self.wait_seconds
+        while reports.pending > 0 and time.monotonic() < deadline:
+            if stop is not None and stop.is_set():
+                # Shutting down: drop what never left, keep waiting briefly for the rest.
+                self.producer.purge(in_queue=True, in_flight=False)
+                self.producer.flush(1.0)
+                return
+            self.producer.flush(min(0.1, max(0.0, deadline - time.monotonic())))
+
+    def close(self, timeout: float = 5.0) -> int:
+        """Flush what is still queued; return how many messages were left undelivered."""
+        return int(self.producer.flush(timeout))

@@ -1,0 +1,219 @@
+"""One typed, frozen Settings object, read from the environment once at the entry point.
+
+Every error names the variable at fault. Any librdkafka property can be passed as an
+environment variable: `KAFKA_` + the property name in upper case with dots as underscores
+(`KAFKA_SASL_MECHANISM=PLAIN` sets `sasl.mechanism`); secrets are masked in `repr`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from blackbox.errors import SettingsError
+
+KAFKA_PREFIX = "KAFKA_"
+# Properties for one kind of client only: KAFKA_CONSUMER_SESSION_TIMEOUT_MS, KAFKA_PRODUCER_LINGER_MS.
+CLIENT_PREFIXES = ("CONSUMER_", "PRODUCER_")
+_SECRET_WORDS = ("password", "secret", "key", "token")
+_MASK = "********"
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("must be a number > 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be a whole number >= 1")
+    return value
+
+
+def _topic(text: str) -> str:
+    if not text or text.startswith("__"):
+        raise ValueError("must be a topic name not starting with '__'")
+    return text
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in options:
+            raise ValueError(f"must be one of {', '.join(options)}")
+        return text
+
+    return parse
+
+
+@dataclass(frozen=True, slots=True)
+class Var:
+    """One environment variable: where it goes, how it is read, its default and meaning."""
+
+    name: str
+    attribute: str
+    parse: Callable[[str], Any]
+    default: str
+    help: str
+
+
+VARIABLES: tuple[Var, ...] = (
+    Var("REDIS_URL", "redis_url", str, "redis://localhost:6379/0", "Redis to keep schedules in"),
+    Var("BLACKBOX_NAMESPACE", "namespace", str, "bb", "Redis key hash tag; one per deployment"),
+    Var("BLACKBOX_INTAKE_TOPIC", "intake_topic", _topic, "blackbox", "topic schedules arrive on"),
+    Var("BLACKBOX_GROUP_ID", "group_id", str, "blackbox", "consumer group of the intake"),
+    Var("BLACKBOX_DLQ_TOPIC", "dlq_topic", _topic, "blackbox.dlq", "dead-letter topic"),
+    Var("BLACKBOX_POLL_INTERVAL", "poll_interval", _positive_float, "1.0",
+        "seconds between firing ticks"),
+    Var("BLACKBOX_BATCH_LIMIT", "batch_limit", _positive_int, "1000",
+        "most ids claimed by one claim"),
+    Var("BLACKBOX_INTAKE_BATCH", "intake_batch", _positive_int, "500",
+        "most intake records handled per Redis round trip"),
+    Var("BLACKBOX_LEASE_SECONDS", "lease_seconds", _positive_float, "30",
+        "how long a claimed id is held before another replica may fire it"),
+    Var("BLACKBOX_DELIVERY_TIMEOUT", "delivery_timeout", _positive_float, "10",
+        "seconds the broker has to acknowledge a delivery (< lease)"),
+    Var("BLACKBOX_MAX_ATTEMPTS", "max_attempts", _positive_int, "5",
+        "attempts before a lasting delivery failure is dead-lettered"),
+    Var("BLACKBOX_RETRY_BACKOFF", "retry_backoff", _positive_float, "1.0",
+        "first retry delay in seconds; doubles per attempt"),
+    Var("BLACKBOX_RETRY_BACKOFF_MAX", "retry_backoff_max", _positive_float, "60",
+        "longest retry delay in seconds"),
+    Var("BLACKBOX_GRACE_SECONDS", "grace_seconds", _positive_int, "604800",
+        "payload TTL beyond its due time (a down service still fires late, not never)"),
+    Var("BLACKBOX_MAX_MESSAGE_BYTES", "max_message_bytes", _positive_int, "1048576",
+        "largest intake record value accepted"),
+    Var("BLACKBOX_MAX_COUNTDOWN", "max_countdown", _positive_float, "315576000",
+        "longest countdown accepted, seconds (default 10 years)"),
+    Var("BLACKBOX_LOG_FORMAT", "log_format", _choice("auto", "json", "console"), "auto",
+        "auto: console on a terminal, JSON otherwise"),
+    Var("BLACKBOX_LOG_LEVEL", "log_level", _choice("debug", "info", "warning", "error"), "info",
+        "least severe log level written"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the service is tuned by. Build it with `Settings.from_env`."""
+
+    redis_url: str
+    namespace: str
+    intake_topic: str
+    group_id: str
+    dlq_topic: str
+    poll_interval: float
+    batch_limit: int
+    intake_batch: int
+    lease_seconds: float
+    delivery_timeout: float
+    max_attempts: int
+    retry_backoff: float
+    retry_backoff_max: float
+    grace_seconds: int
+    max_message_bytes: int
+    max_countdown: float
+    log_format: str
+    log_level: str
+    kafka: Mapping[str, str] = field(default_factory=dict)
+    kafka_consumer: Mapping[str, str] = field(default_factory=dict)
+    kafka_producer: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Settings:
+        """Read and validate every setting; raise SettingsError naming the bad variable."""
+        values = {var.attribute: _read(var, environ) for var in VARIABLES}
+        settings = cls(
+            **values,
+            kafka=kafka_config(environ),
+            kafka_consumer=kafka_config(environ, "CONSUMER_"),
+            kafka_producer=kafka_config(environ, "PRODUCER_"),
+        )
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Cross-field rules no single variable can enforce."""
+        if self.delivery_timeout >= self.lease_seconds:
+            raise SettingsError(
+                "BLACKBOX_DELIVERY_TIMEOUT must be shorter than BLACKBOX_LEASE_SECONDS, "
+                "or a slow delivery loses its lease and fires twice"
+            )
+        if self.dlq_topic == self.intake_topic:
+            raise SettingsError("BLACKBOX_DLQ_TOPIC must differ from BLACKBOX_INTAKE_TOPIC")
+
+    def __repr__(self) -> str:
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        shown["redis_url"] = mask_url(self.redis_url)
+        for name in ("kafka", "kafka_consumer", "kafka_producer"):
+            shown[name] = {k: _MASK if _is_secret(k) else v for k, v in shown[name].items()}
+        return f"Settings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+
+def _read(var: Var, environ: Mapping[str, str]) -> Any:
+    text = environ.get(var.name, var.default).strip()
+    try:
+        return var.parse(text)
+    except ValueError as e:
+        raise SettingsError(f"{var.name}={text!r} is invalid: {e}") from e
+
+
+def kafka_config(environ: Mapping[str, str], client: str = "") -> dict[str, str]:
+    """librdkafka properties from KAFKA_[client]* variables.
+
+    With no `client`, the properties every client shares (bootstrap.servers defaulting
+    to localhost:9092); with "CONSUMER_" or "PRODUCER_", those of that client alone.
+    """
+    config = {} if client else {"bootstrap.servers": "localhost:9092"}
+    prefix = KAFKA_PREFIX + client
+    for name, value in environ.items():
+        rest = name[len(prefix) :]
+        if not name.startswith(prefix) or not rest:
+            continue
+        if not client and rest.startswith(CLIENT_PREFIXES):
+            continue
+        config[rest.lower().replace("_", ".")] = value
+    return config
+
+
+def kafka_variable(property_name: str) -> str:
+    """The environment variable that sets a librdkafka property."""
+    return KAFKA_PREFIX + property_name.upper().replace(".", "_")
+
+
+def _is_secret(property_name: str) -> bool:
+    return any(word in property_name for word in _SECRET_WORDS)
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by asterisks."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:{_MASK}@{host}{port}"))
+
+
+def describe() -> str:
+    """A table of every variable, its default and meaning, for `blackbox run --help`."""
+    width = max(len(v.name) for v in VARIABLES)
+    rows = [f"  {v.name:<{width}}  {v.help} (default: {v.default})" for v in VARIABLES]
+    rows.append(
+        f"  {'KAFKA_*':<{width}}  any librdkafka property: KAFKA_BOOTSTRAP_SERVERS, "
+        "KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_USERNAME, ... (dots become underscores)"
+    )
+    rows.append(
+        f"  {'KAFKA_CONSUMER_*':<{width}}  a property for the intake consumer only "
+        "(KAFKA_CONSUMER_SESSION_TIMEOUT_MS)"
+    )
+    rows.append(
+        f"  {'KAFKA_PRODUCER_*':<{width}}  a property for the producers only "
+        "(KAFKA_PRODUCER_LINGER_MS)"
+    )
+    return "\n".join(rows)

@@ -1,0 +1,133 @@
+"""RedisStore: schedules in Redis, one method per Lua script.
+
+A pending id lives in exactly one of two sorted sets: `due` (scored by due time) or
+`in flight` (scored by the expiry of the lease of the replica firing it). Every move
+between them is one script call, so any number of replicas may share one Redis.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import redis
+
+from blackbox.keys import Keys
+from blackbox.schedule import Schedule
+
+# Bounds the work of one script call so Redis never blocks on one huge batch.
+SCRIPT_CHUNK = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Ids moved to in flight by one claim, and the lease token to ack or retry them with."""
+
+    ids: list[str]
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A claimed id with its stored payload (None once expired) and its past attempts."""
+
+    id: str
+    payload: bytes | None
+    attempts: int
+
+
+def _script(client: redis.Redis, name: str) -> Any:
+    text = resources.files("blackbox").joinpath("lua", f"{name}.lua").read_text("utf-8")
+    return client.register_script(text)
+
+
+def _chunks(items: Sequence[Any], size: int = SCRIPT_CHUNK) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class RedisStore:
+    """The due and in-flight sets of one namespace, and the payloads they point to."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, grace_seconds: int) -> None:
+        self.client = client
+        self.keys = keys
+        self.grace_seconds = grace_seconds
+        self._schedule = _script(client, "schedule")
+        self._claim = _script(client, "claim")
+        self._ack = _script(client, "ack")
+        self._retry = _script(client, "retry")
+        self._reclaim = _script(client, "reclaim")
+
+    def schedule(self, schedules: Sequence[Schedule], now_ms: int) -> int:
+        """Store schedules not stored yet (replays are no-ops); return how many were new."""
+        if not schedules:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        for chunk in _chunks(schedules):
+            keys = [self.keys.due, *(self.keys.payload(s.id) for s in chunk)]
+            args = [a for s in chunk for a in self._schedule_args(s, now_ms)]
+            self._schedule(keys=keys, args=args, client=pipe)
+        return sum(int(n) for n in pipe.execute())
+
+    def _schedule_args(self, schedule: Schedule, now_ms: int) -> tuple[Any, ...]:
+        ttl = max(0, math.ceil((schedule.due_ms - now_ms) / 1000)) + self.grace_seconds
+        return (schedule.id, schedule.due_ms, ttl, schedule.encode())
+
+    def claim_due(self, now_ms: int, limit: int, lease_ms: int) -> Claim:
+        """Move up to `limit` ids due by `now_ms` to in flight, leased for `lease_ms`."""
+        token = now_ms + lease_ms
+        keys = [self.keys.due, self.keys.in_flight]
+        ids = self._claim(keys=keys, args=[now_ms, limit, token])
+        return Claim(ids=[i.decode("utf-8") for i in ids], token=token)
+
+    def load(self, ids: Sequence[str]) -> list[Loaded]:
+        """Payloads and past attempts of claimed ids, in one round trip."""
+        if not ids:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        pipe.mget([self.keys.payload(i) for i in ids])
+        pipe.hmget(self.keys.attempts, list(ids))
+        payloads, attempts = pipe.execute()
+        return [
+            Loaded(id=i, payload=p, attempts=int(a or 0))
+            for i, p, a in zip(ids, payloads, attempts, strict=True)
+        ]
+
+    def ack(self, ids: Sequence[str], token: int) -> int:
+        """Forget ids that were delivered or dead-lettered; return how many were still ours."""
+        acked = 0
+        for chunk in _chunks(ids):
+            keys = [self.keys.in_flight, self.keys.attempts]
+            keys += [self.keys.payload(i) for i in chunk]
+            acked += int(self._ack(keys=keys, args=[token, *chunk]))
+        return acked
+
+    def retry(self, ids: Sequence[str], token: int, retry_at_ms: int) -> int:
+        """Give failed ids back to due at `retry_at_ms`, counting the attempt."""
+        moved = 0
+        keys = [self.keys.in_flight, self.keys.due, self.keys.attempts]
+        for chunk in _chunks(ids):
+            moved += int(self._retry(keys=keys, args=[token, retry_at_ms, *chunk]))
+        return moved
+
+    def reclaim(self, now_ms: int, limit: int) -> int:
+        """Return up to `limit` ids whose lease expired by `now_ms` to due."""
+        keys = [self.keys.in_flight, self.keys.due, self.keys.attempts]
+        return int(self._reclaim(keys=keys, args=[now_ms, limit]))
+
+    def next_due_ms(self) -> int | None:
+        """The earliest due time pending, or None when nothing is due."""
+        first = self.client.zrange(self.keys.due, 0, 0, withscores=True)
+        return int(first[0][1]) if first else None
+
+    def counts(self) -> tuple[int, int]:
+        """How many ids are due and in flight."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zcard(self.keys.due)
+        pipe.zcard(self.keys.in_flight)
+        due, in_flight = pipe.execute()
+        return int(due), int(in_flight)

@@ -1,0 +1,114 @@
+"""Fixtures starting a real redis-server and a real Tansu broker on free ports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from blackbox.keys import Keys
+from blackbox.localstack import RedisServer, TansuBroker, free_port
+from blackbox.service import Service
+from blackbox.settings import Settings
+from tests.kafkatools import TopicReader, unique
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBroker]:
+    server = TansuBroker(free_port(), tmp_path_factory.mktemp("tansu") / "tansu.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(free_port(), tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+def service_env(redis_url: str, bootstrap: str, **overrides: str) -> dict[str, str]:
+    """An environment for one isolated blackbox: its own topics and Redis namespace."""
+    env = {
+        "REDIS_URL": redis_url,
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000",
+        "KAFKA_CONSUMER_HEARTBEAT_INTERVAL_MS": "500",
+        "BLACKBOX_INTAKE_TOPIC": unique("intake"),
+        "BLACKBOX_DLQ_TOPIC": unique("dlq"),
+        "BLACKBOX_GROUP_ID": unique("group"),
+        "BLACKBOX_NAMESPACE": unique("ns"),
+        "BLACKBOX_POLL_INTERVAL": "0.1",
+        "BLACKBOX_LOG_FORMAT": "json",
+    }
+    env.update(overrides)
+    return env
+
+
+@pytest.fixture
+def env(redis_server: RedisServer, broker: TansuBroker) -> dict[str, str]:
+    return service_env(redis_server.url, broker.bootstrap)
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def keys(env: dict[str, str]) -> Keys:
+    return Keys(env["BLACKBOX_NAMESPACE"])
+
+
+ServiceFactory = Callable[..., Service]
+
+
+@pytest.fixture
+def start_service(env: dict[str, str]) -> Iterator[ServiceFactory]:
+    """Start in-process services (the topics created first); stop them all at the end."""
+    started: list[Service] = []
+
+    def start(**overrides: str) -> Service:
+        settings = Settings.from_env({**env, **overrides})
+        from blackbox import kafka  # noqa: PLC0415
+
+        kafka.ensure_topics(settings.kafka, [settings.intake_topic, settings.dlq_topic])
+        service = Service(settings)
+        service.start()
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        if not service.stopping.is_set() or service._intake_thread.is_alive():
+            service.stop()
+
+
+ReaderFactory = Callable[..., TopicReader]
+
+
+@pytest.fixture
+def reader(broker: TansuBroker) -> Iterator[ReaderFactory]:
+    readers: list[TopicReader] = []
+
+    def make(topic: str) -> TopicReader:
+        r = TopicReader(broker.bootstrap, topic)
+        readers.append(r)
+        return r
+
+    yield make
+    for r in readers:
+        r.close()
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    return tmp_path
