@@ -34,8 +34,13 @@ class DeadLetter:
 def _reason_headers(reason: DeadLetterReason, detail: str) -> list[Header]:
     return [
         (REASON_HEADER, reason.value.encode()),
-        (DETAIL_HEADER, detail.encode("utf-8", "replace")[:MAX_DETAIL_BYTES]),
+        (DETAIL_HEADER, _truncate(detail, MAX_DETAIL_BYTES)),
     ]
+
+
+def _truncate(text: str, limit: int) -> bytes:
+    """At most `limit` bytes of UTF-8, never ending inside a character."""
+    return text.encode("utf-8", "replace")[:limit].decode("utf-8", "ignore").encode("utf-8")
 
 
 def from_intake(message: Message, reason: DeadLetterReason, detail: str) -> DeadLetter:
@@ -64,3 +69,10 @@ def from_schedule(
     return DeadLetter(
         value, schedule_id.encode(), [*_reason_headers(reason, detail), *added], reason
     )
+
+
+def without_value(letter: DeadLetter) -> DeadLetter:
+    """The same dead letter with its value left out (the header says so and how large)."""
+    size = len(letter.value or b"")
+    omitted = ("blackbox-dlq-value-omitted", f"{size} bytes".encode())
+    return DeadLetter(None, letter.key, [*letter.headers, omitted], letter.reason)

@@ -19,6 +19,8 @@ from blackbox.errors import DeadLetterReason, InvalidEnvelope
 
 CALLER_HEADER = "CALLER_SERVICE"
 MAX_CALLER_CHARS = 255
+# The longest countdown any limit may allow: due times stay far inside 64-bit milliseconds.
+ABSOLUTE_MAX_COUNTDOWN_SECONDS = 1000 * 365.25 * 86400
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 Headers = Sequence[tuple[str, bytes | None]]
@@ -64,9 +66,14 @@ def normalize_headers(raw: RawHeaders | None) -> list[tuple[str, bytes | None]]:
 
 def caller_of(headers: Headers | None) -> bytes | None:
     """The CALLER_SERVICE header value, checked to be short UTF-8 text; None when absent."""
-    raw = next((v for k, v in headers or () if k == CALLER_HEADER), None)
-    if raw is None:
+    values = [v for k, v in headers or () if k == CALLER_HEADER]
+    if not values:
         return None
+    if len(values) > 1:
+        raise InvalidEnvelope(DeadLetterReason.INVALID_HEADER, f"{CALLER_HEADER} is repeated")
+    (raw,) = values
+    if raw is None:
+        raise InvalidEnvelope(DeadLetterReason.INVALID_HEADER, f"{CALLER_HEADER} has no value")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -131,7 +138,7 @@ def _countdown_ms(document: dict[str, Any], limits: Limits) -> int:
         raise InvalidEnvelope(
             DeadLetterReason.INVALID_COUNTDOWN, f"countdown {countdown} is not >= 0"
         )
-    if countdown > limits.max_countdown_seconds:
+    if countdown > min(limits.max_countdown_seconds, ABSOLUTE_MAX_COUNTDOWN_SECONDS):
         raise InvalidEnvelope(
             DeadLetterReason.INVALID_COUNTDOWN,
             f"countdown {countdown} s is beyond the limit of {limits.max_countdown_seconds} s",

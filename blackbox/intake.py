@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 import structlog
@@ -31,7 +31,7 @@ from blackbox.errors import BlackboxError, InvalidEnvelope
 from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox, Record
 from blackbox.schedule import Schedule, intake_id
-from blackbox.store import RedisStore
+from blackbox.store import IntakeSlice, RedisStore
 
 log = structlog.get_logger("blackbox.intake")
 
@@ -42,10 +42,24 @@ class DeadLetterUnavailable(BlackboxError):
 
 @dataclass(slots=True)
 class _Batch:
-    """The records of one poll, sorted into schedules and dead letters."""
+    """The records of one poll: schedules by partition, dead letters, last offsets."""
 
-    schedules: list[Schedule]
-    dead: list[DeadLetter]
+    schedules: dict[tuple[str, int], list[tuple[int, Schedule]]] = field(default_factory=dict)
+    last_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    dead: list[DeadLetter] = field(default_factory=list)
+
+    def saw(self, topic: str, partition: int, offset: int) -> None:
+        self.schedules.setdefault((topic, partition), [])
+        self.last_offsets[(topic, partition)] = offset
+
+    def slices(self) -> list[IntakeSlice]:
+        return [
+            IntakeSlice(topic, partition, self.last_offsets[(topic, partition)], items)
+            for (topic, partition), items in self.schedules.items()
+        ]
+
+    def schedule_count(self) -> int:
+        return sum(len(items) for items in self.schedules.values())
 
 
 def received_ms(message: Message, now: int) -> int:
@@ -108,19 +122,28 @@ class Intake:
             stop.wait(delay)
 
     def handle(self, records: Sequence[Message], stop: threading.Event) -> None:
-        """Store or dead-letter every record, then store their offsets for commit."""
+        """Dead-letter bad records, store the rest, then store every offset for commit.
+
+        Dead letters go first: the Redis write moves the partition watermark past every
+        record of the batch, so it must come only once all of them are handled.
+        """
         now = now_ms()
-        batch = _Batch(schedules=[], dead=[])
+        batch = _Batch()
         for message in records:
             self._sort(message, now, batch)
-        stored = self.store.schedule(batch.schedules, now)
         self._send_dead_letters(batch.dead, stop)
+        stored = self.store.schedule(batch.slices(), now)
         for message in records:
             self.consumer.store_offsets(message=message)
         self._count(batch, stored)
 
     def _sort(self, message: Message, now: int, batch: _Batch) -> None:
-        origin = (message.topic() or "", message.partition() or 0, message.offset() or 0)
+        topic, partition, offset = (
+            message.topic() or "",
+            message.partition() or 0,
+            message.offset() or 0,
+        )
+        batch.saw(topic, partition, offset)
         try:
             parsed = envelope.parse(
                 message.value(), envelope.normalize_headers(message.headers()), self.config.limits
@@ -128,12 +151,12 @@ class Intake:
         except InvalidEnvelope as e:
             batch.dead.append(deadletter.from_intake(message, e.reason, e.detail))
             log.warning("dead_lettered", reason=e.reason.value, detail=e.detail,
-                        topic=origin[0], partition=origin[1], offset=origin[2])  # fmt: skip
+                        topic=topic, partition=partition, offset=offset)  # fmt: skip
             return
-        schedule_id = intake_id(*origin)
-        batch.schedules.append(
-            Schedule.from_envelope(schedule_id, parsed, received_ms(message, now))
+        schedule = Schedule.from_envelope(
+            intake_id(topic, partition, offset), parsed, received_ms(message, now)
         )
+        batch.schedules[(topic, partition)].append((offset, schedule))
 
     def _send_dead_letters(self, dead: Sequence[DeadLetter], stop: threading.Event) -> None:
         if not dead:
@@ -148,12 +171,12 @@ class Intake:
             self.metrics.dead_letters.labels(reason=letter.reason.value).inc()
 
     def _count(self, batch: _Batch, stored: int) -> None:
+        received = batch.schedule_count()
         self.metrics.intake_records.labels(outcome="scheduled").inc(stored)
-        self.metrics.intake_records.labels(outcome="duplicate").inc(len(batch.schedules) - stored)
+        self.metrics.intake_records.labels(outcome="duplicate").inc(received - stored)
         self.metrics.intake_records.labels(outcome="dead_lettered").inc(len(batch.dead))
-        for schedule in batch.schedules:
-            log.debug("message_scheduled", blackbox_id=schedule.id, topic=schedule.topic,
-                      due_ms=schedule.due_ms)  # fmt: skip
+        log.debug("intake_batch", scheduled=stored, duplicate=received - stored,
+                  dead_lettered=len(batch.dead))  # fmt: skip
 
     def _is_record(self, message: Message) -> bool:
         error = message.error()

@@ -6,6 +6,7 @@ then the operator's KAFKA_* properties, then the few properties our guarantees r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -59,7 +60,8 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
 
 
 def producer_config(settings: Settings) -> dict[str, Any]:
-    timeout = {"message.timeout.ms": str(int(settings.delivery_timeout * 1000))}
+    # Never 0: librdkafka reads 0 as "no timeout", which would outlive any lease.
+    timeout = {"message.timeout.ms": str(max(1, math.ceil(settings.delivery_timeout * 1000)))}
     return {
         **_PRODUCER_DEFAULTS,
         **settings.kafka,

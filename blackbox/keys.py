@@ -35,6 +35,11 @@ class Keys:
         """Hash: schedule id -> delivery attempts that failed or were interrupted."""
         return f"{self.tag}:try"
 
+    @property
+    def intake_marks(self) -> str:
+        """Hash: "topic:partition" -> highest intake offset already handled."""
+        return f"{self.tag}:in"
+
     def payload(self, schedule_id: str) -> str:
         """String (SET ... EX): the encoded Schedule of one id."""
         return f"{self.tag}:m:{schedule_id}"

@@ -61,6 +61,7 @@ class _Server:
         raise NotImplementedError
 
     def start(self) -> None:
+        self._close_log()
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT)
         wait_for_port(self.port, self.process)
@@ -73,14 +74,19 @@ class _Server:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
-        if self._log is not None:
-            self._log.close()
+        self._close_log()
 
     def kill(self) -> None:
         """End the server at once (SIGKILL), as a crash would."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
 
 class RedisServer(_Server):

@@ -48,10 +48,12 @@ class Schedule:
         head, _, value = raw.partition(_SEPARATOR)
         try:
             header = orjson.loads(head)
-            caller = header.get("c")
+            caller, topic = header.get("c"), header["t"]
+            if not isinstance(topic, str):
+                raise TypeError("the stored topic is not text")
             return cls(
                 id=schedule_id,
-                topic=header["t"],
+                topic=topic,
                 value=value,
                 due_ms=int(header["d"]),
                 caller=caller.encode("utf-8") if caller is not None else None,

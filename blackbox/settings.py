@@ -8,18 +8,21 @@ environment variable: `KAFKA_` + the property name in upper case with dots as un
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
+from blackbox.envelope import ABSOLUTE_MAX_COUNTDOWN_SECONDS
 from blackbox.errors import SettingsError
 
 KAFKA_PREFIX = "KAFKA_"
-# Properties for one kind of client only: KAFKA_CONSUMER_SESSION_TIMEOUT_MS, KAFKA_PRODUCER_LINGER_MS.
+# Properties for one kind of client only (KAFKA_CONSUMER_SESSION_TIMEOUT_MS).
 CLIENT_PREFIXES = ("CONSUMER_", "PRODUCER_")
 _SECRET_WORDS = ("password", "secret", "key", "token")
 _MASK = "********"
+MAX_COUNTDOWN_LIMIT = ABSOLUTE_MAX_COUNTDOWN_SECONDS
+MIN_TIMEOUT = 0.01
 
 
 def _positive_float(text: str) -> float:
@@ -33,6 +36,26 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise ValueError("must be a whole number >= 1")
+    return value
+
+
+def _namespace(text: str) -> str:
+    if not text or "{" in text or "}" in text:
+        raise ValueError("must be a non-empty name without braces (it becomes a hash tag)")
+    return text
+
+
+def _countdown_limit(text: str) -> float:
+    value = _positive_float(text)
+    if value > MAX_COUNTDOWN_LIMIT:
+        raise ValueError(f"must be at most {MAX_COUNTDOWN_LIMIT:.0f} s (1,000 years)")
+    return value
+
+
+def _timeout(text: str) -> float:
+    value = _positive_float(text)
+    if value < MIN_TIMEOUT:
+        raise ValueError(f"must be at least {MIN_TIMEOUT} s")
     return value
 
 
@@ -64,7 +87,8 @@ class Var:
 
 VARIABLES: tuple[Var, ...] = (
     Var("REDIS_URL", "redis_url", str, "redis://localhost:6379/0", "Redis to keep schedules in"),
-    Var("BLACKBOX_NAMESPACE", "namespace", str, "bb", "Redis key hash tag; one per deployment"),
+    Var("BLACKBOX_NAMESPACE", "namespace", _namespace, "bb",
+        "Redis key hash tag; one per deployment"),
     Var("BLACKBOX_INTAKE_TOPIC", "intake_topic", _topic, "blackbox", "topic schedules arrive on"),
     Var("BLACKBOX_GROUP_ID", "group_id", str, "blackbox", "consumer group of the intake"),
     Var("BLACKBOX_DLQ_TOPIC", "dlq_topic", _topic, "blackbox.dlq", "dead-letter topic"),
@@ -76,7 +100,7 @@ VARIABLES: tuple[Var, ...] = (
         "most intake records handled per Redis round trip"),
     Var("BLACKBOX_LEASE_SECONDS", "lease_seconds", _positive_float, "30",
         "how long a claimed id is held before another replica may fire it"),
-    Var("BLACKBOX_DELIVERY_TIMEOUT", "delivery_timeout", _positive_float, "10",
+    Var("BLACKBOX_DELIVERY_TIMEOUT", "delivery_timeout", _timeout, "10",
         "seconds the broker has to acknowledge a delivery (< lease)"),
     Var("BLACKBOX_MAX_ATTEMPTS", "max_attempts", _positive_int, "5",
         "attempts before a lasting delivery failure is dead-lettered"),
@@ -88,7 +112,7 @@ VARIABLES: tuple[Var, ...] = (
         "payload TTL beyond its due time (a down service still fires late, not never)"),
     Var("BLACKBOX_MAX_MESSAGE_BYTES", "max_message_bytes", _positive_int, "1048576",
         "largest intake record value accepted"),
-    Var("BLACKBOX_MAX_COUNTDOWN", "max_countdown", _positive_float, "315576000",
+    Var("BLACKBOX_MAX_COUNTDOWN", "max_countdown", _countdown_limit, "315576000",
         "longest countdown accepted, seconds (default 10 years)"),
     Var("BLACKBOX_LOG_FORMAT", "log_format", _choice("auto", "json", "console"), "auto",
         "auto: console on a terminal, JSON otherwise"),
@@ -189,15 +213,14 @@ def _is_secret(property_name: str) -> bool:
     return any(word in property_name for word in _SECRET_WORDS)
 
 
+_URL_PASSWORD = re.compile(r"(//[^/@:]*:)[^@/]*@")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
+
+
 def mask_url(url: str) -> str:
-    """The URL with any password replaced by asterisks."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:{_MASK}@{host}{port}"))
+    """The URL with any password (in the authority or the query) replaced by asterisks."""
+    masked = _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{_MASK}@", url)
+    return _QUERY_PASSWORD.sub(lambda m: f"{m.group(1)}{_MASK}", masked)
 
 
 def describe() -> str:

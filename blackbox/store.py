@@ -23,6 +23,31 @@ SCRIPT_CHUNK = 500
 
 
 @dataclass(frozen=True, slots=True)
+class IntakeSlice:
+    """The schedules one intake batch took from one partition, by offset.
+
+    `last_offset` is the highest offset of the batch in that partition, dead-lettered
+    records included: every record up to it has been handled once this slice is stored.
+    """
+
+    topic: str
+    partition: int
+    last_offset: int
+    items: Sequence[tuple[int, Schedule]]
+
+    @property
+    def field(self) -> str:
+        return f"{self.topic}:{self.partition}"
+
+    def chunks(self) -> Iterator[tuple[Sequence[tuple[int, Schedule]], int]]:
+        """Bounded chunks in offset order, each with the watermark it may move to."""
+        parts = list(_chunks(self.items)) or [()]
+        for index, chunk in enumerate(parts):
+            last = index == len(parts) - 1
+            yield chunk, self.last_offset if last else chunk[-1][0]
+
+
+@dataclass(frozen=True, slots=True)
 class Claim:
     """Ids moved to in flight by one claim, and the lease token to ack or retry them with."""
 
@@ -62,18 +87,23 @@ class RedisStore:
         self._retry = _script(client, "retry")
         self._reclaim = _script(client, "reclaim")
 
-    def schedule(self, schedules: Sequence[Schedule], now_ms: int) -> int:
-        """Store schedules not stored yet (replays are no-ops); return how many were new."""
-        if not schedules:
-            return 0
+    def schedule(self, slices: Sequence[IntakeSlice], now_ms: int) -> int:
+        """Store what each intake slice holds that is new (replays are no-ops).
+
+        Returns how many schedules were new. Each chunk is one atomic script call that
+        also moves its partition's watermark, so a partial failure leaves Redis consistent.
+        """
         pipe = self.client.pipeline(transaction=False)
-        for chunk in _chunks(schedules):
-            keys = [self.keys.due, *(self.keys.payload(s.id) for s in chunk)]
-            args = [a for s in chunk for a in self._schedule_args(s, now_ms)]
-            self._schedule(keys=keys, args=args, client=pipe)
+        for part in slices:
+            for chunk, mark in part.chunks():
+                keys = [self.keys.due, self.keys.intake_marks]
+                keys += [self.keys.payload(s.id) for _, s in chunk]
+                args: list[Any] = [part.field, mark]
+                args += [a for offset, s in chunk for a in (offset, *self._args(s, now_ms))]
+                self._schedule(keys=keys, args=args, client=pipe)
         return sum(int(n) for n in pipe.execute())
 
-    def _schedule_args(self, schedule: Schedule, now_ms: int) -> tuple[Any, ...]:
+    def _args(self, schedule: Schedule, now_ms: int) -> tuple[Any, ...]:
         ttl = max(0, math.ceil((schedule.due_ms - now_ms) / 1000)) + self.grace_seconds
         return (schedule.id, schedule.due_ms, ttl, schedule.encode())
 

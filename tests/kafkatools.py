@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import orjson
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from blackbox.envelope import normalize_headers
+
 Header = tuple[str, bytes | None]
 
 
@@ -105,7 +107,7 @@ class TopicReader:
                     offset=m.offset() or 0,
                     key=m.key(),
                     value=m.value(),
-                    headers={k: v for k, v in m.headers() or ()},  # type: ignore[misc]
+                    headers=dict(normalize_headers(m.headers())),
                     received_ms=time.time_ns() // 1_000_000,
                 )
             )

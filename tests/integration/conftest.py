@@ -52,6 +52,11 @@ def service_env(redis_url: str, bootstrap: str, **overrides: str) -> dict[str, s
 
 
 @pytest.fixture
+def broker_bootstrap(broker: TansuBroker) -> str:
+    return broker.bootstrap
+
+
+@pytest.fixture
 def env(redis_server: RedisServer, broker: TansuBroker) -> dict[str, str]:
     return service_env(redis_server.url, broker.bootstrap)
 

@@ -1,0 +1,42 @@
+# The targets CI runs are exactly these: `make test` (lint, types, unit and integration tests).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-dev
+APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
+
+.PHONY: setup system-packages run test lint unit integration bench clean
+
+setup: system-packages $(STAMP)
+
+system-packages:
+	@command -v redis-server >/dev/null || { apt-get update -qq && $(APT_INSTALL) redis-server; }
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { apt-get update -qq && $(APT_INSTALL) python3-venv && rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+run: setup
+	$(BIN)/blackbox dev
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+unit: setup
+	$(BIN)/pytest tests/unit
+
+integration: setup
+	$(BIN)/pytest tests/integration
+
+test: lint
+	$(BIN)/pytest
+
+bench: setup
+	$(BIN)/python -m benchmarks.lateness
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

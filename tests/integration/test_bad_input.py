@@ -1,0 +1,78 @@
+"""Bad intake records go to the dead-letter topic with a reason, and intake goes on."""
+
+from __future__ import annotations
+
+import orjson
+from confluent_kafka import Consumer, TopicPartition
+
+from blackbox.errors import DeadLetterReason
+from tests.integration.conftest import ReaderFactory, ServiceFactory
+from tests.kafkatools import envelope, produce, unique, wait_until
+
+BAD = [
+    (b"{not json", DeadLetterReason.INVALID_JSON),
+    (b"[1, 2]", DeadLetterReason.NOT_AN_OBJECT),
+    (orjson.dumps({"topic": "t", "message": 1}), DeadLetterReason.MISSING_FIELD),
+    (orjson.dumps({"topic": "t", "message": 1, "countdown": -5}),
+     DeadLetterReason.INVALID_COUNTDOWN),
+    (orjson.dumps({"topic": "t", "message": 1, "countdown": "5"}), DeadLetterReason.WRONG_TYPE),
+    (orjson.dumps({"topic": "bad topic!", "message": 1, "countdown": 1}),
+     DeadLetterReason.INVALID_TOPIC),
+    (orjson.dumps({"topic": "__consumer_offsets", "message": 1, "countdown": 1}),
+     DeadLetterReason.FORBIDDEN_TOPIC),
+    (b"\xff\xfe\x00garbage", DeadLetterReason.INVALID_JSON),
+    (None, DeadLetterReason.EMPTY_VALUE),
+    (b"x" * 3000, DeadLetterReason.OVERSIZED),
+]  # fmt: skip
+
+
+def _committed(bootstrap: str, group: str, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        (position,) = consumer.committed([TopicPartition(topic, 0)], timeout=5)
+        return position.offset
+    finally:
+        consumer.close()
+
+
+def test_bad_records_are_dead_lettered_with_reason_and_intake_continues(
+    start_service: ServiceFactory, reader: ReaderFactory
+) -> None:
+    """Guarantee 4: each bad record lands in the DLQ, unchanged, with its reason; good ones fire."""
+    service = start_service(BLACKBOX_MAX_MESSAGE_BYTES="2048")
+    settings = service.settings
+    bootstrap = settings.kafka["bootstrap.servers"]
+    target = unique("good")
+    values: list[bytes | None] = []
+    for n, (bad, _) in enumerate(BAD):
+        values += [bad, envelope(target, {"n": n}, 0)]
+    produce(bootstrap, settings.intake_topic, values, headers=[("trace", b"abc")])
+
+    dead = reader(settings.dlq_topic).wait_count(len(BAD))
+    good = reader(target).wait_count(len(BAD))
+
+    assert [d.header("blackbox-dlq-reason") for d in dead] == [r.value for _, r in BAD]
+    assert [d.value for d in dead] == [bad for bad, _ in BAD]
+    assert [int(d.header("blackbox-dlq-offset")) for d in dead] == list(range(0, 2 * len(BAD), 2))
+    assert all(d.header("blackbox-dlq-topic") == settings.intake_topic for d in dead)
+    assert all(d.header("trace") == "abc" and d.header("blackbox-dlq-detail") for d in dead)
+    assert sorted(orjson.loads(g.value or b"")["n"] for g in good) == list(range(len(BAD)))
+    assert service.metrics.value("blackbox_dead_letters_total", {"reason": "invalid_json"}) == 2
+    wait_until(
+        lambda: _committed(bootstrap, settings.group_id, settings.intake_topic) == 2 * len(BAD),
+        what="intake offsets committed",
+    )
+
+
+def test_bad_caller_header_is_dead_lettered(
+    start_service: ServiceFactory, reader: ReaderFactory
+) -> None:
+    """Guarantee 4: a CALLER_SERVICE header that is not UTF-8 text is refused with its reason."""
+    service = start_service()
+    settings = service.settings
+    produce(settings.kafka["bootstrap.servers"], settings.intake_topic,
+            [envelope(unique("t"), 1, 0)], headers=[("CALLER_SERVICE", b"\xff\xfe")])  # fmt: skip
+
+    (dead,) = reader(settings.dlq_topic).wait_count(1)
+
+    assert dead.header("blackbox-dlq-reason") == DeadLetterReason.INVALID_HEADER.value

@@ -1,0 +1,108 @@
+"""Crashes and outages: re-read intake records are not stored twice; Redis restarts lose nothing."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from blackbox import kafka
+from blackbox.keys import Keys
+from blackbox.localstack import RedisServer, free_port
+from blackbox.settings import Settings
+from tests.integration.conftest import ReaderFactory, ServiceFactory, service_env
+from tests.kafkatools import envelope, produce, unique, wait_until
+from tests.process import BlackboxProcess
+
+
+def test_records_reread_after_a_crash_are_not_stored_twice(
+    start_service: ServiceFactory,
+    reader: ReaderFactory,
+    env: dict[str, str],
+    redis_client: redis.Redis,
+    tmp_path: Path,
+) -> None:
+    """Guarantee 2: intake is idempotent: a crash before commit re-reads, never duplicates."""
+    settings = Settings.from_env(env)
+    kafka.ensure_topics(settings.kafka, [settings.intake_topic, settings.dlq_topic])
+    target = unique("replayed")
+    produce(settings.kafka["bootstrap.servers"], settings.intake_topic,
+            [envelope(target, {"n": n}, 8) for n in range(50)])  # fmt: skip
+    due_key = Keys(settings.namespace).due
+    # A replica that stores the records but never commits, then dies hard.
+    crashing = BlackboxProcess(
+        {**env, "KAFKA_CONSUMER_AUTO_COMMIT_INTERVAL_MS": "3600000"}, tmp_path / "first.log"
+    )
+    wait_until(lambda: redis_client.zcard(due_key) == 50, what="50 stored by the first replica")
+    crashing.kill()
+
+    service = start_service()
+    records = reader(target).wait_count(50, timeout=40)
+
+    # The records are re-read once the dead member leaves the group; each is a no-op.
+    wait_until(lambda: service.metrics.value("blackbox_intake_records_total",
+                                             {"outcome": "duplicate"}) == 50,
+               what="50 records re-read as duplicates")  # fmt: skip
+    assert service.metrics.value("blackbox_intake_records_total", {"outcome": "scheduled"}) == 0
+    ids = Counter(r.header("blackbox-id") for r in records)
+    assert len(ids) == 50 and max(ids.values()) == 1
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis of this test's own, append-only with fsync on every write."""
+    server = RedisServer(free_port(), tmp_path / "redis", appendfsync="always")
+    server.data_dir.mkdir()
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_redis_stopped_and_restarted_mid_run_loses_nothing(
+    start_service: ServiceFactory,
+    reader: ReaderFactory,
+    own_redis: RedisServer,
+    env: dict[str, str],
+) -> None:
+    """Guarantee 5: intake and firing pause while Redis is away and resume; nothing is lost."""
+    service = start_service(REDIS_URL=own_redis.url)
+    bootstrap = env["KAFKA_BOOTSTRAP_SERVERS"]
+    target = unique("outage")
+    produce(bootstrap, env["BLACKBOX_INTAKE_TOPIC"],
+            [envelope(target, {"n": n}, n % 5 * 0.5) for n in range(100)])  # fmt: skip
+    records = reader(target)
+    records.wait_count(10, timeout=30)
+
+    own_redis.kill()
+    produce(bootstrap, env["BLACKBOX_INTAKE_TOPIC"],
+            [envelope(target, {"n": n}, 0) for n in range(100, 200)])  # fmt: skip
+    wait_until(lambda: service.metrics.value("blackbox_dependency_errors_total",
+                                             {"dependency": "redis"}) > 0,
+               what="the outage noticed")  # fmt: skip
+    own_redis.start()
+
+    delivered = records.wait_for(
+        lambda rs: {r.header("blackbox-id") for r in rs} >= _ids(env, 200), timeout=60
+    )
+    assert len({r.header("blackbox-id") for r in delivered}) == 200
+
+
+def _ids(env: dict[str, str], count: int) -> set[str]:
+    return {f"{env['BLACKBOX_INTAKE_TOPIC']}:0:{offset}" for offset in range(count)}
+
+
+def test_service_exits_cleanly_on_sigterm(
+    redis_server: RedisServer, broker_bootstrap: str, tmp_path: Path
+) -> None:
+    """SIGTERM: intake stops, offsets are committed, the process exits 0 within 10 s."""
+    env = service_env(redis_server.url, broker_bootstrap)
+    settings = Settings.from_env(env)
+    kafka.ensure_topics(settings.kafka, [settings.intake_topic, settings.dlq_topic])
+    process = BlackboxProcess(env, tmp_path / "service.log")
+    wait_until(lambda: "intake_started" in process.output(), what="the service started")
+
+    assert process.terminate(timeout=10) == 0
+    assert "service_stopped" in process.output()

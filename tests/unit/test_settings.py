@@ -1,0 +1,239 @@
+"""Settings.from_env: defaults, errors that name the variable, KAFKA_* passthrough, masked repr."""
+
+from __future__ import annotations
+
+import pytest
+
+from blackbox import settings
+from blackbox.errors import SettingsError
+from blackbox.settings import VARIABLES, Settings
+
+
+def test_defaults_from_an_empty_environment() -> None:
+    """An empty environment yields the documented defaults for every setting."""
+    loaded = Settings.from_env({})
+    assert loaded == Settings(
+        redis_url="redis://localhost:6379/0",
+        namespace="bb",
+        intake_topic="blackbox",
+        group_id="blackbox",
+        dlq_topic="blackbox.dlq",
+        poll_interval=1.0,
+        batch_limit=1000,
+        intake_batch=500,
+        lease_seconds=30.0,
+        delivery_timeout=10.0,
+        max_attempts=5,
+        retry_backoff=1.0,
+        retry_backoff_max=60.0,
+        grace_seconds=604_800,
+        max_message_bytes=1_048_576,
+        max_countdown=315_576_000.0,
+        log_format="auto",
+        log_level="info",
+        kafka={"bootstrap.servers": "localhost:9092"},
+        kafka_consumer={},
+        kafka_producer={},
+    )
+
+
+def test_every_variable_default_is_valid() -> None:
+    """Each Var's default string parses, so the defaults table cannot drift from its parsers."""
+    for var in VARIABLES:
+        assert var.parse(var.default) == getattr(Settings.from_env({}), var.attribute)
+
+
+def test_values_are_read_typed_and_stripped() -> None:
+    """Variables are parsed to their types, surrounding whitespace ignored."""
+    loaded = Settings.from_env(
+        {
+            "BLACKBOX_POLL_INTERVAL": " 0.25 ",
+            "BLACKBOX_BATCH_LIMIT": "7\n",
+            "BLACKBOX_LOG_FORMAT": "json",
+            "BLACKBOX_INTAKE_TOPIC": "schedules",
+            "REDIS_URL": "redis://cache:6380/2",
+        }
+    )
+    assert loaded.poll_interval == 0.25
+    assert loaded.batch_limit == 7
+    assert loaded.log_format == "json"
+    assert loaded.intake_topic == "schedules"
+    assert loaded.redis_url == "redis://cache:6380/2"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("BLACKBOX_POLL_INTERVAL", "0"),
+        ("BLACKBOX_POLL_INTERVAL", "abc"),
+        ("BLACKBOX_POLL_INTERVAL", "-1"),
+        ("BLACKBOX_POLL_INTERVAL", "nan"),
+        ("BLACKBOX_POLL_INTERVAL", "inf"),
+        ("BLACKBOX_POLL_INTERVAL", ""),
+        ("BLACKBOX_BATCH_LIMIT", "-1"),
+        ("BLACKBOX_BATCH_LIMIT", "0"),
+        ("BLACKBOX_BATCH_LIMIT", "1.5"),
+        ("BLACKBOX_BATCH_LIMIT", "many"),
+        ("BLACKBOX_INTAKE_BATCH", "0"),
+        ("BLACKBOX_LEASE_SECONDS", "0"),
+        ("BLACKBOX_DELIVERY_TIMEOUT", "-5"),
+        ("BLACKBOX_MAX_ATTEMPTS", "0"),
+        ("BLACKBOX_RETRY_BACKOFF", "soon"),
+        ("BLACKBOX_RETRY_BACKOFF_MAX", "0"),
+        ("BLACKBOX_GRACE_SECONDS", "1e3"),
+        ("BLACKBOX_MAX_MESSAGE_BYTES", "0"),
+        ("BLACKBOX_MAX_COUNTDOWN", "-1"),
+        ("BLACKBOX_LOG_FORMAT", "xml"),
+        ("BLACKBOX_LOG_FORMAT", "JSON"),
+        ("BLACKBOX_LOG_LEVEL", "trace"),
+        ("BLACKBOX_INTAKE_TOPIC", ""),
+        ("BLACKBOX_INTAKE_TOPIC", "__consumer_offsets"),
+        ("BLACKBOX_DLQ_TOPIC", "  "),
+        ("BLACKBOX_DLQ_TOPIC", "__dlq"),
+    ],
+)
+def test_bad_variable_is_named(name: str, value: str) -> None:
+    """A malformed variable raises SettingsError whose message names it and its value."""
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env({name: value})
+    message = str(caught.value)
+    assert message.startswith(f"{name}={value.strip()!r} is invalid: ")
+    assert isinstance(caught.value.__cause__, ValueError)
+
+
+def test_empty_namespace_is_refused() -> None:
+    """Convention 3: an empty BLACKBOX_NAMESPACE (hash tag `{}`) would split keys across slots."""
+    with pytest.raises(SettingsError, match="BLACKBOX_NAMESPACE"):
+        Settings.from_env({"BLACKBOX_NAMESPACE": ""})
+
+
+@pytest.mark.parametrize(("timeout", "lease"), [("30", "30"), ("31", "30"), ("10", "5")])
+def test_delivery_timeout_must_be_shorter_than_lease(timeout: str, lease: str) -> None:
+    """Guarantee 3: a delivery timeout >= the lease is refused (a slow delivery fires twice)."""
+    environ = {"BLACKBOX_DELIVERY_TIMEOUT": timeout, "BLACKBOX_LEASE_SECONDS": lease}
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env(environ)
+    assert "BLACKBOX_DELIVERY_TIMEOUT" in str(caught.value)
+    assert "BLACKBOX_LEASE_SECONDS" in str(caught.value)
+
+
+def test_delivery_timeout_just_under_lease_is_accepted() -> None:
+    """A delivery timeout shorter than the lease is accepted."""
+    loaded = Settings.from_env(
+        {"BLACKBOX_DELIVERY_TIMEOUT": "29.9", "BLACKBOX_LEASE_SECONDS": "30"}
+    )
+    assert (loaded.delivery_timeout, loaded.lease_seconds) == (29.9, 30.0)
+
+
+def test_dlq_topic_must_differ_from_intake_topic() -> None:
+    """Guarantee 4: dead letters may not land back on the intake topic."""
+    environ = {"BLACKBOX_INTAKE_TOPIC": "jobs", "BLACKBOX_DLQ_TOPIC": "jobs"}
+    with pytest.raises(SettingsError, match="BLACKBOX_DLQ_TOPIC"):
+        Settings.from_env(environ)
+
+
+def test_kafka_properties_pass_through() -> None:
+    """KAFKA_X_Y=v sets the librdkafka property x.y=v for every client."""
+    loaded = Settings.from_env(
+        {
+            "KAFKA_SASL_MECHANISM": "PLAIN",
+            "KAFKA_BOOTSTRAP_SERVERS": "broker:9093",
+            "KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        }
+    )
+    assert loaded.kafka == {
+        "bootstrap.servers": "broker:9093",
+        "sasl.mechanism": "PLAIN",
+        "security.protocol": "SASL_SSL",
+    }
+
+
+def test_client_properties_go_only_to_their_client() -> None:
+    """KAFKA_CONSUMER_*/KAFKA_PRODUCER_* reach only that client, never the shared map."""
+    loaded = Settings.from_env(
+        {
+            "KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000",
+            "KAFKA_PRODUCER_LINGER_MS": "5",
+            "KAFKA_CLIENT_ID": "bb",
+        }
+    )
+    assert loaded.kafka == {"bootstrap.servers": "localhost:9092", "client.id": "bb"}
+    assert loaded.kafka_consumer == {"session.timeout.ms": "6000"}
+    assert loaded.kafka_producer == {"linger.ms": "5"}
+
+
+def test_unrelated_and_bare_prefix_variables_are_ignored() -> None:
+    """Variables without a property after the KAFKA_ prefix, and non-KAFKA ones, are ignored."""
+    environ = {"KAFKA_": "x", "KAFKA_CONSUMER_": "x", "KAFKA_PRODUCER_": "x", "PATH": "/bin"}
+    loaded = Settings.from_env(environ)
+    assert loaded.kafka == {"bootstrap.servers": "localhost:9092"}
+    assert loaded.kafka_consumer == {}
+    assert loaded.kafka_producer == {}
+
+
+def test_kafka_variable_inverts_the_passthrough() -> None:
+    """kafka_variable names the variable that kafka_config reads a property from."""
+    name = settings.kafka_variable("sasl.mechanism")
+    assert name == "KAFKA_SASL_MECHANISM"
+    assert settings.kafka_config({name: "SCRAM-SHA-512"})["sasl.mechanism"] == "SCRAM-SHA-512"
+
+
+SECRETS = {
+    "REDIS_URL": "redis://app:hunter2-redis@cache:6380/1",
+    "KAFKA_SASL_USERNAME": "svc-user",
+    "KAFKA_SASL_PASSWORD": "hunter2-sasl",
+    "KAFKA_SSL_KEY_PASSWORD": "hunter2-key",
+    "KAFKA_CONSUMER_SASL_OAUTHBEARER_CLIENT_SECRET": "hunter2-oauth",
+    "KAFKA_PRODUCER_SASL_PASSWORD": "hunter2-producer",
+}
+
+
+def test_repr_masks_secrets() -> None:
+    """No password or secret reaches repr: the Redis URL and secret kafka properties are masked."""
+    shown = repr(Settings.from_env(SECRETS))
+    assert "hunter2" not in shown
+    assert "'redis://app:********@cache:6380/1'" in shown
+    assert "'sasl.password': '********'" in shown
+    assert "'ssl.key.password': '********'" in shown
+    assert "'sasl.oauthbearer.client.secret': '********'" in shown
+    assert "'sasl.username': 'svc-user'" in shown
+
+
+def test_repr_keeps_the_values_themselves() -> None:
+    """Masking only changes repr: the settings still hold the real secrets for the clients."""
+    loaded = Settings.from_env(SECRETS)
+    assert loaded.redis_url == SECRETS["REDIS_URL"]
+    assert loaded.kafka["sasl.password"] == "hunter2-sasl"
+    assert loaded.kafka_producer["sasl.password"] == "hunter2-producer"
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("redis://:pw@cache:6379/0", "redis://:********@cache:6379/0"),
+        ("rediss://user:pw@cache/0", "rediss://user:********@cache/0"),
+        ("redis://user:p%40ss@cache:6379", "redis://user:********@cache:6379"),
+        ("redis://cache:6379/0", "redis://cache:6379/0"),
+        ("redis://user@cache:6379/0", "redis://user@cache:6379/0"),
+    ],
+)
+def test_mask_url(url: str, masked: str) -> None:
+    """mask_url replaces the password of a URL and leaves URLs without one unchanged."""
+    assert settings.mask_url(url) == masked
+
+
+def test_describe_lists_every_variable() -> None:
+    """`blackbox run --help` documents every variable with its default."""
+    text = settings.describe()
+    for var in VARIABLES:
+        line = next(row for row in text.splitlines() if row.strip().startswith(var.name + " "))
+        assert f"(default: {var.default})" in line
+    for prefix in ("KAFKA_*", "KAFKA_CONSUMER_*", "KAFKA_PRODUCER_*"):
+        assert prefix in text
+
+
+def test_settings_are_frozen() -> None:
+    """Settings cannot change after validation."""
+    loaded = Settings.from_env({})
+    with pytest.raises(AttributeError):
+        loaded.batch_limit = 5  # type: ignore[misc]
