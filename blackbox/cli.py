@@ -141,6 +141,8 @@ def _start_unless_listening(
 
 def _local_settings(settings: Settings, redis_port: int, kafka_port: int) -> Settings:
     environ: Mapping[str, str] = {
+        # Tansu hands out partitions after session.timeout.ms / 2: keep the wait short.
+        "KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000",
         **os.environ,
         "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
         "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{kafka_port}",

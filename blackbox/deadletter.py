@@ -7,12 +7,15 @@ schedule carries its stored value, its id and its target topic.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, Message
 
 from blackbox.envelope import normalize_headers
 from blackbox.errors import DeadLetterReason
+from blackbox.kafka import lasting_reason
+from blackbox.outbox import Outbox, Record
 
 REASON_HEADER = "blackbox-dlq-reason"
 DETAIL_HEADER = "blackbox-dlq-detail"
@@ -76,3 +79,26 @@ def without_value(letter: DeadLetter) -> DeadLetter:
     size = len(letter.value or b"")
     omitted = ("blackbox-dlq-value-omitted", f"{size} bytes".encode())
     return DeadLetter(None, letter.key, [*letter.headers, omitted], letter.reason)
+
+
+def send(
+    outbox: Outbox, topic: str, letters: list[DeadLetter], stop: threading.Event | None = None
+) -> list[tuple[DeadLetter, KafkaError | None]]:
+    """Produce dead letters; return each with its final error (None when acknowledged).
+
+    A letter refused for a lasting reason (its value too large for the dead-letter topic
+    too) is sent again without its value, loudly marked, rather than blocking forever.
+    """
+    first = _send(outbox, topic, letters, stop)
+    retry = [without_value(d) for d, e in first if e is not None and lasting_reason(e)]
+    second = iter(_send(outbox, topic, retry, stop))
+    return [next(second) if e is not None and lasting_reason(e) else (d, e) for d, e in first]
+
+
+def _send(
+    outbox: Outbox, topic: str, letters: list[DeadLetter], stop: threading.Event | None
+) -> list[tuple[DeadLetter, KafkaError | None]]:
+    if not letters:
+        return []
+    records = [Record(topic, d.value, d.key, d.headers) for d in letters]
+    return list(zip(letters, outbox.send(records, stop), strict=True))

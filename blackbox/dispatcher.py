@@ -164,31 +164,15 @@ class Dispatcher:
     def _dead_letter(
         self, dead: list[DeadLetter], outcome: _Outcome, stop: threading.Event
     ) -> None:
-        unsent = self._send_dead_letters(dead, outcome, stop)
-        # A value the dead-letter topic cannot take either (too large) is left out, loudly,
-        # rather than blocking its schedule forever.
-        stripped = [deadletter.without_value(d) for d, e in unsent if lasting_reason(e)]
-        unsent = [(d, e) for d, e in unsent if not lasting_reason(e)]
-        unsent += self._send_dead_letters(stripped, outcome, stop)
-        for letter, error in unsent:
-            log.warning("dead_letter_failed", blackbox_id=_id_of(letter), error=error.str())
-            outcome.retry[1].append(_id_of(letter))
-
-    def _send_dead_letters(
-        self, dead: list[DeadLetter], outcome: _Outcome, stop: threading.Event
-    ) -> list[tuple[DeadLetter, KafkaError]]:
-        if not dead:
-            return []
-        records = [Record(self.policy.dlq_topic, d.value, d.key, d.headers) for d in dead]
-        unsent: list[tuple[DeadLetter, KafkaError]] = []
-        for letter, error in zip(dead, self.outbox.send(records, stop), strict=True):
-            if error is not None:
-                unsent.append((letter, error))
-                continue
-            outcome.done.append(_id_of(letter))
-            self.metrics.dead_letters.labels(reason=letter.reason.value).inc()
-            log.warning("dead_lettered", blackbox_id=_id_of(letter), reason=letter.reason.value)
-        return unsent
+        for letter, error in deadletter.send(self.outbox, self.policy.dlq_topic, dead, stop):
+            schedule_id = _id_of(letter)
+            if error is None:
+                outcome.done.append(schedule_id)
+                self.metrics.dead_letters.labels(reason=letter.reason.value).inc()
+                log.warning("dead_lettered", blackbox_id=schedule_id, reason=letter.reason.value)
+            else:
+                log.warning("dead_letter_failed", blackbox_id=schedule_id, error=error.str())
+                outcome.retry[1].append(schedule_id)
 
     def _settle(self, claim: Claim, outcome: _Outcome) -> None:
         acked = self.store.ack(outcome.done, claim.token)

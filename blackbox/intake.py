@@ -29,7 +29,7 @@ from blackbox.deadletter import DeadLetter
 from blackbox.envelope import Limits
 from blackbox.errors import BlackboxError, InvalidEnvelope
 from blackbox.metrics import Metrics
-from blackbox.outbox import Outbox, Record
+from blackbox.outbox import Outbox
 from blackbox.schedule import Schedule, intake_id
 from blackbox.store import IntakeSlice, RedisStore
 
@@ -95,7 +95,9 @@ class Intake:
 
     def run(self, stop: threading.Event) -> None:
         """Consume until `stop` is set, then close the consumer (committing what was stored)."""
-        self.consumer.subscribe([self.config.topic])
+        self.consumer.subscribe(
+            [self.config.topic], on_assign=_log_assigned, on_revoke=_log_revoked
+        )
         log.info("intake_started", topic=self.config.topic)
         try:
             while not stop.is_set():
@@ -158,11 +160,9 @@ class Intake:
         )
         batch.schedules[(topic, partition)].append((offset, schedule))
 
-    def _send_dead_letters(self, dead: Sequence[DeadLetter], stop: threading.Event) -> None:
-        if not dead:
-            return
-        records = [Record(self.config.dlq_topic, d.value, d.key, d.headers) for d in dead]
-        errors = [e for e in self.dead_letters.send(records, stop) if e is not None]
+    def _send_dead_letters(self, dead: list[DeadLetter], stop: threading.Event) -> None:
+        results = deadletter.send(self.dead_letters, self.config.dlq_topic, dead, stop)
+        errors = [e for _, e in results if e is not None]
         if errors:
             raise DeadLetterUnavailable(
                 f"{len(errors)} dead letters unacknowledged: {errors[0].str()}"
@@ -198,6 +198,14 @@ class Intake:
                 KafkaException
             ) as e:  # the partition was revoked meanwhile: its new owner reads it
                 log.info("intake_rewind_skipped", topic=topic, partition=partition, error=str(e))
+
+
+def _log_assigned(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    log.info("intake_assigned", partitions=sorted(p.partition for p in partitions))
+
+
+def _log_revoked(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    log.info("intake_revoked", partitions=sorted(p.partition for p in partitions))
 
 
 @dataclass(frozen=True, slots=True)

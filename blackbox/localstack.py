@@ -66,7 +66,7 @@ class _Server:
         self.process = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT)
         wait_for_port(self.port, self.process)
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         """Ask the server to exit (SIGTERM), killing it if it does not in time."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()

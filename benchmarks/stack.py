@@ -1,0 +1,67 @@
+"""A local stack for benchmarks: Redis, Tansu and `blackbox run` as separate processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from blackbox import kafka
+from blackbox.localstack import RedisServer, TansuBroker, free_port, scratch_dir
+from blackbox.settings import Settings
+
+
+@dataclass(frozen=True)
+class Stack:
+    redis: RedisServer
+    broker: TansuBroker
+    env: dict[str, str]
+    settings: Settings
+    work: Path
+
+
+@contextmanager
+def local_stack(**overrides: str) -> Iterator[Stack]:
+    """Start Redis and the broker on free ports, with the intake and DLQ topics created."""
+    work = scratch_dir("blackbox-bench-")
+    redis = RedisServer(free_port(), work)
+    broker = TansuBroker(free_port(), work / "tansu.log")
+    redis.start()
+    broker.start()
+    env = {
+        "REDIS_URL": redis.url,
+        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+        "KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000",
+        "BLACKBOX_LOG_FORMAT": "json",
+        "BLACKBOX_LOG_LEVEL": "warning",
+        **overrides,
+    }
+    settings = Settings.from_env(env)
+    kafka.ensure_topics(settings.kafka, [settings.intake_topic, settings.dlq_topic])
+    try:
+        yield Stack(redis, broker, env, settings, work)
+    finally:
+        broker.stop()
+        redis.stop()
+
+
+@contextmanager
+def service_process(stack: Stack) -> Iterator[subprocess.Popen[bytes]]:
+    """`blackbox run` in its own process, stopped with SIGTERM at the end."""
+    log = (stack.work / "service.log").open("ab")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "blackbox", "run"],
+        env={**os.environ, **stack.env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield process
+    finally:
+        process.terminate()
+        process.wait(15)
+        log.close()
