@@ -31,7 +31,7 @@ def _percentile(values: Sequence[float], q: float) -> float:
 def _collect(bootstrap: str, topic: str, count: int, timeout: float) -> dict[str, list[int]]:
     """Read `topic` until `count` distinct ids arrived; lateness in ms per id (every copy)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
-                         "fetch.wait.max.ms": 5, "auto.offset.reset": "earliest",
+                         "fetch.wait.max.ms": 1, "auto.offset.reset": "earliest",
                          "enable.auto.commit": False})  # fmt: skip
     assigned = 0
     seen: dict[str, list[int]] = {}
@@ -42,7 +42,10 @@ def _collect(bootstrap: str, topic: str, count: int, timeout: float) -> dict[str
             new = range(assigned, len(metadata.partitions))
             consumer.incremental_assign([TopicPartition(topic, p, 0) for p in new])
             assigned = len(metadata.partitions)
-        for m in consumer.consume(10_000, timeout=0.05):
+        # poll() returns as soon as one record is there; consume(n, 0) drains the rest
+        # (consume(n, t) would hold every record until n arrived or t passed).
+        first = consumer.poll(0.05)
+        for m in [first, *consumer.consume(10_000, timeout=0)] if first else []:
             if m.error() is None:
                 arrived = time.time_ns() // 1_000_000
                 headers = dict(normalize_headers(m.headers()))

@@ -47,6 +47,14 @@ class Policy:
 
 
 @dataclass(slots=True)
+class Fired:
+    """What one fire_due run did, and when the earliest schedule left is due."""
+
+    delivered: int
+    next_due_ms: int | None
+
+
+@dataclass(slots=True)
 class _Outcome:
     """What became of one claimed batch."""
 
@@ -77,18 +85,21 @@ class Dispatcher:
         self.policy = policy
         self.metrics = metrics
 
-    def fire_due(self, stop: threading.Event) -> int:
-        """Deliver everything due now, batch after batch; return how many were delivered."""
-        self.store.reclaim(now_ms(), self.policy.batch_limit)
-        delivered = 0
+    def fire_due(self, stop: threading.Event) -> Fired:
+        """Deliver everything due now, batch after batch, until a claim comes back short."""
+        fired = Fired(delivered=0, next_due_ms=None)
         while not stop.is_set():
             claim = self.store.claim_due(now_ms(), self.policy.batch_limit, self.policy.lease_ms)
-            if not claim.ids:
-                break
-            delivered += self._fire(claim, stop)
+            fired.next_due_ms = claim.next_due_ms
+            if claim.ids:
+                fired.delivered += self._fire(claim, stop)
             if len(claim.ids) < self.policy.batch_limit:
                 break
-        return delivered
+        return fired
+
+    def reclaim_expired(self) -> int:
+        """Return ids whose replica's lease ran out to due; how many."""
+        return self.store.reclaim(now_ms(), self.policy.batch_limit)
 
     def _fire(self, claim: Claim, stop: threading.Event) -> int:
         outcome = _Outcome(done=[], retry=defaultdict(list))

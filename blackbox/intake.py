@@ -9,7 +9,7 @@ is lost; the writes are idempotent, so the retry cannot store anything twice.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -58,6 +58,10 @@ class _Batch:
             for (topic, partition), items in self.schedules.items()
         ]
 
+    def earliest_due_ms(self) -> int | None:
+        dues = [s.due_ms for items in self.schedules.values() for _, s in items]
+        return min(dues, default=None)
+
     def schedule_count(self) -> int:
         return sum(len(items) for items in self.schedules.values())
 
@@ -78,14 +82,16 @@ def received_ms(message: Message, now: int) -> int:
 class Intake:
     """Consumes the intake topic into the store."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - its collaborators, each injected
         self,
         consumer: Consumer,
         store: RedisStore,
         dead_letters: Outbox,
         config: IntakeConfig,
         metrics: Metrics,
+        on_scheduled: Callable[[int], None] = lambda _due_ms: None,
     ) -> None:
+        self.on_scheduled = on_scheduled
         self.consumer = consumer
         self.store = store
         self.dead_letters = dead_letters
@@ -138,6 +144,9 @@ class Intake:
         for message in records:
             self.consumer.store_offsets(message=message)
         self._count(batch, stored)
+        earliest = batch.earliest_due_ms()
+        if earliest is not None:
+            self.on_scheduled(earliest)
 
     def _sort(self, message: Message, now: int, batch: _Batch) -> None:
         topic, partition, offset = (

@@ -36,6 +36,11 @@ class Keys:
         return f"{self.tag}:try"
 
     @property
+    def wake_channel(self) -> str:
+        """Pub/sub channel: a due time (epoch ms) sooner than replicas may have planned for."""
+        return f"{self.tag}:wake"
+
+    @property
     def intake_marks(self) -> str:
         """Hash: "topic:partition" -> highest intake offset already handled."""
         return f"{self.tag}:in"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from types import FrameType
 
@@ -20,6 +21,7 @@ from confluent_kafka import KafkaException
 
 from blackbox import kafka
 from blackbox.backoff import Backoff
+from blackbox.clock import now_ms
 from blackbox.dispatcher import Dispatcher, Policy
 from blackbox.envelope import Limits
 from blackbox.intake import Intake, IntakeConfig
@@ -28,6 +30,7 @@ from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox
 from blackbox.settings import Settings
 from blackbox.store import RedisStore
+from blackbox.waker import NudgeListener, Waker
 
 log = structlog.get_logger("blackbox.service")
 
@@ -68,7 +71,8 @@ class Service:
         self.metrics = metrics or Metrics()
         self.stopping = threading.Event()
         self.redis = redis_client(settings.redis_url)
-        self.store = RedisStore(self.redis, Keys(settings.namespace), settings.grace_seconds)
+        keys = Keys(settings.namespace)
+        self.store = RedisStore(self.redis, keys, settings.grace_seconds)
         wait = settings.delivery_timeout + 1.0
         self._intake_outbox = Outbox(kafka.new_producer(settings), wait)
         self._dispatch_outbox = Outbox(kafka.new_producer(settings), wait)
@@ -79,54 +83,100 @@ class Service:
             settings.intake_topic, settings.intake_batch, settings.dlq_topic, limits_of(settings)
         )
         self.intake = Intake(
-            kafka.new_consumer(settings), self.store, self._intake_outbox, config, self.metrics
+            kafka.new_consumer(settings), self.store, self._intake_outbox, config, self.metrics,
+            on_scheduled=self._scheduled,
+        )  # fmt: skip
+        self.waker = Waker(self._fire, self.stopping)
+        self._nudges = NudgeListener(
+            redis_client(settings.redis_url), keys.wake_channel, self.waker
         )
-        self._intake_thread = threading.Thread(target=self._run_intake, name="intake", daemon=True)
+        self._threads = [
+            threading.Thread(target=self._guard(self._run_intake), name="intake", daemon=True),
+            threading.Thread(target=self._guard(self.waker.run), name="waker", daemon=True),
+            threading.Thread(target=self._guard(self._nudges.run), name="nudges", daemon=True),
+        ]
         self._scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
-        self._tick_backoff = Backoff(base=settings.poll_interval, cap=30.0)
-        self._tick_blocked_until = 0.0
+        self._fire_lock = threading.Lock()
+        self._fire_backoff = Backoff(base=settings.poll_interval, cap=30.0)
         self.failed = False
 
     def start(self) -> None:
         log.info("service_starting", settings=repr(self.settings))
-        self._intake_thread.start()
+        for thread in self._threads:
+            thread.start()
         self._scheduler.add_job(
-            self.tick, "interval", seconds=self.settings.poll_interval, id="fire",
-            next_run_time=_now(), misfire_grace_time=None,
+            self.tick, "interval", seconds=self.settings.poll_interval, id="tick",
+            next_run_time=datetime.now(UTC), misfire_grace_time=None,
         )  # fmt: skip
         self._scheduler.start()
 
     def tick(self) -> None:
-        """One firing run: deliver all that is due; on a dependency failure, back off."""
-        if self.stopping.is_set() or time.monotonic() < self._tick_blocked_until:
+        """The poll-interval safety net: return expired leases, and fire if the waker is idle."""
+        try:
+            if self.dispatcher.reclaim_expired():
+                self.waker.nudge(now_ms())
+        except redis.RedisError as e:
+            log.warning("reclaim_failed", error=str(e))
+        if not self._fire_lock.locked():
+            self._fire()
+
+    def _fire(self) -> int:
+        """Deliver what is due; return when to fire next (epoch ms)."""
+        poll_ms = int(self.settings.poll_interval * 1000)
+        with self._fire_lock:
+            try:
+                fired = self.dispatcher.fire_due(self.stopping)
+            except (redis.RedisError, KafkaException) as e:
+                return now_ms() + self._paused(e)
+            self._fire_backoff.reset()
+        next_poll = now_ms() + poll_ms
+        return next_poll if fired.next_due_ms is None else min(fired.next_due_ms, next_poll)
+
+    def _paused(self, error: Exception) -> int:
+        dependency = "redis" if isinstance(error, redis.RedisError) else "kafka"
+        self.metrics.dependency_errors.labels(dependency=dependency).inc()
+        delay = self._fire_backoff.next()
+        log.warning("firing_paused", dependency=dependency, error=str(error), retry_in_s=delay)
+        return int(delay * 1000)
+
+    def _scheduled(self, due_ms: int) -> None:
+        """Intake stored a schedule due at `due_ms`: wake this replica, and the others."""
+        if not self.waker.nudge(due_ms):
             return
         try:
-            self.dispatcher.fire_due(self.stopping)
-            self._tick_backoff.reset()
-        except (redis.RedisError, KafkaException) as e:
-            dependency = "redis" if isinstance(e, redis.RedisError) else "kafka"
-            self.metrics.dependency_errors.labels(dependency=dependency).inc()
-            delay = self._tick_backoff.next()
-            self._tick_blocked_until = time.monotonic() + delay
-            log.warning("firing_paused", dependency=dependency, error=str(e), retry_in_s=delay)
+            self.redis.publish(self.store.keys.wake_channel, due_ms)
+        except redis.RedisError as e:  # the poll interval still fires it on the other replicas
+            log.info("nudge_not_published", error=str(e))
 
     def _run_intake(self) -> None:
-        try:
-            self.intake.run(self.stopping)
-        except Exception:
-            log.exception("intake_crashed")
-            self.failed = True
-            self.stopping.set()
+        self.intake.run(self.stopping)
+
+    def _guard(self, loop: Callable[[], None]) -> Callable[[], None]:
+        """Run a thread's loop; if it crashes, stop the whole service with a failure."""
+
+        def guarded() -> None:
+            try:
+                loop()
+            except Exception:
+                log.exception("thread_crashed", thread=threading.current_thread().name)
+                self.failed = True
+                self.stopping.set()
+
+        return guarded
 
     def stop(self) -> None:
-        """Stop intake, finish the current tick, flush producers, commit offsets."""
+        """Stop intake, finish the current firing, flush producers, commit offsets."""
         log.info("service_stopping")
         self.stopping.set()
-        self._intake_thread.join(STOP_TIMEOUT_SECONDS)
+        self.waker.wake()
+        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)
         undelivered = self._intake_outbox.close(1.0) + self._dispatch_outbox.close(1.0)
         self.redis.close()
+        self._nudges.client.close()
         log.info("service_stopped", unflushed=undelivered)
 
     def run_until_signalled(self) -> int:
@@ -143,8 +193,3 @@ class Service:
             pass
         self.stop()
         return 1 if self.failed else 0
-
-
-def _now() -> object:
-
-    return datetime.now(UTC)

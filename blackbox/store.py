@@ -53,6 +53,7 @@ class Claim:
 
     ids: list[str]
     token: int
+    next_due_ms: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +112,12 @@ class RedisStore:
         """Move up to `limit` ids due by `now_ms` to in flight, leased for `lease_ms`."""
         token = now_ms + lease_ms
         keys = [self.keys.due, self.keys.in_flight]
-        ids = self._claim(keys=keys, args=[now_ms, limit, token])
-        return Claim(ids=[i.decode("utf-8") for i in ids], token=token)
+        ids, next_due = self._claim(keys=keys, args=[now_ms, limit, token])
+        return Claim(
+            ids=[i.decode("utf-8") for i in ids],
+            token=token,
+            next_due_ms=int(float(next_due)) if next_due else None,
+        )
 
     def load(self, ids: Sequence[str]) -> list[Loaded]:
         """Payloads and past attempts of claimed ids, in one round trip."""

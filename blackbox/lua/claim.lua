@@ -6,16 +6,16 @@
 -- ARGV[2]  the most ids to take
 -- ARGV[3]  lease expiry, epoch ms; also the token the claimer acks with
 --
--- Returns: the ids taken, earliest due first.
+-- Returns: {ids taken (earliest due first), due time of the earliest id left or false}.
 -- Invariant: an id is never in both sets after this script, and two claimers never
 -- receive the same id while its lease runs.
 local ids = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
-if #ids == 0 then
-  return ids
+if #ids > 0 then
+  for _, id in ipairs(ids) do
+    redis.call('ZADD', KEYS[2], ARGV[3], id)
+  end
+  -- The ids taken are exactly the lowest ranks of the due set.
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids - 1)
 end
-for _, id in ipairs(ids) do
-  redis.call('ZADD', KEYS[2], ARGV[3], id)
-end
--- The ids taken are exactly the lowest ranks of the due set.
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids - 1)
-return ids
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {ids, first[2] or false}

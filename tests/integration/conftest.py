@@ -93,8 +93,7 @@ def start_service(env: dict[str, str]) -> Iterator[ServiceFactory]:
 
     yield start
     for service in started:
-        if not service.stopping.is_set() or service._intake_thread.is_alive():
-            service.stop()
+        service.stop()
 
 
 ReaderFactory = Callable[..., TopicReader]

@@ -1,0 +1,90 @@
+"""Waker: fire at each due instant rather than at the next poll.
+
+It sleeps until the earliest due time that the last claim reported (or one poll interval,
+whichever is sooner) and wakes early when nudged: by this replica's intake, or by another
+replica's through a Redis pub/sub message carrying the due time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import redis
+import structlog
+
+from blackbox.backoff import Backoff
+from blackbox.clock import now_ms
+
+log = structlog.get_logger("blackbox.waker")
+
+# fire() returns when to run next (epoch ms).
+Fire = Callable[[], int]
+
+
+class Waker:
+    """A loop calling `fire` at the instants it returns, woken early by `nudge`."""
+
+    def __init__(self, fire: Fire, stop: threading.Event) -> None:
+        self.fire = fire
+        self.stop = stop
+        self.planned_ms = 0
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            wake_at = self.fire()
+            with self._lock:
+                self.planned_ms = wake_at
+            self._sleep_until(wake_at)
+
+    def _sleep_until(self, wake_at: int) -> None:
+        delay = (wake_at - now_ms()) / 1000
+        if delay > 0:
+            self._wake.wait(delay)
+        self._wake.clear()
+
+    def nudge(self, due_ms: int) -> bool:
+        """Wake at `due_ms` if that is sooner than planned; True if it was."""
+        with self._lock:
+            if due_ms >= self.planned_ms:
+                return False
+            self.planned_ms = due_ms
+        self._wake.set()
+        return True
+
+    def wake(self) -> None:
+        """Wake now (shutting down)."""
+        self._wake.set()
+
+
+class NudgeListener:
+    """Relays due times published by other replicas to the local Waker."""
+
+    def __init__(self, client: redis.Redis, channel: str, waker: Waker) -> None:
+        self.client = client
+        self.channel = channel
+        self.waker = waker
+        self.backoff = Backoff(base=0.5, cap=10.0)
+
+    def run(self) -> None:
+        while not self.waker.stop.is_set():
+            try:
+                self._listen()
+            except redis.RedisError as e:
+                delay = self.backoff.next()
+                log.warning("nudges_paused", error=str(e), retry_in_s=delay)
+                self.waker.stop.wait(delay)
+
+    def _listen(self) -> None:
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        try:
+            pubsub.subscribe(self.channel)
+            self.backoff.reset()
+            while not self.waker.stop.is_set():
+                message = pubsub.get_message(timeout=0.5)
+                if message is not None:
+                    self.waker.nudge(int(message["data"]))
+        finally:
+            pubsub.close()
