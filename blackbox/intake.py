@@ -89,6 +89,7 @@ class Intake:
         dead_letters: Outbox,
         config: IntakeConfig,
         metrics: Metrics,
+        *,
         on_scheduled: Callable[[int], None] = lambda _due_ms: None,
     ) -> None:
         self.on_scheduled = on_scheduled

@@ -46,5 +46,7 @@ class Keys:
         return f"{self.tag}:in"
 
     def payload(self, schedule_id: str) -> str:
-        """String (SET ... EX): the encoded Schedule of one id."""
-        return f"{self.tag}:m:{schedule_id}"
+        """String (SET ... EX): the encoded Schedule of one id. Kept short: one per message.
+
+        Ids never start with ':', so these never meet the other names of the namespace."""
+        return f"{self.tag}{schedule_id}"

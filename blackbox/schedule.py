@@ -1,20 +1,26 @@
 """A Schedule: what is kept in Redis for one pending message, and its compact encoding.
 
-Encoding: a small JSON header, a NUL byte, then the value bytes untouched. JSON text never
-holds a raw NUL (orjson escapes control characters), so the first NUL ends the header and
-binary values cost no base64.
+Millions may be pending, so the encoding is binary and small (version 1):
+
+    version  u8      1
+    due_ms   i64     big-endian epoch milliseconds
+    topic    u8 len  + UTF-8 (Kafka topic names are at most 249 bytes)
+    caller   u16 len + UTF-8, 0xFFFF when there is no caller
+    value    the rest, untouched (binary-safe, no base64)
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
-
-import orjson
 
 from blackbox.envelope import Envelope
 from blackbox.errors import CorruptSchedule
 
-_SEPARATOR = b"\0"
+_VERSION = 1
+_HEAD = struct.Struct(">BqB")
+_CALLER = struct.Struct(">H")
+_NO_CALLER = 0xFFFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,28 +44,28 @@ class Schedule:
         )
 
     def encode(self) -> bytes:
-        header: dict[str, object] = {"t": self.topic, "d": self.due_ms}
-        if self.caller is not None:
-            header["c"] = self.caller.decode("utf-8")
-        return orjson.dumps(header) + _SEPARATOR + self.value
+        topic = self.topic.encode("utf-8")
+        caller = _NO_CALLER if self.caller is None else len(self.caller)
+        head = _HEAD.pack(_VERSION, self.due_ms, len(topic)) + topic
+        return b"".join((head, _CALLER.pack(caller), self.caller or b"", self.value))
 
     @classmethod
     def decode(cls, schedule_id: str, raw: bytes) -> Schedule:
-        head, _, value = raw.partition(_SEPARATOR)
         try:
-            header = orjson.loads(head)
-            caller, topic = header.get("c"), header["t"]
-            if not isinstance(topic, str):
-                raise TypeError("the stored topic is not text")
-            return cls(
-                id=schedule_id,
-                topic=topic,
-                value=value,
-                due_ms=int(header["d"]),
-                caller=caller.encode("utf-8") if caller is not None else None,
-            )
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
-            raise CorruptSchedule(f"schedule {schedule_id!r} cannot be decoded") from e
+            version, due_ms, topic_len = _HEAD.unpack_from(raw)
+            if version != _VERSION:
+                raise ValueError(f"unknown encoding version {version}")
+            at = _HEAD.size + topic_len
+            topic = raw[_HEAD.size : at].decode("utf-8")
+            (caller_len,) = _CALLER.unpack_from(raw, at)
+            at += _CALLER.size
+            caller = None if caller_len == _NO_CALLER else raw[at : at + caller_len]
+            if caller is not None and len(caller) != caller_len:
+                raise ValueError("truncated caller")
+            value = raw[at + (0 if caller is None else caller_len) :]
+        except (struct.error, ValueError) as e:
+            raise CorruptSchedule(f"schedule {schedule_id!r} cannot be decoded: {e}") from e
+        return cls(id=schedule_id, topic=topic, value=value, due_ms=due_ms, caller=caller)
 
 
 def intake_id(topic: str, partition: int, offset: int) -> str:

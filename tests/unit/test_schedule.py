@@ -50,21 +50,24 @@ def test_encode_decode_round_trip(
     assert Schedule.decode(schedule_id, schedule.encode()) == schedule
 
 
-def test_encoding_is_json_header_nul_then_raw_value() -> None:
-    """The stored form is a JSON header, one NUL, then the value bytes as they are (no base64)."""
+def test_encoding_is_the_compact_binary_layout() -> None:
+    """Version 1: u8 version, i64 due ms, u8 topic length + topic, u16 caller length + caller,
+    then the value bytes as they are (no base64)."""
     schedule = Schedule("blackbox:0:7", "orders", b"\x00\xffraw", 1_700_000_000_000, b"billing")
     encoded = schedule.encode()
-    head, separator, value = encoded.partition(b"\0")
-    assert orjson.loads(head) == {"t": "orders", "d": 1_700_000_000_000, "c": "billing"}
-    assert separator == b"\0"
-    assert value == b"\x00\xffraw"
+    assert encoded == (
+        b"\x01" + (1_700_000_000_000).to_bytes(8, "big") + b"\x06orders"
+        + b"\x00\x07billing" + b"\x00\xffraw"
+    )  # fmt: skip
+    assert len(encoded) - len(schedule.value) == 1 + 8 + 1 + 6 + 2 + 7
 
 
-def test_encoding_without_caller_has_no_caller_field() -> None:
-    """A schedule without a caller stores no `c` field and decodes with caller None."""
+def test_encoding_without_caller_marks_it_absent() -> None:
+    """A schedule without a caller stores the 0xFFFF marker and decodes with caller None."""
     encoded = Schedule("id", "orders", b"v", 5).encode()
-    assert orjson.loads(encoded.partition(b"\0")[0]) == {"t": "orders", "d": 5}
+    assert encoded[16:18] == b"\xff\xff"
     assert Schedule.decode("id", encoded).caller is None
+    assert Schedule.decode("id", Schedule("id", "orders", b"v", 5, b"").encode()).caller == b""
 
 
 def test_topic_with_nul_character_survives() -> None:

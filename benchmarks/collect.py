@@ -1,0 +1,95 @@
+"""Measuring deliveries from outside the service: arrival time against `blackbox-due-ms`."""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, TopicPartition
+
+from blackbox.envelope import normalize_headers
+
+
+@dataclass
+class Deliveries:
+    """Every copy of every id read from a topic: (arrival ms, due ms)."""
+
+    copies: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+
+    def first_copies(self) -> list[tuple[int, int]]:
+        return [c[0] for c in self.copies.values()]
+
+    def lateness_ms(self) -> list[int]:
+        return [arrived - due for arrived, due in self.first_copies()]
+
+    def duplicated(self) -> int:
+        return sum(len(c) - 1 for c in self.copies.values())
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summary(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "max": None, "mean": None}
+    return {
+        "p50": percentile(values, 0.5),
+        "p90": percentile(values, 0.9),
+        "p99": percentile(values, 0.99),
+        "max": max(values),
+        "mean": round(statistics.fmean(values), 2),
+    }
+
+
+class Collector:
+    """A reader of one topic that stamps each record the moment it is handed over."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.topic = topic
+        self.consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
+            "fetch.wait.max.ms": 1, "auto.offset.reset": "earliest", "enable.auto.commit": False,
+        })  # fmt: skip
+        self.assigned = 0
+        self.deliveries = Deliveries()
+
+    def _follow_partitions(self) -> None:
+        metadata = self.consumer.list_topics(self.topic, timeout=2).topics.get(self.topic)
+        if metadata is None or metadata.error is not None:
+            return
+        if len(metadata.partitions) > self.assigned:
+            new = range(self.assigned, len(metadata.partitions))
+            self.consumer.incremental_assign([TopicPartition(self.topic, p, 0) for p in new])
+            self.assigned = len(metadata.partitions)
+
+    def collect(self, count: int, timeout: float) -> Deliveries:
+        """Read until `count` distinct ids arrived or `timeout` passed."""
+        deadline = time.monotonic() + timeout
+        checked = 0.0
+        while len(self.deliveries.copies) < count and time.monotonic() < deadline:
+            if time.monotonic() - checked > 0.5:
+                self._follow_partitions()
+                checked = time.monotonic()
+            self._read_once()
+        return self.deliveries
+
+    def _read_once(self) -> None:
+        # poll() returns as soon as one record is there; consume(n, 0) drains the rest
+        # (consume(n, t) would hold every record until n arrived or t passed).
+        first = self.consumer.poll(0.05)
+        for m in [first, *self.consumer.consume(10_000, timeout=0)] if first else []:
+            if m.error() is not None:
+                continue
+            arrived = time.time_ns() // 1_000_000
+            headers = dict(normalize_headers(m.headers()))
+            due = int(headers["blackbox-due-ms"] or b"0")
+            key = (headers["blackbox-id"] or b"").decode()
+            self.deliveries.copies.setdefault(key, []).append((arrived, due))
+
+    def close(self) -> None:
+        self.consumer.close()

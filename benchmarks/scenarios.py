@@ -1,0 +1,201 @@
+"""The on-time benchmarks, S1-S4, on the local stack. Each prints a JSON line and a table.
+
+    python -m benchmarks.scenarios            # all four
+    python -m benchmarks.scenarios s1 s4      # some
+
+S1 burst: 20,000 messages due at one instant 10 s ahead.
+S2 steady: 1,000 messages/s for 20 s, countdowns uniform in 2-10 s.
+S3 intake: 100,000 messages due in an hour, sent as fast as possible: records/s stored.
+S4 capacity: 1,000,000 pending 100-byte messages: Redis bytes per message, claim time.
+Lateness is measured by a consumer outside the service (benchmarks.collect).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+import uuid
+from collections.abc import Callable
+
+import orjson
+import redis
+from confluent_kafka import Producer
+
+from benchmarks.collect import Collector, percentile, summary
+from benchmarks.stack import Stack, local_stack, service_process
+from blackbox.clock import now_ms
+from blackbox.keys import Keys
+from blackbox.schedule import Schedule, intake_id
+from blackbox.store import IntakeSlice, RedisStore
+
+Result = dict[str, object]
+
+
+def _producer(stack: Stack) -> Producer:
+    return Producer({"bootstrap.servers": stack.broker.bootstrap, "linger.ms": 5,
+                     "queue.buffering.max.messages": 1_000_000})  # fmt: skip
+
+
+def _send(producer: Producer, intake: str, topic: str, message: object, countdown: float) -> None:
+    value = orjson.dumps({"topic": topic, "message": message, "countdown": countdown})
+    while True:
+        try:
+            producer.produce(intake, value)
+            return
+        except BufferError:
+            producer.poll(0.01)
+
+
+def _warm_up(stack: Stack, producer: Producer) -> None:
+    """Wait until the service delivers a probe: its intake has joined and is assigned."""
+    probe = f"warmup-{uuid.uuid4().hex[:8]}"
+    _send(producer, stack.settings.intake_topic, probe, 0, 0)
+    producer.flush(10)
+    collector = Collector(stack.broker.bootstrap, probe)
+    if not collector.collect(1, timeout=60).copies:
+        raise SystemExit("the service never delivered the warm-up probe")
+    collector.close()
+
+
+def s1_burst(count: int = 20_000, ahead_s: float = 10.0) -> Result:
+    with local_stack() as stack, service_process(stack):
+        producer = _producer(stack)
+        _warm_up(stack, producer)
+        target = f"s1-{uuid.uuid4().hex[:8]}"
+        collector = Collector(stack.broker.bootstrap, target)
+        due = now_ms() + int(ahead_s * 1000)
+        for n in range(count):
+            _send(producer, stack.settings.intake_topic, target, n, (due - now_ms()) / 1000)
+        producer.flush(30)
+        got = collector.collect(count, timeout=ahead_s + 60)
+        collector.close()
+    arrivals = [arrived for arrived, _ in got.first_copies()]
+    instant = min((d for _, d in got.first_copies()), default=due)
+    span_s = (max(arrivals) - min(arrivals)) / 1000 if arrivals else 0
+    return {
+        "scenario": "S1 burst", "messages": count, "delivered": len(got.copies),
+        "lost": count - len(got.copies), "duplicated": got.duplicated(),
+        "last_after_due_ms": max(arrivals) - instant if arrivals else None,
+        "fire_rate_per_s": round(len(arrivals) / span_s) if span_s else None,
+        "lateness_ms": summary(got.lateness_ms()),
+    }  # fmt: skip
+
+
+def s2_steady(rate: int = 1000, seconds: int = 20) -> Result:
+    count = rate * seconds
+    rng = random.Random(2)
+    with local_stack() as stack, service_process(stack):
+        producer = _producer(stack)
+        _warm_up(stack, producer)
+        target = f"s2-{uuid.uuid4().hex[:8]}"
+        collector = Collector(stack.broker.bootstrap, target)
+        start = time.monotonic()
+        for n in range(count):
+            # Pace the load: message n leaves at start + n / rate.
+            lag = start + n / rate - time.monotonic()
+            if lag > 0:
+                producer.poll(lag)
+            _send(producer, stack.settings.intake_topic, target, n, rng.uniform(2, 10))
+        producer.flush(30)
+        got = collector.collect(count, timeout=60)
+        collector.close()
+    return {
+        "scenario": "S2 steady", "rate_per_s": rate, "seconds": seconds, "messages": count,
+        "delivered": len(got.copies), "lost": count - len(got.copies),
+        "duplicated": got.duplicated(), "lateness_ms": summary(got.lateness_ms()),
+    }  # fmt: skip
+
+
+def s3_intake(count: int = 100_000) -> Result:
+    with local_stack() as stack:
+        producer = _producer(stack)
+        target = f"s3-{uuid.uuid4().hex[:8]}"
+        for n in range(count):
+            _send(producer, stack.settings.intake_topic, target, n, 3600)
+        producer.flush(60)
+        client = redis.Redis.from_url(stack.redis.url)
+        due_key = Keys(stack.settings.namespace).due
+        with service_process(stack):
+            while client.zcard(due_key) == 0:
+                time.sleep(0.001)
+            first = time.monotonic()
+            while (stored := client.zcard(due_key)) < count:
+                time.sleep(0.005)
+            elapsed = time.monotonic() - first
+        client.close()
+    return {"scenario": "S3 intake", "messages": count, "stored": stored,
+            "seconds": round(elapsed, 3), "records_per_s": round(count / elapsed)}  # fmt: skip
+
+
+def s4_capacity(count: int = 1_000_000, payload_bytes: int = 100, claims: int = 20) -> Result:
+    with local_stack() as stack:
+        client = redis.Redis.from_url(stack.redis.url)
+        store = RedisStore(client, Keys(stack.settings.namespace), grace_seconds=604800)
+        before = int(client.info("memory")["used_memory"])
+        now = now_ms()
+        _fill(store, count, payload_bytes, due_ms=now + 3_600_000)
+        per_message = (int(client.info("memory")["used_memory"]) - before) / count
+        timings = _claim_timings(store, claims, payload_bytes)
+        client.close()
+    return {
+        "scenario": "S4 capacity", "pending": count, "payload_bytes": payload_bytes,
+        "redis_bytes_per_message": round(per_message, 1),
+        "redis_bytes_beyond_payload": round(per_message - payload_bytes, 1),
+        "claim_1000_ms": {"p50": round(percentile(timings, 0.5), 3),
+                          "max": round(max(timings), 3)},
+    }  # fmt: skip
+
+
+def _fill(store: RedisStore, count: int, payload_bytes: int, due_ms: int, start: int = 0) -> None:
+    value = b"x" * payload_bytes
+    now = now_ms()
+    for offset in range(start, start + count, 10_000):
+        offsets = range(offset, min(offset + 10_000, start + count))
+        items = [(o, Schedule(intake_id("blackbox", 0, o), "orders", value, due_ms))
+                 for o in offsets]  # fmt: skip
+        store.schedule([IntakeSlice("blackbox", 0, offsets[-1], items)], now)
+
+
+def _claim_timings(store: RedisStore, claims: int, payload_bytes: int) -> list[float]:
+    """Milliseconds one claim of 1,000 due ids takes, with the million still pending."""
+    timings = []
+    for round_ in range(claims):
+        _fill(store, 1000, payload_bytes, due_ms=now_ms() - 1, start=10_000_000 + round_ * 1000)
+        started = time.perf_counter()
+        claim = store.claim_due(now_ms(), 1000, lease_ms=30_000)
+        timings.append((time.perf_counter() - started) * 1000)
+        assert len(claim.ids) == 1000
+        store.ack(claim.ids, claim.token)
+    return timings
+
+
+SCENARIOS: dict[str, Callable[[], Result]] = {
+    "s1": s1_burst, "s2": s2_steady, "s3": s3_intake, "s4": s4_capacity,
+}  # fmt: skip
+
+
+def _table(result: Result) -> str:
+    rows: list[tuple[str, object]] = []
+    for name, value in result.items():
+        if isinstance(value, dict):
+            rows += [(f"{name} {k}", v) for k, v in value.items()]
+        else:
+            rows.append((name, value))
+    return "\n".join(f"  {name:<28}{value}" for name, value in rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("names", nargs="*", choices=[*SCENARIOS, []], default=list(SCENARIOS))
+    args = parser.parse_args()
+    for name in args.names or SCENARIOS:
+        result = SCENARIOS[name]()
+        print(orjson.dumps(result).decode(), flush=True)  # noqa: T201 - a benchmark prints figures
+        print(_table(result), flush=True)  # noqa: T201
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
