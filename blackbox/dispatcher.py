@@ -23,7 +23,7 @@ from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import CorruptSchedule, DeadLetterReason
 from blackbox.kafka import lasting_reason
 from blackbox.metrics import Metrics
-from blackbox.outbox import Outbox, Record
+from blackbox.outbox import Outbox, Record, Reports
 from blackbox.schedule import Schedule
 from blackbox.store import Claim, Loaded, RedisStore
 
@@ -52,6 +52,16 @@ class Fired:
 
     delivered: int
     next_due_ms: int | None
+
+
+@dataclass(slots=True)
+class _Sent:
+    """A claimed batch handed to the producer, awaiting its delivery reports."""
+
+    claim: Claim
+    schedules: list[tuple[Schedule, int]]
+    dead: list[DeadLetter]
+    reports: Reports | None
 
 
 @dataclass(slots=True)
@@ -86,30 +96,43 @@ class Dispatcher:
         self.metrics = metrics
 
     def fire_due(self, stop: threading.Event) -> Fired:
-        """Deliver everything due now, batch after batch, until a claim comes back short."""
+        """Deliver everything due now, batch after batch, until a claim comes back short.
+
+        Batches overlap: while the broker acknowledges one, the next is claimed and sent.
+        """
         fired = Fired(delivered=0, next_due_ms=None)
+        sent: _Sent | None = None
         while not stop.is_set():
             claim = self.store.claim_due(now_ms(), self.policy.batch_limit, self.policy.lease_ms)
             fired.next_due_ms = claim.next_due_ms
-            if claim.ids:
-                fired.delivered += self._fire(claim, stop)
+            previous, sent = sent, self._send(claim) if claim.ids else None
+            if previous is not None:
+                fired.delivered += self._complete(previous, stop)
             if len(claim.ids) < self.policy.batch_limit:
                 break
+        if sent is not None:
+            fired.delivered += self._complete(sent, stop)
         return fired
 
     def reclaim_expired(self) -> int:
         """Return ids whose replica's lease ran out to due; how many."""
         return self.store.reclaim(now_ms(), self.policy.batch_limit)
 
-    def _fire(self, claim: Claim, stop: threading.Event) -> int:
-        outcome = _Outcome(done=[], retry=defaultdict(list))
-        schedules: list[tuple[Schedule, int]] = []
-        dead: list[DeadLetter] = []
+    def _send(self, claim: Claim) -> _Sent:
+        sent = _Sent(claim=claim, schedules=[], dead=[], reports=None)
         for item in self.store.load(claim.ids):
-            self._sort(item, schedules, dead)
-        self._deliver(schedules, outcome, dead, stop)
-        self._dead_letter(dead, outcome, stop)
-        self._settle(claim, outcome)
+            self._sort(item, sent.schedules, sent.dead)
+        records = [delivery_record(s, a) for s, a in sent.schedules]
+        sent.reports = self.outbox.submit(records) if records else None
+        return sent
+
+    def _complete(self, sent: _Sent, stop: threading.Event) -> int:
+        outcome = _Outcome(done=[], retry=defaultdict(list))
+        if sent.reports is not None:
+            errors = self.outbox.wait(sent.reports, stop)
+            self._judge(sent.schedules, errors, outcome, sent.dead)
+        self._dead_letter(sent.dead, outcome, stop)
+        self._settle(sent.claim, outcome)
         return outcome.delivered
 
     def _sort(
@@ -127,16 +150,13 @@ class Dispatcher:
             reason = DeadLetterReason.DELIVERY_FAILED
             dead.append(deadletter.from_schedule(item.id, item.payload, None, reason, str(e)))
 
-    def _deliver(
+    def _judge(
         self,
         schedules: Sequence[tuple[Schedule, int]],
+        errors: Sequence[KafkaError | None],
         outcome: _Outcome,
         dead: list[DeadLetter],
-        stop: threading.Event,
     ) -> None:
-        if not schedules:
-            return
-        errors = self.outbox.send([delivery_record(s, a) for s, a in schedules], stop)
         acked_ms = now_ms()
         for (schedule, attempt), error in zip(schedules, errors, strict=True):
             if error is None:

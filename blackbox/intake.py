@@ -58,6 +58,10 @@ class _Batch:
             for (topic, partition), items in self.schedules.items()
         ]
 
+    def next_offsets(self) -> list[TopicPartition]:
+        """Per partition, the offset to commit: one past the last record handled."""
+        return [TopicPartition(t, p, last + 1) for (t, p), last in self.last_offsets.items()]
+
     def earliest_due_ms(self) -> int | None:
         dues = [s.due_ms for items in self.schedules.values() for _, s in items]
         return min(dues, default=None)
@@ -142,8 +146,7 @@ class Intake:
             self._sort(message, now, batch)
         self._send_dead_letters(batch.dead, stop)
         stored = self.store.schedule(batch.slices(), now)
-        for message in records:
-            self.consumer.store_offsets(message=message)
+        self.consumer.store_offsets(offsets=batch.next_offsets())
         self._count(batch, stored)
         earliest = batch.earliest_due_ms()
         if earliest is not None:

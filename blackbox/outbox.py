@@ -32,7 +32,7 @@ class Record:
     headers: Sequence[Header] = ()
 
 
-class _Reports:
+class Reports:
     """Delivery reports of one batch, filled in by the producer's callbacks."""
 
     def __init__(self, size: int) -> None:
@@ -55,13 +55,24 @@ class Outbox:
         self, records: Sequence[Record], stop: threading.Event | None = None
     ) -> list[KafkaError | None]:
         """Produce all records, then wait for their reports (None means acknowledged)."""
-        reports = _Reports(len(records))
+        return self.wait(self.submit(records), stop)
+
+    def submit(self, records: Sequence[Record]) -> Reports:
+        """Hand all records to the producer; their reports arrive while others work."""
+        reports = Reports(len(records))
         for index, record in enumerate(records):
             self._produce(record, partial(reports.report, index), reports, index)
+        self.producer.poll(0)
+        return reports
+
+    def wait(
+        self, reports: Reports, stop: threading.Event | None = None
+    ) -> list[KafkaError | None]:
+        """Wait for a submitted batch's reports, within the deadline."""
         self._wait(reports, stop)
         return reports.errors
 
-    def _produce(self, record: Record, callback: _Callback, reports: _Reports, index: int) -> None:
+    def _produce(self, record: Record, callback: _Callback, reports: Reports, index: int) -> None:
         for _ in range(_QUEUE_FULL_RETRIES):
             try:
                 self.producer.produce(
@@ -76,7 +87,7 @@ class Outbox:
                 return
         reports.report(index, KafkaError(KafkaError._QUEUE_FULL, "producer queue full"), None)  # type: ignore[arg-type]
 
-    def _wait(self, reports: _Reports, stop: threading.Event | None) -> None:
+    def _wait(self, reports: Reports, stop: threading.Event | None) -> None:
         deadline = time.monotonic() + self.wait_seconds
         while reports.pending > 0 and time.monotonic() < deadline:
             if stop is not None and stop.is_set():

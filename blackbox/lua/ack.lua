@@ -11,11 +11,15 @@
 -- to that replica (it will deliver once more: at-least-once, never lost).
 local acked = 0
 local token = tonumber(ARGV[1])
+-- Attempts are recorded only after a failure: usually the hash is empty.
+local tracked = redis.call('HLEN', KEYS[2]) > 0
 for i = 2, #ARGV do
   local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
   if score and tonumber(score) == token then
     redis.call('ZREM', KEYS[1], ARGV[i])
-    redis.call('HDEL', KEYS[2], ARGV[i])
+    if tracked then
+      redis.call('HDEL', KEYS[2], ARGV[i])
+    end
     redis.call('DEL', KEYS[1 + i])
     acked = acked + 1
   end

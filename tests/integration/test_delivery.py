@@ -90,3 +90,19 @@ def test_blackbox_send_schedules_through_the_intake_topic(
     assert orjson.loads(record.value or b"") == {"order": 1}
     assert record.header("CALLER_SERVICE") == "billing"
     assert service.metrics.value("blackbox_delivered_total") == 1
+
+
+def test_firing_does_not_wait_for_the_poll_interval(
+    start_service: ServiceFactory, reader: ReaderFactory
+) -> None:
+    """Guarantee 6: a message fires at its due instant, not at the next 30 s poll."""
+    service = start_service(BLACKBOX_POLL_INTERVAL="30")
+    bootstrap, intake = _bootstrap(service), service.settings.intake_topic
+    warm, target = unique("warm"), unique("prompt")
+    produce(bootstrap, intake, [envelope(warm, 0, 0)])
+    reader(warm).wait_count(1)  # intake is assigned, and the first tick has run
+
+    produce(bootstrap, intake, [envelope(target, 1, 2)])
+    (record,) = reader(target).wait_count(1, timeout=20)
+
+    assert record.received_ms >= int(record.header("blackbox-due-ms"))

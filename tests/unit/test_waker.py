@@ -1,0 +1,43 @@
+"""The waker fires at the instants it is given and wakes early only for sooner ones."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from blackbox.clock import now_ms
+from blackbox.waker import Waker
+
+
+def test_nudge_only_moves_the_wake_up_earlier() -> None:
+    """A nudge for a due time after the planned wake-up changes nothing."""
+    waker = Waker(lambda: now_ms() + 60_000, threading.Event())
+    waker.planned_ms = 1_000
+    assert waker.nudge(2_000) is False
+    assert waker.planned_ms == 1_000
+    assert waker.nudge(500) is True
+    assert waker.planned_ms == 500
+
+
+def test_a_nudge_wakes_a_sleeping_waker_at_once() -> None:
+    """Guarantee 6: a sooner due time ends the waker's sleep (here planned a minute away)."""
+    stop = threading.Event()
+    fired = threading.Semaphore(0)
+
+    def fire() -> int:
+        fired.release()
+        return now_ms() + 60_000
+
+    waker = Waker(fire, stop)
+    thread = threading.Thread(target=waker.run, daemon=True)
+    thread.start()
+    assert fired.acquire(timeout=5)
+    deadline = time.monotonic() + 5
+    while waker.planned_ms < now_ms() and time.monotonic() < deadline:
+        time.sleep(0.001)  # until the waker has planned its minute-long sleep
+    assert waker.nudge(now_ms())
+    assert fired.acquire(timeout=5), "the nudge did not wake the waker"
+    stop.set()
+    waker.wake()
+    thread.join(5)
+    assert not thread.is_alive()
