@@ -37,6 +37,7 @@ test: lint
 
 bench: setup
 	$(BIN)/python -m benchmarks.lateness
+	$(BIN)/python -m benchmarks.scenarios
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import statistics
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from multiprocessing.queues import Queue
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -53,7 +55,9 @@ class Collector:
         self.topic = topic
         self.consumer = Consumer({
             "bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
-            "fetch.wait.max.ms": 1, "auto.offset.reset": "earliest", "enable.auto.commit": False,
+            "fetch.wait.max.ms": 5, "auto.offset.reset": "earliest", "enable.auto.commit": False,
+            # Tansu reports the last stable offset short of the log end: read past it.
+            "isolation.level": "read_uncommitted",
         })  # fmt: skip
         self.assigned = 0
         self.deliveries = Deliveries()
@@ -93,3 +97,31 @@ class Collector:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def _collect_into(bootstrap: str, topic: str, count: int, timeout: float, out: Queue) -> None:  # type: ignore[type-arg]
+    collector = Collector(bootstrap, topic)
+    collector.consumer.incremental_assign([TopicPartition(topic, 0, 0)])
+    collector.assigned = 1
+    out.put("ready")
+    out.put(collector.collect(count, timeout).copies)
+    collector.close()
+
+
+class CollectorProcess:
+    """A Collector in a process of its own, so load generation cannot delay its stamps."""
+
+    def __init__(self, bootstrap: str, topic: str, count: int, timeout: float) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.queue: Queue = context.Queue()  # type: ignore[type-arg]
+        self.process = context.Process(
+            target=_collect_into, args=(bootstrap, topic, count, timeout, self.queue)
+        )
+        self.process.start()
+        if self.queue.get(timeout=60) != "ready":
+            raise RuntimeError("the collector did not start")
+
+    def result(self, timeout: float) -> Deliveries:
+        copies = self.queue.get(timeout=timeout)
+        self.process.join(10)
+        return Deliveries(copies)

@@ -23,8 +23,9 @@ import orjson
 import redis
 from confluent_kafka import Producer
 
-from benchmarks.collect import Collector, percentile, summary
+from benchmarks.collect import Collector, CollectorProcess, percentile, summary
 from benchmarks.stack import Stack, local_stack, service_process
+from blackbox import kafka
 from blackbox.clock import now_ms
 from blackbox.keys import Keys
 from blackbox.schedule import Schedule, intake_id
@@ -59,18 +60,23 @@ def _warm_up(stack: Stack, producer: Producer) -> None:
     collector.close()
 
 
+def _collector(stack: Stack, topic: str, count: int, timeout: float) -> CollectorProcess:
+    """A collector process reading `topic` (created first, one partition) from now on."""
+    kafka.ensure_topics(stack.settings.kafka, [topic])
+    return CollectorProcess(stack.broker.bootstrap, topic, count, timeout)
+
+
 def s1_burst(count: int = 20_000, ahead_s: float = 10.0) -> Result:
     with local_stack() as stack, service_process(stack):
         producer = _producer(stack)
         _warm_up(stack, producer)
         target = f"s1-{uuid.uuid4().hex[:8]}"
-        collector = Collector(stack.broker.bootstrap, target)
+        collector = _collector(stack, target, count, ahead_s + 60)
         due = now_ms() + int(ahead_s * 1000)
         for n in range(count):
             _send(producer, stack.settings.intake_topic, target, n, (due - now_ms()) / 1000)
         producer.flush(30)
-        got = collector.collect(count, timeout=ahead_s + 60)
-        collector.close()
+        got = collector.result(timeout=ahead_s + 70)
     arrivals = [arrived for arrived, _ in got.first_copies()]
     instant = min((d for _, d in got.first_copies()), default=due)
     span_s = (max(arrivals) - min(arrivals)) / 1000 if arrivals else 0
@@ -90,7 +96,7 @@ def s2_steady(rate: int = 1000, seconds: int = 20) -> Result:
         producer = _producer(stack)
         _warm_up(stack, producer)
         target = f"s2-{uuid.uuid4().hex[:8]}"
-        collector = Collector(stack.broker.bootstrap, target)
+        collector = _collector(stack, target, count, seconds + 60)
         start = time.monotonic()
         for n in range(count):
             # Pace the load: message n leaves at start + n / rate.
@@ -99,8 +105,7 @@ def s2_steady(rate: int = 1000, seconds: int = 20) -> Result:
                 producer.poll(lag)
             _send(producer, stack.settings.intake_topic, target, n, rng.uniform(2, 10))
         producer.flush(30)
-        got = collector.collect(count, timeout=60)
-        collector.close()
+        got = collector.result(timeout=seconds + 70)
     return {
         "scenario": "S2 steady", "rate_per_s": rate, "seconds": seconds, "messages": count,
         "delivered": len(got.copies), "lost": count - len(got.copies),
