@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from blackbox.clock import now_ms
 from blackbox.waker import Waker
+from tests.kafkatools import wait_until
 
 
 def test_nudge_only_moves_the_wake_up_earlier() -> None:
@@ -32,9 +32,7 @@ def test_a_nudge_wakes_a_sleeping_waker_at_once() -> None:
     thread = threading.Thread(target=waker.run, daemon=True)
     thread.start()
     assert fired.acquire(timeout=5)
-    deadline = time.monotonic() + 5
-    while waker.planned_ms < now_ms() and time.monotonic() < deadline:
-        time.sleep(0.001)  # until the waker has planned its minute-long sleep
+    wait_until(lambda: waker.planned_ms > now_ms(), timeout=5, what="the minute-long plan")
     assert waker.nudge(now_ms())
     assert fired.acquire(timeout=5), "the nudge did not wake the waker"
     stop.set()
