@@ -34,12 +34,12 @@ from blackbox.store import IntakeSlice, RedisStore
 Result = dict[str, object]
 
 
-def _producer(stack: Stack) -> Producer:
+def new_producer(stack: Stack) -> Producer:
     return Producer({"bootstrap.servers": stack.broker.bootstrap, "linger.ms": 5,
                      "queue.buffering.max.messages": 1_000_000})  # fmt: skip
 
 
-def _send(producer: Producer, intake: str, topic: str, message: object, countdown: float) -> None:
+def send(producer: Producer, intake: str, topic: str, message: object, countdown: float) -> None:
     value = orjson.dumps({"topic": topic, "message": message, "countdown": countdown})
     while True:
         try:
@@ -49,10 +49,10 @@ def _send(producer: Producer, intake: str, topic: str, message: object, countdow
             producer.poll(0.01)
 
 
-def _warm_up(stack: Stack, producer: Producer) -> None:
+def warm_up(stack: Stack, producer: Producer) -> None:
     """Wait until the service delivers a probe: its intake has joined and is assigned."""
     probe = f"warmup-{uuid.uuid4().hex[:8]}"
-    _send(producer, stack.settings.intake_topic, probe, 0, 0)
+    send(producer, stack.settings.intake_topic, probe, 0, 0)
     producer.flush(10)
     collector = Collector(stack.broker.bootstrap, probe)
     if not collector.collect(1, timeout=60).copies:
@@ -60,7 +60,7 @@ def _warm_up(stack: Stack, producer: Producer) -> None:
     collector.close()
 
 
-def _collector(stack: Stack, topic: str, count: int, timeout: float) -> CollectorProcess:
+def collector_for(stack: Stack, topic: str, count: int, timeout: float) -> CollectorProcess:
     """A collector process reading `topic` (created first, one partition) from now on."""
     kafka.ensure_topics(stack.settings.kafka, [topic])
     return CollectorProcess(stack.broker.bootstrap, topic, count, timeout)
@@ -68,13 +68,13 @@ def _collector(stack: Stack, topic: str, count: int, timeout: float) -> Collecto
 
 def s1_burst(count: int = 20_000, ahead_s: float = 10.0) -> Result:
     with local_stack() as stack, service_process(stack):
-        producer = _producer(stack)
-        _warm_up(stack, producer)
+        producer = new_producer(stack)
+        warm_up(stack, producer)
         target = f"s1-{uuid.uuid4().hex[:8]}"
-        collector = _collector(stack, target, count, ahead_s + 60)
+        collector = collector_for(stack, target, count, ahead_s + 60)
         due = now_ms() + int(ahead_s * 1000)
         for n in range(count):
-            _send(producer, stack.settings.intake_topic, target, n, (due - now_ms()) / 1000)
+            send(producer, stack.settings.intake_topic, target, n, (due - now_ms()) / 1000)
         producer.flush(30)
         got = collector.result(timeout=ahead_s + 70)
     arrivals = [arrived for arrived, _ in got.first_copies()]
@@ -93,17 +93,17 @@ def s2_steady(rate: int = 1000, seconds: int = 20) -> Result:
     count = rate * seconds
     rng = random.Random(2)
     with local_stack() as stack, service_process(stack):
-        producer = _producer(stack)
-        _warm_up(stack, producer)
+        producer = new_producer(stack)
+        warm_up(stack, producer)
         target = f"s2-{uuid.uuid4().hex[:8]}"
-        collector = _collector(stack, target, count, seconds + 60)
+        collector = collector_for(stack, target, count, seconds + 60)
         start = time.monotonic()
         for n in range(count):
             # Pace the load: message n leaves at start + n / rate.
             lag = start + n / rate - time.monotonic()
             if lag > 0:
                 producer.poll(lag)
-            _send(producer, stack.settings.intake_topic, target, n, rng.uniform(2, 10))
+            send(producer, stack.settings.intake_topic, target, n, rng.uniform(2, 10))
         producer.flush(30)
         got = collector.result(timeout=seconds + 70)
     return {
@@ -115,10 +115,10 @@ def s2_steady(rate: int = 1000, seconds: int = 20) -> Result:
 
 def s3_intake(count: int = 100_000) -> Result:
     with local_stack() as stack:
-        producer = _producer(stack)
+        producer = new_producer(stack)
         target = f"s3-{uuid.uuid4().hex[:8]}"
         for n in range(count):
-            _send(producer, stack.settings.intake_topic, target, n, 3600)
+            send(producer, stack.settings.intake_topic, target, n, 3600)
         producer.flush(60)
         client = redis.Redis.from_url(stack.redis.url)
         due_key = Keys(stack.settings.namespace).due
@@ -181,7 +181,7 @@ SCENARIOS: dict[str, Callable[[], Result]] = {
 }  # fmt: skip
 
 
-def _table(result: Result) -> str:
+def table(result: Result) -> str:
     rows: list[tuple[str, object]] = []
     for name, value in result.items():
         if isinstance(value, dict):
@@ -198,7 +198,7 @@ def main() -> int:
     for name in args.names or SCENARIOS:
         result = SCENARIOS[name]()
         print(orjson.dumps(result).decode(), flush=True)  # noqa: T201 - a benchmark prints figures
-        print(_table(result), flush=True)  # noqa: T201
+        print(table(result), flush=True)  # noqa: T201
     return 0
 
 
