@@ -21,6 +21,7 @@ _VERSION = 1
 _HEAD = struct.Struct(">BqB")
 _CALLER = struct.Struct(">H")
 _NO_CALLER = 0xFFFF
+_MAX_TOPIC_BYTES = 255
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,8 @@ class Schedule:
 
     def encode(self) -> bytes:
         topic = self.topic.encode("utf-8")
+        if len(topic) > _MAX_TOPIC_BYTES:
+            raise ValueError(f"topic of {len(topic)} bytes exceeds {_MAX_TOPIC_BYTES}")
         caller = _NO_CALLER if self.caller is None else len(self.caller)
         head = _HEAD.pack(_VERSION, self.due_ms, len(topic)) + topic
         return b"".join((head, _CALLER.pack(caller), self.caller or b"", self.value))

@@ -37,7 +37,7 @@ headers_like: st.SearchStrategy[dict[str, object]] = st.fixed_dictionaries(
 @PROPERTY
 @given(
     st.text(max_size=40),
-    st.text(),
+    st.from_regex(r"[A-Za-z0-9._-]{1,249}", fullmatch=True),
     st.binary() | st.sampled_from([b"", b"\0", b"\0\0a\0", b'{"t":"x"}\0']),
     st.integers(min_value=-(2**63), max_value=2**63 - 1),
     st.none() | st.text().map(str.encode),
@@ -68,6 +68,12 @@ def test_encoding_without_caller_marks_it_absent() -> None:
     assert encoded[16:18] == b"\xff\xff"
     assert Schedule.decode("id", encoded).caller is None
     assert Schedule.decode("id", Schedule("id", "orders", b"v", 5, b"").encode()).caller == b""
+
+
+def test_a_topic_longer_than_the_layout_allows_is_refused() -> None:
+    """Topics are at most 249 bytes (Kafka's limit); the codec refuses longer ones clearly."""
+    with pytest.raises(ValueError, match="topic"):
+        Schedule("id", "t" * 256, b"v", 1).encode()
 
 
 def test_topic_with_nul_character_survives() -> None:
