@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
-.PHONY: setup system-packages run test lint unit integration bench clean
+.PHONY: setup system-packages run test lint unit integration bench chaos clean
 
 setup: system-packages $(STAMP)
 
@@ -38,6 +38,9 @@ test: lint
 bench: setup
 	$(BIN)/python -m benchmarks.lateness
 	$(BIN)/python -m benchmarks.scenarios
+
+chaos: setup
+	$(BIN)/python -m benchmarks.chaos
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -25,10 +25,10 @@ class Stack:
 
 
 @contextmanager
-def local_stack(**overrides: str) -> Iterator[Stack]:
+def local_stack(appendfsync: str | None = None, **overrides: str) -> Iterator[Stack]:
     """Start Redis and the broker on free ports, with the intake and DLQ topics created."""
     work = scratch_dir("blackbox-bench-")
-    redis = RedisServer(free_port(), work)
+    redis = RedisServer(free_port(), work, appendfsync=appendfsync)
     broker = TansuBroker(free_port(), work / "tansu.log")
     redis.start()
     broker.start()
@@ -49,19 +49,23 @@ def local_stack(**overrides: str) -> Iterator[Stack]:
         redis.stop()
 
 
+def start_service(stack: Stack) -> subprocess.Popen[bytes]:
+    """`blackbox run` in its own process, its output appended to service.log."""
+    with (stack.work / "service.log").open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "blackbox", "run"],
+            env={**os.environ, **stack.env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
 @contextmanager
 def service_process(stack: Stack) -> Iterator[subprocess.Popen[bytes]]:
     """`blackbox run` in its own process, stopped with SIGTERM at the end."""
-    log = (stack.work / "service.log").open("ab")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "blackbox", "run"],
-        env={**os.environ, **stack.env},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    process = start_service(stack)
     try:
         yield process
     finally:
         process.terminate()
         process.wait(15)
-        log.close()

@@ -1,0 +1,208 @@
+"""The fault suite: crashes and hostile input against `blackbox run` on the local stack.
+
+    python -m benchmarks.chaos               # full size: 20 kills, 10,000 hostile records
+    python -m benchmarks.chaos crash --kills 5 --messages 2000
+
+Each scenario prints a JSON line and a table. The integration tests run shortened versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from benchmarks import hostile
+from benchmarks.collect import CollectorProcess
+from benchmarks.scenarios import table
+from benchmarks.stack import Stack, local_stack, start_service
+from blackbox import kafka
+from blackbox.envelope import normalize_headers
+
+Result = dict[str, object]
+CHAOS_SETTINGS = {
+    "BLACKBOX_LEASE_SECONDS": "3",
+    "BLACKBOX_DELIVERY_TIMEOUT": "2",
+    "BLACKBOX_POLL_INTERVAL": "0.2",
+    "BLACKBOX_MAX_MESSAGE_BYTES": str(hostile.MAX_BYTES),
+}
+
+
+class _Sender(threading.Thread):
+    """Sends `count` envelopes at a steady pace, counting those the broker acknowledged."""
+
+    def __init__(self, stack: Stack, target: str, count: int, seconds: float) -> None:
+        super().__init__(daemon=True)
+        self.stack, self.target, self.count, self.seconds = stack, target, count, seconds
+        self.accepted = 0
+
+    def _report(self, error: KafkaError | None, _message: object) -> None:
+        if error is None:
+            self.accepted += 1
+
+    def run(self) -> None:
+        producer = Producer({"bootstrap.servers": self.stack.broker.bootstrap, "linger.ms": 5})
+        rng, start = random.Random(3), time.monotonic()
+        for n in range(self.count):
+            lag = start + n * self.seconds / self.count - time.monotonic()
+            if lag > 0:
+                producer.poll(lag)
+            value = {"topic": self.target, "message": n, "countdown": rng.uniform(0, 3)}
+            producer.produce(self.stack.settings.intake_topic, orjson.dumps(value),
+                             on_delivery=self._report)  # fmt: skip
+        producer.flush(30)
+
+
+def crash(messages: int = 5000, kills: int = 20, seed: int = 11) -> Result:
+    """kill -9 the service at random moments under steady load; restart it each time."""
+    rng = random.Random(seed)
+    with local_stack(**CHAOS_SETTINGS) as stack:
+        target = f"crash-{uuid.uuid4().hex[:8]}"
+        kafka.ensure_topics(stack.settings.kafka, [target])
+        collector = CollectorProcess(stack.broker.bootstrap, target, messages, timeout=600)
+        sender = _Sender(stack, target, messages, seconds=kills * 2.5)
+        sender.start()
+        for _ in range(kills):
+            process = start_service(stack)
+            time.sleep(rng.uniform(1.0, 4.0))  # the chaos schedule: a random moment to die
+            process.kill()
+            process.wait()
+        sender.join()
+        final = start_service(stack)
+        got = collector.result(timeout=600)
+        final.terminate()
+        final.wait(15)
+    duplicated = {k: c for k, c in got.copies.items() if len(c) > 1}
+    return {
+        "scenario": "crash", "kills": kills, "sent": messages, "accepted": sender.accepted,
+        "delivered": len(got.copies), "lost": sender.accepted - len(got.copies),
+        "duplicated": sum(len(c) - 1 for c in duplicated.values()),
+        # Copies of one id are one schedule: the same due time on every copy.
+        "duplicates_consistent": all(len({d for _, d in c}) == 1 for c in duplicated.values()),
+    }  # fmt: skip
+
+
+def redis_restart(appendfsync: str, messages: int = 3000, outage_s: float = 3.0) -> Result:
+    """Append-only Redis killed hard mid-run and started again on the same data."""
+    with local_stack(appendfsync=appendfsync, **CHAOS_SETTINGS) as stack:
+        target = f"restart-{uuid.uuid4().hex[:8]}"
+        kafka.ensure_topics(stack.settings.kafka, [target])
+        collector = CollectorProcess(stack.broker.bootstrap, target, messages, timeout=300)
+        process = start_service(stack)
+        sender = _Sender(stack, target, messages, seconds=3 * outage_s)
+        sender.start()
+        time.sleep(outage_s)  # the chaos schedule: let load build up, then pull Redis away
+        stack.redis.kill()
+        time.sleep(outage_s)  # the outage itself
+        stack.redis.start()
+        sender.join()
+        got = collector.result(timeout=300)
+        alive = process.poll() is None
+        process.terminate()
+        process.wait(15)
+    return {
+        "scenario": f"redis restart, appendfsync {appendfsync}", "sent": messages,
+        "accepted": sender.accepted, "delivered": len(got.copies),
+        "lost": sender.accepted - len(got.copies), "duplicated": got.duplicated(),
+        "service_alive": alive,
+    }  # fmt: skip
+
+
+def hostile_input(bad: int = 10_000, good_every: int = 10) -> Result:
+    """Generated bad records interleaved with good ones: all bad dead-lettered, all good fire."""
+    with local_stack(**CHAOS_SETTINGS) as stack:
+        target = f"good-{uuid.uuid4().hex[:8]}"
+        kafka.ensure_topics(stack.settings.kafka, [target])
+        expected = _produce_hostile(stack, target, bad, good_every)
+        good = sum(1 for e in expected.values() if e == "good")
+        collector = CollectorProcess(stack.broker.bootstrap, target, good, timeout=300)
+        process = start_service(stack)
+        letters = _read(stack, stack.settings.dlq_topic, bad, timeout=300)
+        got = collector.result(timeout=300)
+        alive = process.poll() is None
+        process.terminate()
+        process.wait(15)
+    wrong = [o for o, reason in letters.items() if expected.get(o) not in (reason, "any")]
+    return {
+        "scenario": "hostile input", "bad": bad, "good": good, "dead_lettered": len(letters),
+        "wrong_reason": len(wrong), "good_delivered": len(got.copies),
+        "service_alive": alive, "reasons": _tally(letters),
+    }  # fmt: skip
+
+
+def _produce_hostile(stack: Stack, target: str, bad: int, good_every: int) -> dict[int, str]:
+    """Produce the mix; return offset -> expected reason ("good", "any" or a reason)."""
+    producer = Producer({"bootstrap.servers": stack.broker.bootstrap, "linger.ms": 5,
+                         "message.max.bytes": 4 * hostile.MAX_BYTES})  # fmt: skip
+    expected: dict[int, str] = {}
+    offset = 0
+    for n, (value, headers, reason) in enumerate(hostile.records(bad)):
+        if n % good_every == 0:
+            good = orjson.dumps({"topic": target, "message": n, "countdown": 0})
+            producer.produce(stack.settings.intake_topic, good)
+            expected[offset], offset = "good", offset + 1
+        producer.produce(stack.settings.intake_topic, value, headers=headers)
+        expected[offset], offset = (reason.value if reason else "any"), offset + 1
+    producer.flush(60)
+    return expected
+
+
+def _read(stack: Stack, topic: str, count: int, timeout: float) -> dict[int, str]:
+    """Dead letters by original intake offset -> reason, until `count` arrived."""
+    consumer = Consumer({"bootstrap.servers": stack.broker.bootstrap, "group.id": uuid.uuid4().hex,
+                         "fetch.wait.max.ms": 20, "auto.offset.reset": "earliest"})  # fmt: skip
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    letters: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    while len(letters) < count and time.monotonic() < deadline:
+        for m in consumer.consume(1000, timeout=0.2):
+            if m.error() is None:
+                headers = dict(normalize_headers(m.headers()))
+                offset = int(headers["blackbox-dlq-offset"] or b"-1")
+                letters[offset] = (headers["blackbox-dlq-reason"] or b"").decode()
+    consumer.close()
+    return letters
+
+
+def _tally(letters: dict[int, str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for reason in letters.values():
+        counts[reason] = counts.get(reason, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+SCENARIOS: dict[str, Callable[..., Result]] = {
+    "crash": crash, "redis-always": redis_restart, "redis-everysec": redis_restart,
+    "hostile": hostile_input,
+}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("names", nargs="*", default=list(SCENARIOS))
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--messages", type=int, default=5000)
+    parser.add_argument("--bad", type=int, default=10_000)
+    args = parser.parse_args()
+    runs = {"crash": lambda: crash(args.messages, args.kills),
+            "redis-always": lambda: redis_restart("always"),
+            "redis-everysec": lambda: redis_restart("everysec"),
+            "hostile": lambda: hostile_input(args.bad)}  # fmt: skip
+    failed = False
+    for name in args.names:
+        result = runs[name]()
+        print(orjson.dumps(result).decode(), flush=True)  # noqa: T201 - the figures
+        print(table(result), flush=True)  # noqa: T201
+        failed |= result.get("lost", 0) != 0 or result.get("wrong_reason", 0) != 0
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
