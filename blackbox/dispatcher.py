@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 from confluent_kafka import KafkaError
@@ -71,6 +71,9 @@ class _Outcome:
     done: list[str]
     retry: dict[int, list[str]]
     delivered: int = 0
+    # (error, kind) -> ids: logged once per batch, not once per message (an outage would
+    # otherwise write a line per pending message per retry).
+    failures: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
 
 def delivery_record(schedule: Schedule, attempt: int) -> Record:
@@ -166,6 +169,9 @@ class Dispatcher:
             else:
                 self._failed(schedule, attempt, error, outcome, dead)
         self.metrics.delivered.inc(outcome.delivered)
+        for (error_text, kind), ids in outcome.failures.items():
+            log.warning("delivery_failed", error=error_text, kind=kind, count=len(ids),
+                        blackbox_ids=ids[:5])  # fmt: skip
 
     def _failed(
         self,
@@ -178,10 +184,7 @@ class Dispatcher:
         reason = lasting_reason(error)
         kind = "transient" if reason is None else "lasting"
         self.metrics.delivery_failures.labels(kind=kind).inc()
-        log.warning(
-            "delivery_failed", blackbox_id=schedule.id, topic=schedule.topic,
-            attempt=attempt, error=error.str(), kind=kind,
-        )  # fmt: skip
+        outcome.failures.setdefault((error.str(), kind), []).append(schedule.id)
         if reason is not None and attempt >= self.policy.max_attempts:
             detail = f"{error.str()} (after {attempt} attempts)"
             dead.append(
