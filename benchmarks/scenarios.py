@@ -160,7 +160,7 @@ def _fill(store: RedisStore, count: int, payload_bytes: int, due_ms: int, start:
         offsets = range(offset, min(offset + 10_000, start + count))
         items = [(o, Schedule(intake_id("blackbox", 0, o), "orders", value, due_ms))
                  for o in offsets]  # fmt: skip
-        store.schedule([IntakeSlice("blackbox", 0, offsets[-1], items)], now)
+        store.apply([IntakeSlice("blackbox", 0, offsets[-1], items)], now)
 
 
 def _claim_timings(store: RedisStore, claims: int, payload_bytes: int) -> list[float]:

@@ -41,7 +41,7 @@ def local_stack(appendfsync: str | None = None, **overrides: str) -> Iterator[St
         **overrides,
     }
     settings = Settings.from_env(env)
-    kafka.ensure_topics(settings.kafka, [settings.intake_topic, settings.dlq_topic])
+    kafka.ensure_topics(settings.kafka, settings.own_topics)
     try:
         yield Stack(redis, broker, env, settings, work)
     finally:

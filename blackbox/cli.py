@@ -9,17 +9,21 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
 
 import orjson
 import structlog
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException
 
-from blackbox import kafka, logs
+from blackbox import client, envelope, kafka, logs
+from blackbox.answers import Answers
 from blackbox.envelope import CALLER_HEADER
-from blackbox.errors import SettingsError
+from blackbox.errors import InvalidEnvelope, SettingsError
 from blackbox.localstack import RedisServer, StackError, TansuBroker, port_open, scratch_dir
-from blackbox.outbox import Outbox, Record
-from blackbox.service import Service
+from blackbox.progress import Progress
+from blackbox.service import Service, limits_of
 from blackbox.settings import Settings, describe
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -58,19 +62,48 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument("--redis-port", type=int, default=6379)
     dev.add_argument("--kafka-port", type=int, default=9092)
     dev.set_defaults(command=cmd_dev)
-    topics = commands.add_parser("create-topics", help="create the intake and dead-letter topics")
+    topics = commands.add_parser(
+        "create-topics", help="create the intake, dead-letter and events topics"
+    )
     topics.add_argument("--partitions", type=int, default=1)
     topics.set_defaults(command=cmd_create_topics)
-    send = commands.add_parser("send", help="schedule one message through the intake topic")
-    send.add_argument("--topic", required=True, help="the topic to deliver to")
-    send.add_argument("--countdown", required=True, type=float, help="seconds from now")
-    send.add_argument("--caller", help=f"the {CALLER_HEADER} header")
-    send.add_argument("--text", action="store_true", help="send MESSAGE as a string, not JSON")
-    send.add_argument(
-        "message", metavar="MESSAGE", help="the message, as JSON (or text with --text)"
+    _add_send(commands)
+    cancel = commands.add_parser("cancel", help="cancel a pending schedule by its id")
+    cancel.add_argument("id", metavar="ID", help="the id it was scheduled with")
+    cancel.add_argument("--caller", help=f"the {CALLER_HEADER} it was scheduled as")
+    cancel.add_argument(
+        "--wait",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long to wait for the answer on the events topic (0: don't)",
     )
-    send.set_defaults(command=cmd_send)
+    cancel.set_defaults(command=cmd_cancel)
     return parser
+
+
+def _add_send(commands: Any) -> None:
+    send = commands.add_parser(
+        "send", help="schedule a message, or a file of them, through the intake topic",
+        description="Schedule MESSAGE for --topic, or every envelope of --file (JSON lines).",
+    )  # fmt: skip
+    send.add_argument("--topic", help="the topic to deliver to")
+    when = send.add_mutually_exclusive_group()
+    when.add_argument("--countdown", type=float, help="seconds from now")
+    when.add_argument("--at", help="when: RFC 3339 with an offset, or epoch seconds")
+    send.add_argument("--id", help="your id for it, to update or cancel it later")
+    send.add_argument("--key", help="the key of the delivered record")
+    send.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
+                      help="a header of the delivered record (repeatable)")  # fmt: skip
+    send.add_argument("--caller", help=f"the {CALLER_HEADER} header")
+    kind = send.add_mutually_exclusive_group()
+    kind.add_argument("--text", action="store_true", help="MESSAGE is a string, not JSON")
+    kind.add_argument("--binary", action="store_true",
+                      help="MESSAGE names a file whose bytes are the message")  # fmt: skip
+    send.add_argument("--file", help="send each line of this file (one JSON envelope per line)")
+    send.add_argument("message", metavar="MESSAGE", nargs="?",
+                      help="the message, as JSON (or text with --text)")  # fmt: skip
+    send.set_defaults(command=cmd_send)
 
 
 def cmd_run(_args: argparse.Namespace, settings: Settings) -> int:
@@ -78,34 +111,139 @@ def cmd_run(_args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_create_topics(args: argparse.Namespace, settings: Settings) -> int:
-    names = [settings.intake_topic, settings.dlq_topic]
+    names = [settings.intake_topic, settings.dlq_topic, settings.events_topic]
     kafka.ensure_topics(settings.kafka, names, partitions=args.partitions)
     log.info("topics_ready", topics=names)
     return EXIT_OK
 
 
 def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
+    if args.file is not None:
+        return _send_file(args, settings)
+    try:
+        message = _message(args)
+        when = _when(args)
+        headers = dict(_header(h) for h in args.header)
+        document = client.envelope(
+            args.topic or _usage("--topic is required"), message, **when,
+            key=args.key, headers=headers, schedule_id=args.id,
+        )  # fmt: skip
+    except (ValueError, OSError) as e:
+        _error(str(e))
+        return EXIT_USAGE
+    sender = client.Client(dict(settings.kafka), caller=args.caller,
+                           intake_topic=settings.intake_topic)  # fmt: skip
+    sender.send_raw(orjson.dumps(document))
+    return _flushed(sender, topic=args.topic, id=args.id)
+
+
+def _message(args: argparse.Namespace) -> object:
+    if args.message is None:
+        raise ValueError("MESSAGE is required (or --file)")
+    if args.binary:
+        return Path(args.message).read_bytes()
     if args.text:
-        message: object = args.message
-    else:
-        try:
-            message = orjson.loads(args.message)
-        except orjson.JSONDecodeError:
-            _error("MESSAGE is not JSON; add --text to send it as a string")
-            return EXIT_USAGE
-    value = orjson.dumps({"topic": args.topic, "message": message, "countdown": args.countdown})
+        return args.message
+    try:
+        return orjson.loads(args.message)
+    except orjson.JSONDecodeError as e:
+        raise ValueError("MESSAGE is not JSON; add --text to send it as a string") from e
+
+
+def _when(args: argparse.Namespace) -> dict[str, Any]:
+    if args.countdown is not None:
+        return {"delay": args.countdown}
+    if args.at is None:
+        raise ValueError("give --countdown or --at")
+    try:
+        return {"at": float(args.at)}
+    except ValueError:
+        moment = datetime.fromisoformat(args.at)
+        return {"at": moment}
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise ValueError(f"--header {text!r} is not NAME=VALUE")
+    return name, value
+
+
+def _usage(text: str) -> str:
+    raise ValueError(text)
+
+
+def _send_file(args: argparse.Namespace, settings: Settings) -> int:
+    """Check every line first (nothing is sent if one is bad), then send them all."""
+    try:
+        lines = _read_lines(args.file)
+    except OSError as e:
+        _error(str(e))
+        return EXIT_USAGE
+    limits = limits_of(settings)
     headers = [(CALLER_HEADER, args.caller.encode())] if args.caller else []
-    outbox = Outbox(Producer(dict(settings.kafka)), wait_seconds=15)
-    (error,) = outbox.send([Record(settings.intake_topic, value, None, headers)])
-    if error is not None:
-        log.error("send_failed", error=error.str())
+    problems = []
+    for number, line in lines:
+        try:
+            envelope.parse(line, headers, limits)
+        except InvalidEnvelope as e:
+            problems.append(f"line {number}: {e.reason.value}: {e.detail}")
+    if problems:
+        for problem in problems[:20]:
+            _error(problem)
+        _error(f"{len(problems)} of {len(lines)} lines are invalid; nothing was sent")
+        return EXIT_USAGE
+    sender = client.Client(dict(settings.kafka), caller=args.caller,
+                           intake_topic=settings.intake_topic)  # fmt: skip
+    with Progress(len(lines), sys.stderr) as progress:
+        for _, line in lines:
+            sender.send_raw(line)
+            progress.show(sender.acknowledged)
+        while sender.producer.flush(0.2):
+            progress.show(sender.acknowledged)
+        progress.show(sender.acknowledged)
+    return _flushed(sender, file=args.file, count=len(lines))
+
+
+def _read_lines(path: str) -> list[tuple[int, bytes]]:
+    raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    numbered = enumerate(raw.splitlines(), start=1)
+    return [(n, line.strip()) for n, line in numbered if line.strip()]
+
+
+def _flushed(sender: client.Client, **context: object) -> int:
+    try:
+        sender.flush(30.0)
+    except client.SendFailed as e:
+        log.error("send_failed", error=str(e), **context)
         return EXIT_FAILED
-    log.info(
-        "message_sent",
-        intake_topic=settings.intake_topic,
-        topic=args.topic,
-        countdown=args.countdown,
-    )
+    log.info("sent", count=sender.acknowledged, **context)
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    """Cancel, then print blackbox's answer (cancelled, already_fired or not_found)."""
+    answers = Answers(settings.kafka, settings.events_topic) if args.wait > 0 else None
+    try:
+        if answers is not None:
+            answers.mark()
+        sender = client.Client(dict(settings.kafka), caller=args.caller,
+                               intake_topic=settings.intake_topic)  # fmt: skip
+        sender.cancel(args.id)
+        code = _flushed(sender, id=args.id)
+        if code != EXIT_OK or answers is None:
+            return code
+        answer = answers.wait(args.caller, args.id, args.wait)
+    except KafkaException as e:
+        _error(str(e))
+        return EXIT_FAILED
+    finally:
+        if answers is not None:
+            answers.close()
+    if answer is None:
+        _error(f"no answer on {settings.events_topic} within {args.wait} s")
+        return EXIT_FAILED
+    print(answer["outcome"])  # noqa: T201 - the command's output
     return EXIT_OK
 
 
@@ -117,7 +255,7 @@ def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
     )
     try:
         local = _local_settings(settings, args.redis_port, args.kafka_port)
-        kafka.ensure_topics(local.kafka, [local.intake_topic, local.dlq_topic])
+        kafka.ensure_topics(local.kafka, [local.intake_topic, local.dlq_topic, local.events_topic])
         log.info("local_stack_ready", redis=local.redis_url, kafka=local.kafka["bootstrap.servers"],
                  logs=str(data))  # fmt: skip
         return Service(local).run_until_signalled()

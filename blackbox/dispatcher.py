@@ -21,10 +21,11 @@ from blackbox.clock import now_ms
 from blackbox.deadletter import DeadLetter
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import CorruptSchedule, DeadLetterReason
+from blackbox.events import Event, Outcome
 from blackbox.kafka import lasting_reason
 from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox, Record, Reports
-from blackbox.schedule import Schedule
+from blackbox.schedule import Schedule, split_scoped
 from blackbox.store import Claim, Loaded, RedisStore
 
 log = structlog.get_logger("blackbox.dispatcher")
@@ -40,6 +41,7 @@ class Policy:
     backoff_ms: int
     backoff_max_ms: int
     dlq_topic: str
+    events_topic: str
 
     def retry_delay_ms(self, attempt: int) -> int:
         """Exponential backoff: base * 2^(attempt-1), capped."""
@@ -77,16 +79,33 @@ class _Outcome:
 
 
 def delivery_record(schedule: Schedule, attempt: int) -> Record:
-    """The record produced to the target topic: the value, with headers to de-duplicate by."""
-    headers: list[tuple[str, bytes | None]] = []
+    """The record produced to the target topic: the value and key, the sender's headers,
+    and headers to de-duplicate by (etf1's too, for a header-mode schedule)."""
+    headers: list[tuple[str, bytes | None]] = list(schedule.headers)
     if schedule.caller is not None:
         headers.append((CALLER_HEADER, schedule.caller))
+    if schedule.sent_ms is not None:
+        headers += _etf1_headers(schedule)
     headers += [
         ("blackbox-id", schedule.id.encode()),
         ("blackbox-due-ms", str(schedule.due_ms).encode()),
         ("blackbox-attempt", str(attempt).encode()),
     ]
-    return Record(schedule.topic, schedule.value, None, headers)
+    if schedule.origin is not None:
+        headers.append(("blackbox-version", schedule.origin.encode()))
+    return Record(schedule.topic, schedule.value, schedule.key, headers)
+
+
+def _etf1_headers(schedule: Schedule) -> list[tuple[str, bytes | None]]:
+    """What etf1's scheduler adds: the schedule's timestamp (s), its key and its topic."""
+    scoped = split_scoped(schedule.id)
+    key = scoped[1] if scoped is not None else schedule.id
+    topic = (schedule.origin or schedule.id).rsplit(":", 2)[0]
+    return [
+        ("scheduler-timestamp", str((schedule.sent_ms or 0) // 1000).encode()),
+        ("scheduler-key", key.encode()),
+        ("scheduler-topic", topic.encode()),
+    ]
 
 
 class Dispatcher:
@@ -134,7 +153,7 @@ class Dispatcher:
         if sent.reports is not None:
             errors = self.outbox.wait(sent.reports, stop)
             self._judge(sent.schedules, errors, outcome, sent.dead)
-        self._dead_letter(sent.dead, outcome, stop)
+        self._dead_letter(sent, outcome, stop)
         self._settle(sent.claim, outcome)
         return outcome.delivered
 
@@ -195,18 +214,31 @@ class Dispatcher:
         else:
             outcome.retry[attempt].append(schedule.id)
 
-    def _dead_letter(
-        self, dead: list[DeadLetter], outcome: _Outcome, stop: threading.Event
-    ) -> None:
-        for letter, error in deadletter.send(self.outbox, self.policy.dlq_topic, dead, stop):
+    def _dead_letter(self, sent: _Sent, outcome: _Outcome, stop: threading.Event) -> None:
+        schedules = {s.id: s for s, _ in sent.schedules}
+        events = []
+        for letter, error in deadletter.send(self.outbox, self.policy.dlq_topic, sent.dead, stop):
             schedule_id = _id_of(letter)
             if error is None:
                 outcome.done.append(schedule_id)
                 self.metrics.dead_letters.labels(reason=letter.reason.value).inc()
                 log.warning("dead_lettered", blackbox_id=schedule_id, reason=letter.reason.value)
+                events.append(_dead_event(schedule_id, schedules.get(schedule_id), letter))
             else:
                 log.warning("dead_letter_failed", blackbox_id=schedule_id, error=error.str())
                 outcome.retry[1].append(schedule_id)
+        self._answer(events, stop)
+
+    def _answer(self, events: list[Event], stop: threading.Event) -> None:
+        """Tell callers their schedules were dead-lettered (best effort: logged if refused)."""
+        if not events:
+            return
+        at = now_ms()
+        records = [e.record(self.policy.events_topic, at) for e in events]
+        errors = [e for e in self.outbox.send(records, stop) if e is not None]
+        if errors:
+            self.metrics.events_dropped.inc(len(errors))
+            log.error("events_dropped", count=len(errors), error=errors[0].str())
 
     def _settle(self, claim: Claim, outcome: _Outcome) -> None:
         acked = self.store.ack(outcome.done, claim.token)
@@ -215,6 +247,16 @@ class Dispatcher:
         for attempt, ids in outcome.retry.items():
             retry_at = now_ms() + self.policy.retry_delay_ms(attempt)
             self.store.retry(ids, claim.token, retry_at)
+
+
+def _dead_event(schedule_id: str, schedule: Schedule | None, letter: DeadLetter) -> Event:
+    detail = dict(letter.headers).get(deadletter.DETAIL_HEADER) or b""
+    return Event.of_stored(
+        Outcome.DEAD_LETTERED, schedule_id, None if schedule is None else schedule.caller,
+        due_ms=None if schedule is None else schedule.due_ms,
+        topic=None if schedule is None else schedule.topic,
+        reason=letter.reason, detail=detail.decode("utf-8", "replace"),
+    )  # fmt: skip
 
 
 def _id_of(letter: DeadLetter) -> str:

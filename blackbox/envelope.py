@@ -1,16 +1,28 @@
-"""Parse an intake record into an Envelope: pure, no I/O, exact about why a record is bad.
+"""Parse an intake record into a request: pure, no I/O, exact about why a record is bad.
 
-The record value is a JSON object ``{"topic": T, "message": M, "countdown": N}``; the
-``CALLER_SERVICE`` header names the sender. Anything else raises InvalidEnvelope with a
-reason from the closed DeadLetterReason set and a readable detail.
+Two modes share one intake topic:
+
+* JSON mode: the value is a JSON object ``{"topic": T, "message": M, "countdown": N}``,
+  with optional ``deliver_at`` (instead of countdown), ``message_base64`` (instead of
+  message), ``key``, ``headers`` and ``id``; ``{"id": X, "cancel": true}`` cancels.
+* Header mode (etf1's kafka-message-scheduler): headers ``scheduler-epoch``,
+  ``scheduler-target-topic`` and optionally ``scheduler-target-key``; the value is the
+  payload byte for byte and the record key is the schedule id.
+
+In both modes a tombstone (no value) whose record key is an id cancels that id. The
+``CALLER_SERVICE`` header names the sender and scopes its ids. Anything else raises
+InvalidEnvelope with a reason from the closed DeadLetterReason set and a readable detail.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -18,47 +30,132 @@ import orjson
 from blackbox.errors import DeadLetterReason, InvalidEnvelope
 
 CALLER_HEADER = "CALLER_SERVICE"
+EPOCH_HEADER = "scheduler-epoch"
+TARGET_TOPIC_HEADER = "scheduler-target-topic"
+TARGET_KEY_HEADER = "scheduler-target-key"
+SCHEDULER_HEADERS = frozenset({EPOCH_HEADER, TARGET_TOPIC_HEADER, TARGET_KEY_HEADER})
+# etf1's headers, in and out: never passed through (blackbox sets the output ones itself).
+SCHEDULER_HEADER_PREFIX = "scheduler-"
+# Headers blackbox sets on what it delivers: a sender may not forge them.
+RESERVED_HEADER_PREFIX = "blackbox-"
 MAX_CALLER_CHARS = 255
+MAX_ID_CHARS = 255
+# What a stored schedule can hold (u16 counts and name lengths).
+MAX_HEADERS = 0xFFFF
+MAX_HEADER_NAME_BYTES = 0xFFFF
 # The longest countdown any limit may allow: due times stay far inside 64-bit milliseconds.
 ABSOLUTE_MAX_COUNTDOWN_SECONDS = 1000 * 365.25 * 86400
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_R = DeadLetterReason
 
-Headers = Sequence[tuple[str, bytes | None]]
+Header = tuple[str, bytes | None]
+Headers = Sequence[Header]
 RawHeaders = Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None]
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What intake accepts: sizes, horizons and the topics that may never be targets."""
+    """What intake accepts whoever sends it: record size and topics never to target."""
 
     max_value_bytes: int
-    max_countdown_seconds: float
     forbidden_topics: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
-    """A valid schedule request: deliver `value` to `topic` after `countdown_ms`."""
+    """A valid schedule request: deliver `value` to `topic` after `countdown_ms` or at `at_ms`.
+
+    Exactly one of `countdown_ms` and `at_ms` is set. `schedule_id` is the sender's own id
+    (scoped by `caller`); without one, the record's intake coordinates identify it.
+    `etf1` marks a header-mode record, delivered with etf1's headers.
+    """
 
     topic: str
     value: bytes
-    countdown_ms: int
+    caller: bytes | None
+    countdown_ms: int | None = None
+    at_ms: int | None = None
+    key: bytes | None = None
+    headers: tuple[Header, ...] = ()
+    schedule_id: str | None = None
+    etf1: bool = False
+
+    def due_ms(self, received_ms: int) -> int:
+        """When to deliver: never before `received_ms` (a time in the past fires at once)."""
+        if self.at_ms is not None:
+            return max(self.at_ms, received_ms)
+        return received_ms + (self.countdown_ms or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """A request to cancel the sender's pending schedule `schedule_id`."""
+
+    schedule_id: str
     caller: bytes | None
 
 
-def parse(value: bytes | None, headers: Headers | None, limits: Limits) -> Envelope:
-    """Return the Envelope a record asks for, or raise InvalidEnvelope saying why not."""
+Request = Envelope | Cancel
+
+
+def parse(
+    value: bytes | None, headers: Headers | None, limits: Limits, key: bytes | None = None
+) -> Request:
+    """Return what a record asks for, or raise InvalidEnvelope saying why it cannot be done."""
     caller = caller_of(headers)
-    document = _decode(value, limits)
+    if value is None:
+        return _tombstone(key, caller)
+    if len(value) > limits.max_value_bytes:
+        raise InvalidEnvelope(
+            _R.OVERSIZED, f"value is {len(value)} bytes, the limit is {limits.max_value_bytes}"
+        )
+    if any(name in SCHEDULER_HEADERS for name, _ in headers or ()):
+        try:
+            return _header_mode(value, key, headers or (), caller, limits)
+        except InvalidEnvelope as e:
+            e.schedule_id = _readable(key)
+            raise
+    document = _decode(value)
+    try:
+        return _json_request(document, caller, limits)
+    except InvalidEnvelope as e:
+        e.schedule_id, e.topic = (
+            _text_or_none(document.get("id")),
+            _text_or_none(document.get("topic")),
+        )
+        raise
+
+
+def _json_request(document: dict[str, Any], caller: bytes | None, limits: Limits) -> Request:
+    if "cancel" in document and _cancel_flag(document):
+        return Cancel(_id(_field(document, "id"), "id"), caller)
+    countdown_ms, at_ms = _due(document)
     return Envelope(
-        topic=_target_topic(document, limits),
+        topic=_target_topic(_field(document, "topic"), limits),
         value=_message_bytes(document),
-        countdown_ms=_countdown_ms(document, limits),
         caller=caller,
+        countdown_ms=countdown_ms,
+        at_ms=at_ms,
+        key=_optional_text(document, "key"),
+        headers=_json_headers(document.get("headers")),
+        schedule_id=None if document.get("id") is None else _id(document["id"], "id"),
     )
 
 
-def normalize_headers(raw: RawHeaders | None) -> list[tuple[str, bytes | None]]:
+def _readable(key: bytes | None) -> str | None:
+    try:
+        return None if key is None else key.decode("utf-8")[:MAX_ID_CHARS]
+    except UnicodeDecodeError:
+        return None
+
+
+def _text_or_none(value: object) -> str | None:
+    return value[:MAX_ID_CHARS] if isinstance(value, str) else None
+
+
+def normalize_headers(raw: RawHeaders | None) -> list[Header]:
     """Kafka client headers as (name, bytes) pairs, in order, repeats kept."""
     pairs = raw.items() if isinstance(raw, Mapping) else raw or ()
     return [(k, v.encode() if isinstance(v, str) else v) for k, v in pairs]
@@ -66,89 +163,237 @@ def normalize_headers(raw: RawHeaders | None) -> list[tuple[str, bytes | None]]:
 
 def caller_of(headers: Headers | None) -> bytes | None:
     """The CALLER_SERVICE header value, checked to be short UTF-8 text; None when absent."""
-    values = [v for k, v in headers or () if k == CALLER_HEADER]
-    if not values:
-        return None
-    if len(values) > 1:
-        raise InvalidEnvelope(DeadLetterReason.INVALID_HEADER, f"{CALLER_HEADER} is repeated")
-    (raw,) = values
+    raw = _single_header(headers, CALLER_HEADER)
     if raw is None:
-        raise InvalidEnvelope(DeadLetterReason.INVALID_HEADER, f"{CALLER_HEADER} has no value")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InvalidEnvelope(
-            DeadLetterReason.INVALID_HEADER, f"{CALLER_HEADER} is not UTF-8"
-        ) from e
+        return None
+    text = _header_text(raw, CALLER_HEADER)
     if not text or len(text) > MAX_CALLER_CHARS or not text.isprintable():
         raise InvalidEnvelope(
-            DeadLetterReason.INVALID_HEADER,
-            f"{CALLER_HEADER} must be 1-{MAX_CALLER_CHARS} printable characters",
+            _R.INVALID_HEADER, f"{CALLER_HEADER} must be 1-{MAX_CALLER_CHARS} printable characters"
         )
     return raw
 
 
-def _decode(value: bytes | None, limits: Limits) -> dict[str, Any]:
-    if value is None:
-        raise InvalidEnvelope(DeadLetterReason.EMPTY_VALUE, "the record has no value (a tombstone)")
-    if len(value) > limits.max_value_bytes:
+def _single_header(headers: Headers | None, name: str) -> bytes | None:
+    """The value of a header that may appear at most once, with a value; None when absent."""
+    values = [v for k, v in headers or () if k == name]
+    if not values:
+        return None
+    if len(values) > 1:
+        raise InvalidEnvelope(_R.INVALID_HEADER, f"{name} is repeated")
+    if values[0] is None:
+        raise InvalidEnvelope(_R.INVALID_HEADER, f"{name} has no value")
+    return values[0]
+
+
+def _header_text(raw: bytes, name: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidEnvelope(_R.INVALID_HEADER, f"{name} is not UTF-8") from e
+
+
+def _tombstone(key: bytes | None, caller: bytes | None) -> Cancel:
+    if key is None:
         raise InvalidEnvelope(
-            DeadLetterReason.OVERSIZED,
-            f"value is {len(value)} bytes, the limit is {limits.max_value_bytes}",
+            _R.EMPTY_VALUE, "the record has no value and no key (a tombstone cancels by key)"
         )
+    return Cancel(_id(_key_text(key), "record key"), caller)
+
+
+def _header_mode(
+    value: bytes, key: bytes | None, headers: Headers, caller: bytes | None, limits: Limits
+) -> Envelope:
+    """An etf1-style record: headers say where and when, the value is the payload."""
+    epoch, topic = (
+        _single_header(headers, EPOCH_HEADER),
+        _single_header(headers, TARGET_TOPIC_HEADER),
+    )
+    if epoch is None or topic is None:
+        missing = EPOCH_HEADER if epoch is None else TARGET_TOPIC_HEADER
+        raise InvalidEnvelope(_R.MISSING_FIELD, f"the header {missing!r} is missing")
+    if key is None:
+        raise InvalidEnvelope(_R.INVALID_ID, "a header-mode record needs a record key (its id)")
+    try:
+        seconds = float(_header_text(epoch, EPOCH_HEADER))
+    except ValueError as e:
+        raise InvalidEnvelope(
+            _R.INVALID_DELIVER_AT, f"{EPOCH_HEADER} must be unix seconds, not {epoch[:40]!r}"
+        ) from e
+    passed = tuple(
+        (name, v)
+        for name, v in headers
+        if not name.startswith(SCHEDULER_HEADER_PREFIX) and name != CALLER_HEADER
+    )
+    return Envelope(
+        topic=_target_topic(_header_text(topic, TARGET_TOPIC_HEADER), limits),
+        value=value,
+        caller=caller,
+        at_ms=_epoch_ms(seconds, EPOCH_HEADER),
+        key=_single_header(headers, TARGET_KEY_HEADER),
+        headers=_checked_headers(passed),
+        schedule_id=_id(_key_text(key), "record key"),
+        etf1=True,
+    )
+
+
+def _decode(value: bytes) -> dict[str, Any]:
     try:
         document = orjson.loads(value)
     except orjson.JSONDecodeError as e:
-        raise InvalidEnvelope(DeadLetterReason.INVALID_JSON, f"value is not JSON: {e}") from e
+        raise InvalidEnvelope(_R.INVALID_JSON, f"value is not JSON: {e}") from e
     if not isinstance(document, dict):
-        raise InvalidEnvelope(DeadLetterReason.NOT_AN_OBJECT, f"value is a JSON {_kind(document)}")
+        raise InvalidEnvelope(_R.NOT_AN_OBJECT, f"value is a JSON {_kind(document)}")
     return document
 
 
-def _target_topic(document: dict[str, Any], limits: Limits) -> str:
-    topic = _field(document, "topic")
+def _cancel_flag(document: dict[str, Any]) -> bool:
+    flag = document["cancel"]
+    if not isinstance(flag, bool):
+        raise InvalidEnvelope(_R.WRONG_TYPE, f"cancel must be true or false, not {_kind(flag)}")
+    return flag
+
+
+def _target_topic(topic: object, limits: Limits) -> str:
     if not isinstance(topic, str):
-        raise InvalidEnvelope(
-            DeadLetterReason.WRONG_TYPE, f"topic must be a string, not {_kind(topic)}"
-        )
+        raise InvalidEnvelope(_R.WRONG_TYPE, f"topic must be a string, not {_kind(topic)}")
     if not _TOPIC_NAME.fullmatch(topic) or topic in {".", ".."}:
-        raise InvalidEnvelope(
-            DeadLetterReason.INVALID_TOPIC, f"{topic[:300]!r} is not a Kafka topic name"
-        )
+        raise InvalidEnvelope(_R.INVALID_TOPIC, f"{topic[:300]!r} is not a Kafka topic name")
     if topic.startswith("__") or topic in limits.forbidden_topics:
-        raise InvalidEnvelope(DeadLetterReason.FORBIDDEN_TOPIC, f"{topic!r} may not be a target")
+        raise InvalidEnvelope(_R.FORBIDDEN_TOPIC, f"{topic!r} may not be a target")
     return topic
 
 
 def _message_bytes(document: dict[str, Any]) -> bytes:
-    """A JSON string is delivered as its UTF-8 text; any other JSON value as its encoding."""
+    """A JSON string is delivered as its UTF-8 text, any other JSON value as its encoding,
+    and `message_base64` as the bytes it encodes."""
+    if "message" in document and "message_base64" in document:
+        raise InvalidEnvelope(_R.CONFLICTING_FIELDS, "give message or message_base64, not both")
+    if "message_base64" in document:
+        encoded = document["message_base64"]
+        if not isinstance(encoded, str):
+            raise InvalidEnvelope(
+                _R.WRONG_TYPE, f"message_base64 must be a string, not {_kind(encoded)}"
+            )
+        try:
+            return base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise InvalidEnvelope(_R.INVALID_BASE64, f"message_base64 is not base64: {e}") from e
     message = _field(document, "message")
     if isinstance(message, str):
         return message.encode("utf-8")
     return orjson.dumps(message)
 
 
-def _countdown_ms(document: dict[str, Any], limits: Limits) -> int:
-    countdown = _field(document, "countdown")
+def _due(document: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(countdown_ms, None) or (None, at_ms): exactly one of the two fields is given."""
+    has_countdown, has_at = "countdown" in document, "deliver_at" in document
+    if has_countdown and has_at:
+        raise InvalidEnvelope(_R.CONFLICTING_FIELDS, "give countdown or deliver_at, not both")
+    if has_at:
+        return None, _deliver_at_ms(document["deliver_at"])
+    return _countdown_ms(_field(document, "countdown")), None
+
+
+def _countdown_ms(countdown: object) -> int:
     if isinstance(countdown, bool) or not isinstance(countdown, int | float):
-        raise InvalidEnvelope(
-            DeadLetterReason.WRONG_TYPE, f"countdown must be a number, not {_kind(countdown)}"
-        )
+        raise InvalidEnvelope(_R.WRONG_TYPE, f"countdown must be a number, not {_kind(countdown)}")
     if not math.isfinite(countdown) or countdown < 0:
+        raise InvalidEnvelope(_R.INVALID_COUNTDOWN, f"countdown {countdown} is not >= 0")
+    if countdown > ABSOLUTE_MAX_COUNTDOWN_SECONDS:
         raise InvalidEnvelope(
-            DeadLetterReason.INVALID_COUNTDOWN, f"countdown {countdown} is not >= 0"
-        )
-    if countdown > min(limits.max_countdown_seconds, ABSOLUTE_MAX_COUNTDOWN_SECONDS):
-        raise InvalidEnvelope(
-            DeadLetterReason.INVALID_COUNTDOWN,
-            f"countdown {countdown} s is beyond the limit of {limits.max_countdown_seconds} s",
+            _R.INVALID_COUNTDOWN, f"countdown {countdown} s is beyond any horizon (1,000 years)"
         )
     return math.ceil(countdown * 1000)
 
 
+def _deliver_at_ms(at: object) -> int:
+    """RFC 3339 text with an offset, or epoch seconds as a number."""
+    if isinstance(at, bool) or not isinstance(at, int | float | str):
+        raise InvalidEnvelope(
+            _R.WRONG_TYPE, f"deliver_at must be a string or a number, not {_kind(at)}"
+        )
+    if not isinstance(at, str):
+        return _epoch_ms(at, "deliver_at")
+    try:
+        moment = datetime.fromisoformat(at)
+    except ValueError as e:
+        raise InvalidEnvelope(
+            _R.INVALID_DELIVER_AT, f"deliver_at {at[:60]!r} is not an RFC 3339 time"
+        ) from e
+    if moment.tzinfo is None:
+        raise InvalidEnvelope(
+            _R.INVALID_DELIVER_AT, f"deliver_at {at[:60]!r} has no UTC offset (add Z or +hh:mm)"
+        )
+    # Whole microseconds, not a float timestamp: a float moves some instants by a millisecond.
+    micros = (moment - _EPOCH) // _MICROSECOND
+    _check_epoch(micros / 1_000_000, "deliver_at")
+    return -(-micros // 1000)
+
+
+def _epoch_ms(seconds: float, name: str) -> int:
+    _check_epoch(seconds, name)
+    return math.ceil(seconds * 1000)
+
+
+def _check_epoch(seconds: float, name: str) -> None:
+    if not math.isfinite(seconds) or not 0 <= seconds <= 2 * ABSOLUTE_MAX_COUNTDOWN_SECONDS:
+        raise InvalidEnvelope(_R.INVALID_DELIVER_AT, f"{name} {seconds} is not a usable time")
+
+
+def _optional_text(document: dict[str, Any], name: str) -> bytes | None:
+    value = document.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidEnvelope(_R.WRONG_TYPE, f"{name} must be a string, not {_kind(value)}")
+    return value.encode("utf-8")
+
+
+def _json_headers(headers: object) -> tuple[Header, ...]:
+    if headers is None:
+        return ()
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        raise InvalidEnvelope(_R.WRONG_TYPE, "headers must be an object of string values")
+    return _checked_headers(tuple((k, v.encode("utf-8")) for k, v in headers.items()))
+
+
+def _checked_headers(headers: tuple[Header, ...]) -> tuple[Header, ...]:
+    if len(headers) > MAX_HEADERS:
+        raise InvalidEnvelope(_R.INVALID_HEADER, f"{len(headers)} headers, at most {MAX_HEADERS}")
+    for name, _ in headers:
+        if not name or name.lower().startswith(RESERVED_HEADER_PREFIX) or name == CALLER_HEADER:
+            raise InvalidEnvelope(
+                _R.INVALID_HEADER,
+                f"header {name[:60]!r} is reserved (blackbox-*, {CALLER_HEADER}) or empty",
+            )
+        if len(name.encode("utf-8", "surrogatepass")) > MAX_HEADER_NAME_BYTES:
+            raise InvalidEnvelope(
+                _R.INVALID_HEADER, f"header {name[:60]!r}... is over {MAX_HEADER_NAME_BYTES} bytes"
+            )
+    return headers
+
+
+def _id(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidEnvelope(_R.WRONG_TYPE, f"{name} must be a string, not {_kind(value)}")
+    if not value or len(value) > MAX_ID_CHARS or not value.isprintable():
+        raise InvalidEnvelope(
+            _R.INVALID_ID, f"{name} must be 1-{MAX_ID_CHARS} printable characters"
+        )
+    return value
+
+
+def _key_text(key: bytes) -> str:
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidEnvelope(_R.INVALID_ID, "the record key (the id) is not UTF-8") from e
+
+
 def _field(document: dict[str, Any], name: str) -> Any:
     if name not in document:
-        raise InvalidEnvelope(DeadLetterReason.MISSING_FIELD, f"the field {name!r} is missing")
+        raise InvalidEnvelope(_R.MISSING_FIELD, f"the field {name!r} is missing")
     return document[name]
 
 

@@ -18,6 +18,11 @@ class DeadLetterReason(enum.StrEnum):
     MISSING_FIELD = "missing_field"
     WRONG_TYPE = "wrong_type"
     INVALID_COUNTDOWN = "invalid_countdown"
+    INVALID_DELIVER_AT = "invalid_deliver_at"
+    BEYOND_HORIZON = "beyond_horizon"
+    CONFLICTING_FIELDS = "conflicting_fields"
+    INVALID_ID = "invalid_id"
+    INVALID_BASE64 = "invalid_base64"
     INVALID_TOPIC = "invalid_topic"
     FORBIDDEN_TOPIC = "forbidden_topic"
     INVALID_HEADER = "invalid_header"
@@ -38,6 +43,9 @@ class InvalidEnvelope(BlackboxError):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+        # What the record asked for, when it could be read: the answer names them.
+        self.schedule_id: str | None = None
+        self.topic: str | None = None
 
 
 class SettingsError(BlackboxError):

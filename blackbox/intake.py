@@ -9,7 +9,8 @@ is lost; the writes are idempotent, so the retry cannot store anything twice.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -26,14 +27,25 @@ from blackbox import deadletter, envelope
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
 from blackbox.deadletter import DeadLetter
-from blackbox.envelope import Limits
+from blackbox.envelope import Cancel, Limits, Request
 from blackbox.errors import BlackboxError, InvalidEnvelope
+from blackbox.events import Coordinates, Event, Outcome
+from blackbox.kafka import lasting_reason
 from blackbox.metrics import Metrics
-from blackbox.outbox import Outbox
-from blackbox.schedule import Schedule, intake_id
-from blackbox.store import IntakeSlice, RedisStore
+from blackbox.outbox import Outbox, Record, Reports
+from blackbox.policy import CallerPolicy
+from blackbox.schedule import Schedule, intake_id, scoped_id
+from blackbox.store import Applied, Cancellation, IntakeSlice, RedisStore, Write
 
 log = structlog.get_logger("blackbox.intake")
+
+_OUTCOMES = {
+    Applied.SCHEDULED: Outcome.SCHEDULED,
+    Applied.UPDATED: Outcome.UPDATED,
+    Applied.CANCELLED: Outcome.CANCELLED,
+    Applied.ALREADY_FIRED: Outcome.ALREADY_FIRED,
+    Applied.NOT_FOUND: Outcome.NOT_FOUND,
+}
 
 
 class DeadLetterUnavailable(BlackboxError):
@@ -42,32 +54,36 @@ class DeadLetterUnavailable(BlackboxError):
 
 @dataclass(slots=True)
 class _Batch:
-    """The records of one poll: schedules by partition, dead letters, last offsets."""
+    """The records of one poll: requests by partition, dead letters, last offsets."""
 
-    schedules: dict[tuple[str, int], list[tuple[int, Schedule]]] = field(default_factory=dict)
+    writes: dict[tuple[str, int], list[tuple[int, Write]]] = field(default_factory=dict)
     last_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     dead: list[DeadLetter] = field(default_factory=list)
+    refusals: list[Event] = field(default_factory=list)
 
     def saw(self, topic: str, partition: int, offset: int) -> None:
-        self.schedules.setdefault((topic, partition), [])
+        self.writes.setdefault((topic, partition), [])
         self.last_offsets[(topic, partition)] = offset
 
     def slices(self) -> list[IntakeSlice]:
         return [
             IntakeSlice(topic, partition, self.last_offsets[(topic, partition)], items)
-            for (topic, partition), items in self.schedules.items()
+            for (topic, partition), items in self.writes.items()
         ]
 
     def next_offsets(self) -> list[TopicPartition]:
         """Per partition, the offset to commit: one past the last record handled."""
         return [TopicPartition(t, p, last + 1) for (t, p), last in self.last_offsets.items()]
 
-    def earliest_due_ms(self) -> int | None:
-        dues = [s.due_ms for items in self.schedules.values() for _, s in items]
-        return min(dues, default=None)
-
-    def schedule_count(self) -> int:
-        return sum(len(items) for items in self.schedules.values())
+    def applied(self, codes: Sequence[Applied]) -> Iterator[tuple[Coordinates, Write, Applied]]:
+        """Each request with where it came from and what applying it did."""
+        items = (
+            (Coordinates(topic, partition, offset), write)
+            for (topic, partition), writes in self.writes.items()
+            for offset, write in writes
+        )
+        for (coordinates, write), code in zip(items, codes, strict=True):
+            yield coordinates, write, code
 
 
 def received_ms(message: Message, now: int) -> int:
@@ -83,6 +99,15 @@ def received_ms(message: Message, now: int) -> int:
     return min(stamp, now)
 
 
+@dataclass(frozen=True, slots=True)
+class _Answering:
+    """A handled batch whose events are on their way; its offsets are stored once they land."""
+
+    reports: Reports
+    records: list[Record]
+    offsets: list[TopicPartition]
+
+
 class Intake:
     """Consumes the intake topic into the store."""
 
@@ -90,7 +115,7 @@ class Intake:
         self,
         consumer: Consumer,
         store: RedisStore,
-        dead_letters: Outbox,
+        outbox: Outbox,
         config: IntakeConfig,
         metrics: Metrics,
         *,
@@ -99,10 +124,11 @@ class Intake:
         self.on_scheduled = on_scheduled
         self.consumer = consumer
         self.store = store
-        self.dead_letters = dead_letters
+        self.outbox = outbox
         self.config = config
         self.metrics = metrics
         self.backoff = Backoff(base=0.2, cap=10.0)
+        self._answering: _Answering | None = None
 
     def run(self, stop: threading.Event) -> None:
         """Consume until `stop` is set, then close the consumer (committing what was stored)."""
@@ -114,6 +140,8 @@ class Intake:
             while not stop.is_set():
                 self.poll_once(stop)
         finally:
+            # Let the last answers land (within the delivery deadline), then commit.
+            self._settle(threading.Event(), retry=False)
             self.consumer.close()
             log.info("intake_stopped")
 
@@ -122,6 +150,7 @@ class Intake:
         messages = self.consumer.consume(self.config.batch, timeout=0.5)
         records = [m for m in messages if self._is_record(m)]
         if not records:
+            self._settle(stop)
             return
         try:
             self.handle(records, stop)
@@ -135,7 +164,7 @@ class Intake:
             stop.wait(delay)
 
     def handle(self, records: Sequence[Message], stop: threading.Event) -> None:
-        """Dead-letter bad records, store the rest, then store every offset for commit.
+        """Dead-letter bad records, apply the rest, answer each, then store the offsets.
 
         Dead letters go first: the Redis write moves the partition watermark past every
         record of the batch, so it must come only once all of them are handled.
@@ -145,10 +174,21 @@ class Intake:
         for message in records:
             self._sort(message, now, batch)
         self._send_dead_letters(batch.dead, stop)
-        stored = self.store.schedule(batch.slices(), now)
-        self.consumer.store_offsets(offsets=batch.next_offsets())
-        self._count(batch, stored)
-        earliest = batch.earliest_due_ms()
+        codes = self.store.apply(batch.slices(), now)
+        events, earliest = list(batch.refusals), None
+        counts = Counter(codes)
+        for coordinates, write, code in batch.applied(codes):
+            if code is Applied.REPLAYED:
+                continue
+            events.append(_event(coordinates, write, code))
+            if isinstance(write, Schedule) and code in (Applied.SCHEDULED, Applied.UPDATED):
+                earliest = write.due_ms if earliest is None else min(earliest, write.due_ms)
+        for code, count in counts.items():
+            self.metrics.intake_records.labels(outcome=_label(code)).inc(count)
+        self.metrics.intake_records.labels(outcome="dead_lettered").inc(len(batch.dead))
+        self._settle(stop)
+        answers = [e.record(self.config.events_topic, now) for e in events]
+        self._answering = _Answering(self.outbox.submit(answers), answers, batch.next_offsets())
         if earliest is not None:
             self.on_scheduled(earliest)
 
@@ -159,22 +199,32 @@ class Intake:
             message.offset() or 0,
         )
         batch.saw(topic, partition, offset)
+        request: Request | None = None
+        headers = envelope.normalize_headers(message.headers())
         try:
-            parsed = envelope.parse(
-                message.value(), envelope.normalize_headers(message.headers()), self.config.limits
-            )
+            request = envelope.parse(message.value(), headers, self.config.limits, message.key())
+            write = self._write(request, message, now, intake_id(topic, partition, offset))
         except InvalidEnvelope as e:
             batch.dead.append(deadletter.from_intake(message, e.reason, e.detail))
+            batch.refusals.append(
+                _refusal(Coordinates(topic, partition, offset), headers, request, e)
+            )
             log.warning("dead_lettered", reason=e.reason.value, detail=e.detail,
                         topic=topic, partition=partition, offset=offset)  # fmt: skip
             return
-        schedule = Schedule.from_envelope(
-            intake_id(topic, partition, offset), parsed, received_ms(message, now)
-        )
-        batch.schedules[(topic, partition)].append((offset, schedule))
+        batch.writes[(topic, partition)].append((offset, write))
+
+    def _write(self, request: Request, message: Message, now: int, origin: str) -> Write:
+        """What to apply in Redis for a valid request; the caller's policy may still refuse."""
+        if isinstance(request, Cancel):
+            return Cancellation(scoped_id(request.caller, request.schedule_id))
+        received = received_ms(message, now)
+        schedule = Schedule.from_envelope(request, origin, received, sent_ms=received)
+        self.config.policy.check(request, schedule.due_ms, received)
+        return schedule
 
     def _send_dead_letters(self, dead: list[DeadLetter], stop: threading.Event) -> None:
-        results = deadletter.send(self.dead_letters, self.config.dlq_topic, dead, stop)
+        results = deadletter.send(self.outbox, self.config.dlq_topic, dead, stop)
         errors = [e for _, e in results if e is not None]
         if errors:
             raise DeadLetterUnavailable(
@@ -183,13 +233,37 @@ class Intake:
         for letter in dead:
             self.metrics.dead_letters.labels(reason=letter.reason.value).inc()
 
-    def _count(self, batch: _Batch, stored: int) -> None:
-        received = batch.schedule_count()
-        self.metrics.intake_records.labels(outcome="scheduled").inc(stored)
-        self.metrics.intake_records.labels(outcome="duplicate").inc(received - stored)
-        self.metrics.intake_records.labels(outcome="dead_lettered").inc(len(batch.dead))
-        log.debug("intake_batch", scheduled=stored, duplicate=received - stored,
-                  dead_lettered=len(batch.dead))  # fmt: skip
+    def _settle(self, stop: threading.Event, *, retry: bool = True) -> None:
+        """Wait for the last batch's answers, then store its offsets for commit.
+
+        Answers of batch N travel while batch N+1 is parsed and applied. The requests are
+        applied already (a re-read would skip them), so a failed answer is retried here
+        rather than by rewinding; only a lasting refusal drops one.
+        """
+        answering, self._answering = self._answering, None
+        if answering is None:
+            return
+        records, errors = answering.records, self.outbox.wait(answering.reports, stop)
+        backoff = Backoff(base=0.2, cap=10.0)
+        while True:
+            failed = [(r, e) for r, e in zip(records, errors, strict=True) if e is not None]
+            lasting = [(r, e) for r, e in failed if lasting_reason(e) is not None]
+            if lasting:
+                self.metrics.events_dropped.inc(len(lasting))
+                log.error("events_dropped", count=len(lasting), error=lasting[0][1].str())
+            records = [r for r, e in failed if lasting_reason(e) is None]
+            if not records or not retry or stop.is_set():
+                break
+            self.metrics.dependency_errors.labels(dependency="kafka").inc()
+            log.warning("events_unacknowledged", count=len(records), error=failed[0][1].str())
+            stop.wait(backoff.next())
+            errors = self.outbox.send(records, stop)
+        if records:
+            log.error("events_lost_on_stop", count=len(records))
+        try:
+            self.consumer.store_offsets(offsets=answering.offsets)
+        except KafkaException as e:  # revoked meanwhile: its new owner re-reads and skips
+            log.info("offsets_not_stored", error=str(e))
 
     def _is_record(self, message: Message) -> bool:
         error = message.error()
@@ -228,4 +302,39 @@ class IntakeConfig:
     topic: str
     batch: int
     dlq_topic: str
+    events_topic: str
     limits: Limits
+    policy: CallerPolicy
+
+
+def _label(code: Applied) -> str:
+    return "duplicate" if code is Applied.REPLAYED else code.name.lower()
+
+
+def _event(coordinates: Coordinates, write: Write, code: Applied) -> Event:
+    if isinstance(write, Cancellation):
+        return Event.of_stored(_OUTCOMES[code], write.id, None, intake=coordinates)
+    return Event.of_stored(
+        _OUTCOMES[code], write.id, write.caller,
+        due_ms=write.due_ms, topic=write.topic, intake=coordinates,
+    )  # fmt: skip
+
+
+def _refusal(
+    coordinates: Coordinates, headers: Sequence[tuple[str, bytes | None]],
+    request: Request | None, error: InvalidEnvelope,
+) -> Event:  # fmt: skip
+    """The dead_lettered answer to a refused record, with whatever of it could be read."""
+    try:
+        caller = envelope.caller_of(headers)
+    except InvalidEnvelope:
+        caller = None
+    return Event(
+        Outcome.DEAD_LETTERED,
+        caller,
+        schedule_id=error.schedule_id if request is None else request.schedule_id,
+        topic=request.topic if isinstance(request, envelope.Envelope) else error.topic,
+        intake=coordinates,
+        reason=error.reason,
+        detail=error.detail,
+    )

@@ -22,7 +22,7 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         self.intake_records = Counter(
             "blackbox_intake_records",
-            "Intake records handled, by outcome.",
+            "Intake records handled, by outcome (scheduled, updated, cancelled, ...).",
             ["outcome"],
             registry=self.registry,
         )
@@ -53,6 +53,11 @@ class Metrics:
             "blackbox_dependency_errors",
             "Failed calls to Redis or Kafka that were backed off and retried, by dependency.",
             ["dependency"],
+            registry=self.registry,
+        )
+        self.events_dropped = Counter(
+            "blackbox_events_dropped",
+            "Events the events topic refused for a lasting reason (logged as errors).",
             registry=self.registry,
         )
         for reason in DeadLetterReason:

@@ -1,76 +1,211 @@
 """A Schedule: what is kept in Redis for one pending message, and its compact encoding.
 
-Millions may be pending, so the encoding is binary and small (version 1):
+Millions may be pending, so the encoding is binary and small. A plain schedule (no key,
+headers or caller's id) uses version 1:
 
     version  u8      1
     due_ms   i64     big-endian epoch milliseconds
     topic    u8 len  + UTF-8 (Kafka topic names are at most 249 bytes)
     caller   u16 len + UTF-8, 0xFFFF when there is no caller
     value    the rest, untouched (binary-safe, no base64)
+
+Anything richer uses version 2, where a flags byte says which optional parts follow:
+
+    version  u8      2
+    due_ms   i64
+    flags    u8      1 caller, 2 key, 4 headers, 8 origin, 16 etf1
+    topic    u8 len  + UTF-8
+    caller   u16 len + bytes                        (flag 1)
+    key      u32 len + bytes                        (flag 2)
+    headers  u16 count, each u16 len + name, u32 len + value (0xFFFFFFFF: none) (flag 4)
+    origin   u16 len + "topic:partition:offset"     (flag 8; up to 280 bytes)
+    sent_ms  i64     the intake record's timestamp  (flag 16)
+    value    the rest
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from urllib.parse import quote, unquote
 
-from blackbox.envelope import Envelope
+from blackbox.envelope import Envelope, Header
 from blackbox.errors import CorruptSchedule
 
-_VERSION = 1
 _HEAD = struct.Struct(">BqB")
-_CALLER = struct.Struct(">H")
+_U16, _U32, _I64 = (
+    struct.Struct(">H"),
+    struct.Struct(">I"),
+    struct.Struct(">q"),
+)
 _NO_CALLER = 0xFFFF
+_NO_VALUE = 0xFFFFFFFF
 _MAX_TOPIC_BYTES = 255
+_CALLER, _KEY, _HEADERS, _ORIGIN, _ETF1 = 1, 2, 4, 8, 16
+# Ids a caller chose start with this; intake-derived ids start with a topic name.
+SCOPED_PREFIX = "@"
 
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
-    """One message to produce to `topic` at `due_ms` (epoch ms), under a stable id."""
+    """One message to produce to `topic` at `due_ms` (epoch ms), under a stable id.
+
+    `origin` names the intake record ("topic:partition:offset") this version came from,
+    when the id is the caller's (so it outlives one version); `sent_ms` is that record's
+    timestamp, kept for etf1's `scheduler-timestamp` header.
+    """
 
     id: str
     topic: str
     value: bytes
     due_ms: int
     caller: bytes | None = None
+    key: bytes | None = None
+    headers: tuple[Header, ...] = ()
+    origin: str | None = None
+    sent_ms: int | None = None
 
     @classmethod
-    def from_envelope(cls, schedule_id: str, envelope: Envelope, received_ms: int) -> Schedule:
+    def from_envelope(
+        cls, envelope: Envelope, origin: str, received_ms: int, sent_ms: int
+    ) -> Schedule:
+        """The schedule an intake record at `origin` asks for."""
+        scoped = envelope.schedule_id is not None
         return cls(
-            id=schedule_id,
+            id=scoped_id(envelope.caller, envelope.schedule_id) if scoped else origin,  # type: ignore[arg-type]
             topic=envelope.topic,
             value=envelope.value,
-            due_ms=received_ms + envelope.countdown_ms,
+            due_ms=envelope.due_ms(received_ms),
             caller=envelope.caller,
+            key=envelope.key,
+            headers=envelope.headers,
+            origin=origin if scoped else None,
+            sent_ms=sent_ms if envelope.etf1 else None,
         )
+
+    @property
+    def version(self) -> str:
+        """What identifies this version of the schedule: its origin, else its id."""
+        return self.origin or self.id
 
     def encode(self) -> bytes:
         topic = self.topic.encode("utf-8")
         if len(topic) > _MAX_TOPIC_BYTES:
             raise ValueError(f"topic of {len(topic)} bytes exceeds {_MAX_TOPIC_BYTES}")
-        caller = _NO_CALLER if self.caller is None else len(self.caller)
-        head = _HEAD.pack(_VERSION, self.due_ms, len(topic)) + topic
-        return b"".join((head, _CALLER.pack(caller), self.caller or b"", self.value))
+        if self.key is None and not self.headers and self.origin is None and self.sent_ms is None:
+            caller = _NO_CALLER if self.caller is None else len(self.caller)
+            head = _HEAD.pack(1, self.due_ms, len(topic)) + topic
+            return b"".join((head, _U16.pack(caller), self.caller or b"", self.value))
+        return self._encode_v2(topic)
+
+    def _encode_v2(self, topic: bytes) -> bytes:
+        flags, parts = 0, [b""]
+        if self.caller is not None:
+            flags |= _CALLER
+            parts += [_U16.pack(len(self.caller)), self.caller]
+        if self.key is not None:
+            flags |= _KEY
+            parts += [_U32.pack(len(self.key)), self.key]
+        if self.headers:
+            flags |= _HEADERS
+            parts.append(_U16.pack(len(self.headers)))
+            for name, value in self.headers:
+                raw = name.encode("utf-8")
+                parts += [_U16.pack(len(raw)), raw]
+                parts += [_U32.pack(_NO_VALUE)] if value is None else [_U32.pack(len(value)), value]
+        if self.origin is not None:
+            flags |= _ORIGIN
+            origin = self.origin.encode("utf-8")
+            parts += [_U16.pack(len(origin)), origin]
+        if self.sent_ms is not None:
+            flags |= _ETF1
+            parts.append(_I64.pack(self.sent_ms))
+        parts[0] = struct.pack(">BqBB", 2, self.due_ms, flags, len(topic)) + topic
+        return b"".join([*parts, self.value])
 
     @classmethod
     def decode(cls, schedule_id: str, raw: bytes) -> Schedule:
         try:
-            version, due_ms, topic_len = _HEAD.unpack_from(raw)
-            if version != _VERSION:
-                raise ValueError(f"unknown encoding version {version}")
-            at = _HEAD.size + topic_len
-            topic = raw[_HEAD.size : at].decode("utf-8")
-            (caller_len,) = _CALLER.unpack_from(raw, at)
-            at += _CALLER.size
-            caller = None if caller_len == _NO_CALLER else raw[at : at + caller_len]
-            if caller is not None and len(caller) != caller_len:
-                raise ValueError("truncated caller")
-            value = raw[at + (0 if caller is None else caller_len) :]
-        except (struct.error, ValueError) as e:
+            if raw[:1] == b"\x01":
+                return cls._decode_v1(schedule_id, raw)
+            if raw[:1] == b"\x02":
+                return _Reader(raw).schedule(schedule_id)
+            raise ValueError(f"unknown encoding version {raw[:1]!r}")
+        except (struct.error, ValueError, IndexError) as e:
             raise CorruptSchedule(f"schedule {schedule_id!r} cannot be decoded: {e}") from e
+
+    @classmethod
+    def _decode_v1(cls, schedule_id: str, raw: bytes) -> Schedule:
+        _, due_ms, topic_len = _HEAD.unpack_from(raw)
+        at = _HEAD.size + topic_len
+        topic = raw[_HEAD.size : at].decode("utf-8")
+        (caller_len,) = _U16.unpack_from(raw, at)
+        at += _U16.size
+        caller = None if caller_len == _NO_CALLER else raw[at : at + caller_len]
+        if caller is not None and len(caller) != caller_len:
+            raise ValueError("truncated caller")
+        value = raw[at + (0 if caller is None else caller_len) :]
         return cls(id=schedule_id, topic=topic, value=value, due_ms=due_ms, caller=caller)
+
+
+class _Reader:
+    """Reads a version 2 encoding front to back, refusing truncation."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw, self.at = raw, 0
+
+    def unpack(self, form: struct.Struct) -> int:
+        (value,) = form.unpack_from(self.raw, self.at)
+        self.at += form.size
+        return int(value)
+
+    def take(self, size: int) -> bytes:
+        part = self.raw[self.at : self.at + size]
+        if len(part) != size:
+            raise ValueError("truncated")
+        self.at += size
+        return part
+
+    def schedule(self, schedule_id: str) -> Schedule:
+        _, due_ms, flags, topic_len = struct.unpack_from(">BqBB", self.raw)
+        self.at = 11
+        topic = self.take(topic_len).decode("utf-8")
+        caller = self.take(self.unpack(_U16)) if flags & _CALLER else None
+        key = self.take(self.unpack(_U32)) if flags & _KEY else None
+        headers = self.headers() if flags & _HEADERS else ()
+        origin = self.take(self.unpack(_U16)).decode("utf-8") if flags & _ORIGIN else None
+        sent_ms = self.unpack(_I64) if flags & _ETF1 else None
+        return Schedule(
+            schedule_id, topic, self.raw[self.at :], due_ms, caller, key, headers, origin, sent_ms
+        )
+
+    def headers(self) -> tuple[Header, ...]:
+        read: list[Header] = []
+        for _ in range(self.unpack(_U16)):
+            name = self.take(self.unpack(_U16)).decode("utf-8")
+            size = self.unpack(_U32)
+            read.append((name, None if size == _NO_VALUE else self.take(size)))
+        return tuple(read)
 
 
 def intake_id(topic: str, partition: int, offset: int) -> str:
     """The id of a schedule taken from an intake record: stable across re-reads."""
     return f"{topic}:{partition}:{offset}"
+
+
+def scoped_id(caller: bytes | None, schedule_id: str) -> str:
+    """The stored id of a caller's own id: ``@caller/id``, unique across callers.
+
+    The caller is percent-encoded, so it holds no '/' and the split is unambiguous; a
+    record without CALLER_SERVICE has the empty caller (``@/id``).
+    """
+    owner = "" if caller is None else quote(caller.decode("utf-8"), safe="")
+    return f"{SCOPED_PREFIX}{owner}/{schedule_id}"
+
+
+def split_scoped(stored_id: str) -> tuple[bytes | None, str] | None:
+    """The (caller, caller's id) a scoped id was built from; None for an intake-derived id."""
+    if not stored_id.startswith(SCOPED_PREFIX) or "/" not in stored_id:
+        return None
+    owner, schedule_id = stored_id[1:].split("/", 1)
+    return (unquote(owner).encode("utf-8") if owner else None), schedule_id

@@ -19,7 +19,7 @@ import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 from confluent_kafka import KafkaException
 
-from blackbox import kafka
+from blackbox import kafka, policy
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
 from blackbox.dispatcher import Dispatcher, Policy
@@ -28,6 +28,7 @@ from blackbox.intake import Intake, IntakeConfig
 from blackbox.keys import Keys
 from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox
+from blackbox.policy import CallerPolicy
 from blackbox.settings import Settings
 from blackbox.store import RedisStore
 from blackbox.waker import NudgeListener, Waker
@@ -47,9 +48,14 @@ def redis_client(url: str) -> redis.Redis:
 def limits_of(settings: Settings) -> Limits:
     return Limits(
         max_value_bytes=settings.max_message_bytes,
-        max_countdown_seconds=settings.max_countdown,
-        forbidden_topics=frozenset({settings.intake_topic, settings.dlq_topic}),
+        forbidden_topics=frozenset(settings.own_topics),
     )
+
+
+def caller_policy_of(settings: Settings) -> CallerPolicy:
+    """The policy file's rules, or the open policy; SettingsError if the file is bad."""
+    base = policy.open_policy(settings.max_countdown, settings.max_message_bytes)
+    return policy.load(settings.policy_file, base) if settings.policy_file else base
 
 
 def policy_of(settings: Settings) -> Policy:
@@ -60,6 +66,7 @@ def policy_of(settings: Settings) -> Policy:
         backoff_ms=int(settings.retry_backoff * 1000),
         backoff_max_ms=int(settings.retry_backoff_max * 1000),
         dlq_topic=settings.dlq_topic,
+        events_topic=settings.events_topic,
     )
 
 
@@ -68,11 +75,12 @@ class Service:
 
     def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
         self.settings = settings
+        caller_policy = caller_policy_of(settings)  # a bad policy file fails before any I/O
         self.metrics = metrics or Metrics()
         self.stopping = threading.Event()
         self.redis = redis_client(settings.redis_url)
         keys = Keys(settings.namespace)
-        self.store = RedisStore(self.redis, keys, settings.grace_seconds)
+        self.store = RedisStore(self.redis, keys, settings.grace_seconds, settings.fired_retention)
         wait = settings.delivery_timeout + 1.0
         self._intake_outbox = Outbox(kafka.new_producer(settings), wait)
         self._dispatch_outbox = Outbox(kafka.new_producer(settings), wait)
@@ -80,7 +88,12 @@ class Service:
             self.store, self._dispatch_outbox, policy_of(settings), self.metrics
         )
         config = IntakeConfig(
-            settings.intake_topic, settings.intake_batch, settings.dlq_topic, limits_of(settings)
+            topic=settings.intake_topic,
+            batch=settings.intake_batch,
+            dlq_topic=settings.dlq_topic,
+            events_topic=settings.events_topic,
+            limits=limits_of(settings),
+            policy=caller_policy,
         )
         self.intake = Intake(
             kafka.new_consumer(settings), self.store, self._intake_outbox, config, self.metrics,

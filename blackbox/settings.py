@@ -92,6 +92,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("BLACKBOX_INTAKE_TOPIC", "intake_topic", _topic, "blackbox", "topic schedules arrive on"),
     Var("BLACKBOX_GROUP_ID", "group_id", str, "blackbox", "consumer group of the intake"),
     Var("BLACKBOX_DLQ_TOPIC", "dlq_topic", _topic, "blackbox.dlq", "dead-letter topic"),
+    Var("BLACKBOX_EVENTS_TOPIC", "events_topic", _topic, "blackbox.events",
+        "topic of the answers: scheduled, updated, cancelled, already_fired, ..."),
+    Var("BLACKBOX_POLICY_FILE", "policy_file", str, "",
+        "YAML or JSON per-caller policy; empty: any caller, any topic, within the limits"),
     Var("BLACKBOX_POLL_INTERVAL", "poll_interval", _positive_float, "1.0",
         "seconds between firing ticks"),
     Var("BLACKBOX_BATCH_LIMIT", "batch_limit", _positive_int, "1000",
@@ -113,7 +117,9 @@ VARIABLES: tuple[Var, ...] = (
     Var("BLACKBOX_MAX_MESSAGE_BYTES", "max_message_bytes", _positive_int, "1048576",
         "largest intake record value accepted"),
     Var("BLACKBOX_MAX_COUNTDOWN", "max_countdown", _countdown_limit, "315576000",
-        "longest countdown accepted, seconds (default 10 years)"),
+        "maximum horizon: latest due time accepted, seconds ahead (default 10 years)"),
+    Var("BLACKBOX_FIRED_RETENTION", "fired_retention", _positive_int, "604800",
+        "seconds a caller's id is remembered after it fired or was cancelled"),
     Var("BLACKBOX_LOG_FORMAT", "log_format", _choice("auto", "json", "console"), "auto",
         "auto: console on a terminal, JSON otherwise"),
     Var("BLACKBOX_LOG_LEVEL", "log_level", _choice("debug", "info", "warning", "error"), "info",
@@ -130,6 +136,8 @@ class Settings:
     intake_topic: str
     group_id: str
     dlq_topic: str
+    events_topic: str
+    policy_file: str
     poll_interval: float
     batch_limit: int
     intake_batch: int
@@ -141,6 +149,7 @@ class Settings:
     grace_seconds: int
     max_message_bytes: int
     max_countdown: float
+    fired_retention: int
     log_format: str
     log_level: str
     kafka: Mapping[str, str] = field(default_factory=dict)
@@ -160,6 +169,11 @@ class Settings:
         settings.check()
         return settings
 
+    @property
+    def own_topics(self) -> list[str]:
+        """The topics blackbox itself reads and writes: intake, dead letters, events."""
+        return [self.intake_topic, self.dlq_topic, self.events_topic]
+
     def check(self) -> None:
         """Cross-field rules no single variable can enforce."""
         if self.delivery_timeout >= self.lease_seconds:
@@ -167,8 +181,10 @@ class Settings:
                 "BLACKBOX_DELIVERY_TIMEOUT must be shorter than BLACKBOX_LEASE_SECONDS, "
                 "or a slow delivery loses its lease and fires twice"
             )
-        if self.dlq_topic == self.intake_topic:
-            raise SettingsError("BLACKBOX_DLQ_TOPIC must differ from BLACKBOX_INTAKE_TOPIC")
+        if len(set(self.own_topics)) < len(self.own_topics):
+            raise SettingsError(
+                "BLACKBOX_INTAKE_TOPIC, BLACKBOX_DLQ_TOPIC and BLACKBOX_EVENTS_TOPIC must differ"
+            )
 
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in fields(self)}

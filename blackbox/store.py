@@ -7,6 +7,7 @@ between them is one script call, so any number of replicas may share one Redis.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -16,15 +17,36 @@ from typing import Any
 import redis
 
 from blackbox.keys import Keys
-from blackbox.schedule import Schedule
+from blackbox.schedule import SCOPED_PREFIX, Schedule
 
 # Bounds the work of one script call so Redis never blocks on one huge batch.
 SCRIPT_CHUNK = 500
 
 
 @dataclass(frozen=True, slots=True)
+class Cancellation:
+    """A request to drop the pending schedule `id` (a caller's id)."""
+
+    id: str
+
+
+Write = Schedule | Cancellation
+
+
+class Applied(enum.IntEnum):
+    """What applying one intake request did (the codes the intake script returns)."""
+
+    REPLAYED = 0
+    SCHEDULED = 1
+    UPDATED = 2
+    CANCELLED = 3
+    ALREADY_FIRED = 4
+    NOT_FOUND = 5
+
+
+@dataclass(frozen=True, slots=True)
 class IntakeSlice:
-    """The schedules one intake batch took from one partition, by offset.
+    """The requests one intake batch took from one partition, by offset.
 
     `last_offset` is the highest offset of the batch in that partition, dead-lettered
     records included: every record up to it has been handled once this slice is stored.
@@ -33,13 +55,13 @@ class IntakeSlice:
     topic: str
     partition: int
     last_offset: int
-    items: Sequence[tuple[int, Schedule]]
+    items: Sequence[tuple[int, Write]]
 
     @property
     def field(self) -> str:
         return f"{self.topic}:{self.partition}"
 
-    def chunks(self) -> Iterator[tuple[Sequence[tuple[int, Schedule]], int]]:
+    def chunks(self) -> Iterator[tuple[Sequence[tuple[int, Write]], int]]:
         """Bounded chunks in offset order, each with the watermark it may move to."""
         parts = list(_chunks(self.items)) or [()]
         for index, chunk in enumerate(parts):
@@ -78,35 +100,47 @@ def _chunks(items: Sequence[Any], size: int = SCRIPT_CHUNK) -> Iterator[Sequence
 class RedisStore:
     """The due and in-flight sets of one namespace, and the payloads they point to."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, grace_seconds: int) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        grace_seconds: int,
+        ended_retention_seconds: int = 604_800,
+    ) -> None:
         self.client = client
         self.keys = keys
         self.grace_seconds = grace_seconds
-        self._schedule = _script(client, "schedule")
+        self.ended_retention_seconds = ended_retention_seconds
+        self._intake = _script(client, "intake")
         self._claim = _script(client, "claim")
         self._ack = _script(client, "ack")
         self._retry = _script(client, "retry")
         self._reclaim = _script(client, "reclaim")
 
-    def schedule(self, slices: Sequence[IntakeSlice], now_ms: int) -> int:
-        """Store what each intake slice holds that is new (replays are no-ops).
+    def apply(self, slices: Sequence[IntakeSlice], now_ms: int) -> list[Applied]:
+        """Apply what each intake slice holds that is new (replays are no-ops).
 
-        Returns how many schedules were new. Each chunk is one atomic script call that
-        also moves its partition's watermark, so a partial failure leaves Redis consistent.
+        Returns one Applied per item, in the order of the slices and their items. Each
+        chunk is one atomic script call that also moves its partition's watermark, so a
+        partial failure leaves Redis consistent.
         """
         pipe = self.client.pipeline(transaction=False)
         for part in slices:
             for chunk, mark in part.chunks():
-                keys = [self.keys.due, self.keys.intake_marks]
-                keys += [self.keys.payload(s.id) for _, s in chunk]
-                args: list[Any] = [part.field, mark]
-                args += [a for offset, s in chunk for a in (offset, *self._args(s, now_ms))]
-                self._schedule(keys=keys, args=args, client=pipe)
-        return sum(int(n) for n in pipe.execute())
+                keys = [self.keys.due, self.keys.in_flight, self.keys.intake_marks]
+                args: list[Any] = [part.field, mark, self.ended_retention_seconds]
+                for offset, write in chunk:
+                    keys += [self.keys.payload(write.id), self.keys.fired(write.id)]
+                    args += [offset, *self._args(write, now_ms)]
+                self._intake(keys=keys, args=args, client=pipe)
+        return [Applied(int(code)) for codes in pipe.execute() for code in codes]
 
-    def _args(self, schedule: Schedule, now_ms: int) -> tuple[Any, ...]:
-        ttl = max(0, math.ceil((schedule.due_ms - now_ms) / 1000)) + self.grace_seconds
-        return (schedule.id, schedule.due_ms, ttl, schedule.encode())
+    def _args(self, write: Write, now_ms: int) -> tuple[Any, ...]:
+        if isinstance(write, Cancellation):
+            return ("c", write.id, 0, 0, b"")
+        op = "u" if write.id.startswith(SCOPED_PREFIX) else "n"
+        ttl = max(0, math.ceil((write.due_ms - now_ms) / 1000)) + self.grace_seconds
+        return (op, write.id, write.due_ms, ttl, write.encode())
 
     def claim_due(self, now_ms: int, limit: int, lease_ms: int) -> Claim:
         """Move up to `limit` ids due by `now_ms` to in flight, leased for `lease_ms`."""
@@ -136,9 +170,11 @@ class RedisStore:
         """Forget ids that were delivered or dead-lettered; return how many were still ours."""
         acked = 0
         for chunk in _chunks(ids):
-            keys = [self.keys.in_flight, self.keys.attempts]
-            keys += [self.keys.payload(i) for i in chunk]
-            acked += int(self._ack(keys=keys, args=[token, *chunk]))
+            keys = [self.keys.in_flight, self.keys.due, self.keys.attempts]
+            for i in chunk:
+                keys += [self.keys.payload(i), self.keys.fired(i)]
+            args = [token, self.ended_retention_seconds, *chunk]
+            acked += int(self._ack(keys=keys, args=args))
         return acked
 
     def retry(self, ids: Sequence[str], token: int, retry_at_ms: int) -> int:

@@ -1,26 +1,38 @@
 -- Forget delivered (or dead-lettered) ids still held under the caller's lease.
 --
 -- KEYS[1]      in-flight sorted set (id -> lease expiry epoch ms)
--- KEYS[2]      attempts hash (id -> failed attempts)
--- KEYS[1 + i]  payload key of ARGV[1 + i], for i >= 2
+-- KEYS[2]      due sorted set (id -> due epoch ms)
+-- KEYS[3]      attempts hash (id -> failed attempts)
+-- KEYS[2i+2]   payload key of the i-th id
+-- KEYS[2i+3]   ended-marker key of the i-th id
 -- ARGV[1]      the lease token the ids were claimed with
--- ARGV[2..n]   ids
+-- ARGV[2]      how long an ended-marker is kept, seconds
+-- ARGV[3..n]   ids
 --
 -- Returns: how many ids were removed.
--- Invariant: an id whose lease expired and was claimed again by another replica is left
--- to that replica (it will deliver once more: at-least-once, never lost).
+-- Invariants: an id whose lease expired and was claimed again by another replica is left
+-- to that replica (it will deliver once more: at-least-once, never lost). An id updated
+-- while in flight is due again: its new payload stays. A caller's id ('@...') that ends
+-- here leaves an "f" marker, so a later cancel answers already_fired.
 local acked = 0
 local token = tonumber(ARGV[1])
 -- Attempts are recorded only after a failure: usually the hash is empty.
-local tracked = redis.call('HLEN', KEYS[2]) > 0
-for i = 2, #ARGV do
-  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+local tracked = redis.call('HLEN', KEYS[3]) > 0
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  local k = 2 * (i - 2)
+  local score = redis.call('ZSCORE', KEYS[1], id)
   if score and tonumber(score) == token then
-    redis.call('ZREM', KEYS[1], ARGV[i])
+    redis.call('ZREM', KEYS[1], id)
     if tracked then
-      redis.call('HDEL', KEYS[2], ARGV[i])
+      redis.call('HDEL', KEYS[3], id)
     end
-    redis.call('DEL', KEYS[1 + i])
+    if not redis.call('ZSCORE', KEYS[2], id) then
+      redis.call('DEL', KEYS[k + 2])
+      if string.sub(id, 1, 1) == '@' then
+        redis.call('SET', KEYS[k + 3], 'f', 'EX', ARGV[2])
+      end
+    end
     acked = acked + 1
   end
 end

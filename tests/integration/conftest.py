@@ -42,6 +42,7 @@ def service_env(redis_url: str, bootstrap: str, **overrides: str) -> dict[str, s
         "KAFKA_CONSUMER_HEARTBEAT_INTERVAL_MS": "500",
         "BLACKBOX_INTAKE_TOPIC": unique("intake"),
         "BLACKBOX_DLQ_TOPIC": unique("dlq"),
+        "BLACKBOX_EVENTS_TOPIC": unique("events"),
         "BLACKBOX_GROUP_ID": unique("group"),
         "BLACKBOX_NAMESPACE": unique("ns"),
         "BLACKBOX_POLL_INTERVAL": "0.1",
@@ -85,7 +86,7 @@ def start_service(env: dict[str, str]) -> Iterator[ServiceFactory]:
         settings = Settings.from_env({**env, **overrides})
         from blackbox import kafka  # noqa: PLC0415
 
-        kafka.ensure_topics(settings.kafka, [settings.intake_topic, settings.dlq_topic])
+        kafka.ensure_topics(settings.kafka, settings.own_topics)
         service = Service(settings)
         service.start()
         started.append(service)

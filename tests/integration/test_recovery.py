@@ -27,7 +27,7 @@ def test_records_reread_after_a_crash_are_not_stored_twice(
 ) -> None:
     """Guarantee 2: intake is idempotent: a crash before commit re-reads, never duplicates."""
     settings = Settings.from_env(env)
-    kafka.ensure_topics(settings.kafka, [settings.intake_topic, settings.dlq_topic])
+    kafka.ensure_topics(settings.kafka, settings.own_topics)
     target = unique("replayed")
     produce(settings.kafka["bootstrap.servers"], settings.intake_topic,
             [envelope(target, {"n": n}, 8) for n in range(50)])  # fmt: skip
@@ -100,7 +100,7 @@ def test_service_exits_cleanly_on_sigterm(
     """SIGTERM: intake stops, offsets are committed, the process exits 0 within 10 s."""
     env = service_env(redis_server.url, broker_bootstrap)
     settings = Settings.from_env(env)
-    kafka.ensure_topics(settings.kafka, [settings.intake_topic, settings.dlq_topic])
+    kafka.ensure_topics(settings.kafka, settings.own_topics)
     process = BlackboxProcess(env, tmp_path / "service.log")
     wait_until(lambda: "intake_started" in process.output(), what="the service started")
 

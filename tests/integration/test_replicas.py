@@ -49,7 +49,7 @@ def test_a_dead_replicas_in_flight_ids_are_delivered_after_the_lease(
     target = unique("orphans")
     now = now_ms()
     schedules = [Schedule(f"orphan-{n}", target, orjson.dumps(n), now) for n in range(20)]
-    store.schedule([IntakeSlice("seed", 0, 19, list(enumerate(schedules)))], now)
+    store.apply([IntakeSlice("seed", 0, 19, list(enumerate(schedules)))], now)
     # The dead replica: it claimed everything with a 2 s lease and never acked.
     claim = store.claim_due(now_ms(), 100, lease_ms=2000)
     assert len(claim.ids) == 20

@@ -29,6 +29,7 @@ def policy(backoff_ms: int = 1000, backoff_max_ms: int = 60_000) -> Policy:
         backoff_ms=backoff_ms,
         backoff_max_ms=backoff_max_ms,
         dlq_topic="blackbox.dlq",
+        events_topic="blackbox.events",
     )
 
 

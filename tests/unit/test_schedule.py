@@ -2,44 +2,60 @@
 
 from __future__ import annotations
 
-import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from blackbox.envelope import Envelope
+from blackbox.envelope import Envelope, Header
 from blackbox.errors import CorruptSchedule
-from blackbox.schedule import Schedule, intake_id
+from blackbox.schedule import Schedule, intake_id, scoped_id, split_scoped
 
 PROPERTY = settings(max_examples=300, deadline=None, database=None)
 
-json_values: st.SearchStrategy[object] = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=10),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
-    ),
-    max_leaves=6,
+topics = st.from_regex(r"[A-Za-z0-9._-]{1,249}", fullmatch=True)
+due_times = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+values = st.binary() | st.sampled_from([b"", b"\0", b"\0\0a\0", b"\x01\x02"])
+optional_bytes = st.none() | st.binary(max_size=300)
+headers: st.SearchStrategy[tuple[Header, ...]] = st.lists(
+    st.tuples(st.text(max_size=20), optional_bytes), max_size=5
+).map(tuple)
+origins = st.builds(
+    intake_id,
+    topics,
+    st.integers(min_value=0, max_value=2**31 - 1),
+    st.integers(min_value=0, max_value=2**63 - 1),
 )
-headers_like: st.SearchStrategy[dict[str, object]] = st.fixed_dictionaries(
-    {},
-    optional={
-        "t": st.text(max_size=10) | json_values,
-        "d": st.integers(min_value=-(2**63), max_value=2**63 - 1) | json_values,
-        "c": st.text(max_size=10) | json_values,
-    },
+printable = st.text(
+    alphabet=st.characters(exclude_categories=("C", "Z")) | st.just(" "),
+    min_size=1,
+    max_size=255,
 )
+callers = st.none() | printable.map(str.encode) | st.sampled_from([b"a/b", b"100%", b"a:b", b"@"])
+rich_schedules = st.builds(
+    Schedule,
+    id=st.text(max_size=40),
+    topic=topics,
+    value=values,
+    due_ms=due_times,
+    caller=callers,
+    key=optional_bytes,
+    headers=headers,
+    origin=st.none() | origins,
+    sent_ms=st.none() | due_times,
+)
+
+
+def header_size(schedule: Schedule) -> int:
+    """How many bytes of the encoding come before the value."""
+    return len(schedule.encode()) - len(schedule.value)
 
 
 @PROPERTY
 @given(
     st.text(max_size=40),
-    st.from_regex(r"[A-Za-z0-9._-]{1,249}", fullmatch=True),
-    st.binary() | st.sampled_from([b"", b"\0", b"\0\0a\0", b'{"t":"x"}\0']),
-    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    topics,
+    values,
+    due_times,
     st.none() | st.text().map(str.encode),
 )
 def test_encode_decode_round_trip(
@@ -48,6 +64,25 @@ def test_encode_decode_round_trip(
     """Guarantee 1: what is stored decodes to the same schedule, binary values (NULs) untouched."""
     schedule = Schedule(id=schedule_id, topic=topic, value=value, due_ms=due_ms, caller=caller)
     assert Schedule.decode(schedule_id, schedule.encode()) == schedule
+
+
+@PROPERTY
+@given(rich_schedules)
+def test_version_2_round_trip(schedule: Schedule) -> None:
+    """Guarantee 1: key, headers (None values too), origin, sent_ms, caller and a binary value
+    all come back as they went in."""
+    assert Schedule.decode(schedule.id, schedule.encode()) == schedule
+
+
+@PROPERTY
+@given(rich_schedules)
+def test_every_truncated_header_is_corrupt(schedule: Schedule) -> None:
+    """A stored schedule cut anywhere before its value raises CorruptSchedule, never a
+    half-read schedule."""
+    encoded = schedule.encode()
+    for size in range(header_size(schedule)):
+        with pytest.raises(CorruptSchedule):
+            Schedule.decode("id", encoded[:size])
 
 
 def test_encoding_is_the_compact_binary_layout() -> None:
@@ -60,6 +95,60 @@ def test_encoding_is_the_compact_binary_layout() -> None:
         + b"\x00\x07billing" + b"\x00\xffraw"
     )  # fmt: skip
     assert len(encoded) - len(schedule.value) == 1 + 8 + 1 + 6 + 2 + 7
+
+
+def test_version_2_layout() -> None:
+    """Version 2: u8 version, i64 due ms, u8 flags, u8 topic length + topic, then each part its
+    flag announces (caller, key, headers, origin, sent_ms) in that order, then the value."""
+    schedule = Schedule(
+        "@b/x", "t", b"\xffv", 5, b"b", b"k", (("h", b"v"), ("n", None)), "in:0:1", 7
+    )
+    assert schedule.encode() == (
+        b"\x02" + (5).to_bytes(8, "big") + bytes([1 | 2 | 4 | 8 | 16]) + b"\x01t"
+        + b"\x00\x01b"
+        + b"\x00\x00\x00\x01k"
+        + b"\x00\x02" + b"\x00\x01h\x00\x00\x00\x01v" + b"\x00\x01n\xff\xff\xff\xff"
+        + b"\x00\x06in:0:1"
+        + (7).to_bytes(8, "big")
+        + b"\xffv"
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        pytest.param(Schedule("id", "orders", b"v", 5), id="plain"),
+        pytest.param(Schedule("id", "orders", b"v", 5, b"billing"), id="caller"),
+    ],
+)
+def test_plain_schedules_stay_version_1(schedule: Schedule) -> None:
+    """A schedule with nothing but topic, value, due time and caller keeps the version 1 layout,
+    so schedules stored before version 2 and after look the same."""
+    assert schedule.encode()[0] == 1
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        pytest.param(Schedule("id", "orders", b"v", 5, key=b"k"), id="key"),
+        pytest.param(Schedule("id", "orders", b"v", 5, key=b""), id="empty-key"),
+        pytest.param(Schedule("id", "orders", b"v", 5, headers=(("h", None),)), id="headers"),
+        pytest.param(Schedule("@/x", "orders", b"v", 5, origin="in:0:1"), id="origin"),
+        pytest.param(Schedule("id", "orders", b"v", 5, sent_ms=0), id="sent-ms"),
+    ],
+)
+def test_richer_schedules_use_version_2(schedule: Schedule) -> None:
+    """A key (even empty), headers, an origin or sent_ms need version 2, and survive it."""
+    encoded = schedule.encode()
+    assert encoded[0] == 2
+    assert Schedule.decode(schedule.id, encoded) == schedule
+
+
+def test_the_longest_origin_round_trips() -> None:
+    """An origin of a 249-character intake topic, the largest partition and offset fits."""
+    origin = intake_id("t" * 249, 2**31 - 1, 2**63 - 1)
+    schedule = Schedule("@/x", "orders", b"v", 5, origin=origin)
+    assert Schedule.decode("@/x", schedule.encode()) == schedule
 
 
 def test_encoding_without_caller_marks_it_absent() -> None:
@@ -76,8 +165,8 @@ def test_a_topic_longer_than_the_layout_allows_is_refused() -> None:
         Schedule("id", "t" * 256, b"v", 1).encode()
 
 
-def test_topic_with_nul_character_survives() -> None:
-    """orjson escapes a NUL in the header text, so the first raw NUL still ends the header."""
+def test_nul_characters_survive() -> None:
+    """Lengths, not separators, delimit the parts: NULs in topic, caller and value are data."""
     schedule = Schedule("id", "a\0b", b"\0v", 1, b"c\0d")
     assert Schedule.decode("id", schedule.encode()) == schedule
 
@@ -91,27 +180,50 @@ def test_decode_uses_the_given_id() -> None:
 def test_from_envelope_adds_countdown_to_receipt_time() -> None:
     """A schedule falls due countdown_ms after its intake record was received."""
     parsed = Envelope(topic="orders", value=b"v", countdown_ms=2500, caller=b"svc")
-    schedule = Schedule.from_envelope("blackbox:1:9", parsed, received_ms=1_000_000)
+    schedule = Schedule.from_envelope(
+        parsed, "blackbox:1:9", received_ms=1_000_000, sent_ms=1_000_000
+    )
     assert schedule == Schedule("blackbox:1:9", "orders", b"v", 1_002_500, b"svc")
+
+
+def test_from_envelope_with_an_id_scopes_it_and_keeps_the_origin() -> None:
+    """A caller's own id is stored scoped by the caller; the intake record is kept as origin."""
+    parsed = Envelope(
+        "orders", b"v", b"billing", at_ms=9_000, key=b"k", headers=(("h", b"1"),), schedule_id="42"
+    )
+    schedule = Schedule.from_envelope(parsed, "blackbox:0:3", received_ms=1_000, sent_ms=500)
+    assert schedule == Schedule(
+        "@billing/42", "orders", b"v", 9_000, b"billing", b"k", (("h", b"1"),), "blackbox:0:3"
+    )
+    assert schedule.version == "blackbox:0:3"
+
+
+def test_from_envelope_keeps_sent_ms_for_header_mode_only() -> None:
+    """etf1's scheduler-timestamp needs the intake record's time: kept for header mode only."""
+    parsed = Envelope("orders", b"v", None, at_ms=9_000, schedule_id="job", etf1=True)
+    schedule = Schedule.from_envelope(parsed, "blackbox:0:3", received_ms=1_000, sent_ms=500)
+    assert (schedule.id, schedule.sent_ms) == ("@/job", 500)
 
 
 @pytest.mark.parametrize(
     "raw",
     [
         pytest.param(b"", id="empty"),
-        pytest.param(b"not json", id="not-json"),
-        pytest.param(b"\0value", id="empty-header"),
-        pytest.param(b"\xff\xfe\0value", id="invalid-utf8-header"),
-        pytest.param(b"[1, 2]\0value", id="array-header"),
-        pytest.param(b'"text"\0value', id="string-header"),
-        pytest.param(b"{}\0value", id="no-fields"),
-        pytest.param(b'{"d": 1}\0value', id="no-topic"),
-        pytest.param(b'{"t": "orders"}\0value', id="no-due"),
-        pytest.param(b'{"t": "orders", "d": "soon"}\0value', id="due-text"),
-        pytest.param(b'{"t": "orders", "d": null}\0value', id="due-null"),
-        pytest.param(b'{"t": "orders", "d": [1]}\0value', id="due-array"),
-        pytest.param(b'{"t": "orders", "d": 1, "c": 5}\0value', id="caller-number"),
-        pytest.param(b'{"t": "orders", "d": 1, "c": ["a"]}\0value', id="caller-array"),
+        pytest.param(b"\x00" + bytes(20), id="version-0"),
+        pytest.param(b"\x03" + bytes(20), id="version-3"),
+        pytest.param(b'{"t": "orders", "d": 1}\0value', id="json"),
+        pytest.param(b"\x01\x00\x00", id="v1-due-truncated"),
+        pytest.param(b"\x01" + bytes(8) + b"\x02\xff\xfe\xff\xff", id="v1-topic-not-utf8"),
+        pytest.param(b"\x01" + bytes(8) + b"\x01t\x00\x09ab", id="v1-caller-truncated"),
+        pytest.param(b"\x02" + bytes(8), id="v2-no-flags"),
+        pytest.param(b"\x02" + bytes(8) + b"\x00\x01\xff", id="v2-topic-not-utf8"),
+        pytest.param(b"\x02" + bytes(8) + b"\x02\x01t\x00\x00\x01", id="v2-key-length-cut"),
+        pytest.param(
+            b"\x02" + bytes(8) + b"\x04\x01t\x00\x01\x00\x01\xff\x00\x00\x00\x00",
+            id="v2-header-name-not-utf8",
+        ),
+        pytest.param(b"\x02" + bytes(8) + b"\x08\x01t\x02\xff\xfe", id="v2-origin-not-utf8"),
+        pytest.param(b"\x02" + bytes(8) + b"\x10\x01t\x00\x00", id="v2-sent-ms-cut"),
     ],
 )
 def test_decode_garbage_raises_corrupt_schedule(raw: bytes) -> None:
@@ -121,45 +233,18 @@ def test_decode_garbage_raises_corrupt_schedule(raw: bytes) -> None:
     assert caught.value.__cause__ is not None
 
 
-@pytest.mark.parametrize(
-    "raw",
-    [
-        pytest.param(b'{"t": 5, "d": 1}\0value', id="topic-number"),
-        pytest.param(b'{"t": null, "d": 1}\0value', id="topic-null"),
-        pytest.param(b'{"t": ["orders"], "d": 1}\0value', id="topic-array"),
-    ],
-)
-def test_decode_refuses_a_topic_that_is_not_text(raw: bytes) -> None:
-    """A stored topic that is not a string is corrupt (it could never be produced to)."""
-    with pytest.raises(CorruptSchedule):
-        Schedule.decode("bad-id", raw)
-
-
 @PROPERTY
-@given(headers_like, st.binary(max_size=20))
-def test_decode_returns_a_well_typed_schedule_or_raises(
-    header: dict[str, object], value: bytes
-) -> None:
-    """Decoding any JSON header gives a Schedule of the declared types, or CorruptSchedule."""
+@given(st.sampled_from([b"", b"\x01", b"\x02"]), st.binary(max_size=200))
+def test_decode_any_bytes_never_raises_anything_else(version: bytes, rest: bytes) -> None:
+    """Decoding arbitrary bytes returns a well-typed Schedule or raises CorruptSchedule."""
     try:
-        schedule = Schedule.decode("id", orjson.dumps(header) + b"\0" + value)
-    except CorruptSchedule:
-        return
-    assert isinstance(schedule.topic, str)
-    assert isinstance(schedule.due_ms, int)
-    assert schedule.caller is None or isinstance(schedule.caller, bytes)
-    assert schedule.value == value
-
-
-@PROPERTY
-@given(st.binary(max_size=200))
-def test_decode_any_bytes_never_raises_anything_else(raw: bytes) -> None:
-    """Decoding arbitrary bytes returns a Schedule or raises CorruptSchedule, nothing else."""
-    try:
-        schedule = Schedule.decode("id", raw)
+        schedule = Schedule.decode("id", version + rest)
     except CorruptSchedule:
         return
     assert schedule.id == "id"
+    assert isinstance(schedule.topic, str)
+    assert isinstance(schedule.due_ms, int)
+    assert all(isinstance(name, str) for name, _ in schedule.headers)
 
 
 def test_intake_id_format() -> None:
@@ -169,7 +254,7 @@ def test_intake_id_format() -> None:
 
 @settings(max_examples=100, deadline=None, database=None)
 @given(
-    st.from_regex(r"[A-Za-z0-9._-]{1,249}", fullmatch=True),
+    topics,
     st.integers(min_value=0, max_value=2**31 - 1),
     st.integers(min_value=0, max_value=2**63 - 1),
 )
@@ -178,3 +263,43 @@ def test_intake_id_is_stable_and_unambiguous(topic: str, partition: int, offset:
     schedule_id = intake_id(topic, partition, offset)
     assert schedule_id == intake_id(topic, partition, offset)
     assert schedule_id.rsplit(":", 2) == [topic, str(partition), str(offset)]
+
+
+@PROPERTY
+@given(origins)
+def test_intake_ids_are_never_taken_for_scoped_ids(origin: str) -> None:
+    """An intake-derived id is not split into a caller and an id of its own."""
+    assert split_scoped(origin) is None
+
+
+@pytest.mark.parametrize(
+    "caller",
+    [None, b"billing", b"a/b", b"100%", b"%2F", b"a:b", b"@x", "été☃".encode(), b"a b"],
+    ids=repr,
+)
+@pytest.mark.parametrize("schedule_id", ["order-42", "a/b/c", "@/x", ":0:1", "%41"])
+def test_scoped_id_round_trips(caller: bytes | None, schedule_id: str) -> None:
+    """A caller's id and its caller come back out of the stored id, whatever they contain."""
+    assert split_scoped(scoped_id(caller, schedule_id)) == (caller, schedule_id)
+
+
+def test_scoped_id_format() -> None:
+    """A scoped id is `@caller/id`, the caller percent-encoded; no caller leaves it empty."""
+    assert scoped_id(b"billing", "42") == "@billing/42"
+    assert scoped_id(b"a/b", "42") == "@a%2Fb/42"
+    assert scoped_id(None, "42") == "@/42"
+
+
+@PROPERTY
+@given(callers, printable)
+def test_any_scoped_id_round_trips(caller: bytes | None, schedule_id: str) -> None:
+    """Guarantee 2: any caller (or none) and any valid id survive scoping."""
+    assert split_scoped(scoped_id(caller, schedule_id)) == (caller, schedule_id)
+
+
+@PROPERTY
+@given(callers, callers, printable)
+def test_callers_do_not_share_ids(first: bytes | None, second: bytes | None, same: str) -> None:
+    """Two callers using the same id get different stored ids: one cannot touch the other's."""
+    assume(first != second)
+    assert scoped_id(first, same) != scoped_id(second, same)

@@ -1,0 +1,164 @@
+"""A small Python client: schedule and cancel messages through blackbox's intake topic.
+
+    from blackbox.client import Client
+
+    with Client({"bootstrap.servers": "kafka:9092"}, caller="billing") as client:
+        client.send_later("invoices", {"invoice": 42}, delay=3600, id="invoice-42")
+        client.send_later("invoices", b"\\x00raw", at=datetime(2030, 1, 1, tzinfo=UTC))
+        client.cancel("invoice-42")
+
+Sends are asynchronous; `flush()` (and leaving the `with` block) waits for the broker to
+acknowledge every one and raises SendFailed if any was refused. What blackbox made of each
+request arrives on the events topic (see `blackbox.events`).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any
+
+import orjson
+from confluent_kafka import KafkaError, Message, Producer
+
+from blackbox.envelope import CALLER_HEADER
+from blackbox.errors import BlackboxError
+
+DEFAULT_INTAKE_TOPIC = "blackbox"
+
+
+class SendFailed(BlackboxError):
+    """The broker refused (or never acknowledged) one or more requests."""
+
+    def __init__(self, errors: list[KafkaError]) -> None:
+        super().__init__(f"{len(errors)} requests not acknowledged: {errors[0].str()}")
+        self.errors = errors
+
+
+def envelope(  # noqa: PLR0913 - the request's optional parts, each by name
+    topic: str,
+    message: Any,
+    *,
+    delay: float | timedelta | None = None,
+    at: datetime | float | None = None,
+    key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    schedule_id: str | None = None,
+) -> dict[str, Any]:
+    """The JSON-mode envelope for one schedule: bytes go as `message_base64`."""
+    if (delay is None) == (at is None):
+        raise ValueError("give exactly one of delay and at")
+    document: dict[str, Any] = {"topic": topic}
+    if isinstance(message, bytes | bytearray | memoryview):
+        document["message_base64"] = base64.b64encode(bytes(message)).decode("ascii")
+    else:
+        document["message"] = message
+    if delay is not None:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"delay must be >= 0 seconds, not {delay!r}")
+        document["countdown"] = seconds
+    else:
+        document["deliver_at"] = _deliver_at(at)  # type: ignore[arg-type]
+    if key is not None:
+        document["key"] = key
+    if headers:
+        document["headers"] = dict(headers)
+    if schedule_id is not None:
+        document["id"] = schedule_id
+    return document
+
+
+def _deliver_at(at: datetime | float) -> str | float:
+    if isinstance(at, datetime):
+        if at.tzinfo is None:
+            raise ValueError("at must be timezone-aware (a naive datetime has no fixed instant)")
+        return at.isoformat()
+    return float(at)
+
+
+class Client:
+    """Schedules and cancels through the intake topic, as one CALLER_SERVICE."""
+
+    def __init__(
+        self,
+        producer: Producer | Mapping[str, str],
+        *,
+        caller: str | None = None,
+        intake_topic: str = DEFAULT_INTAKE_TOPIC,
+    ) -> None:
+        self.producer = producer if isinstance(producer, Producer) else Producer(dict(producer))
+        self.intake_topic = intake_topic
+        self.caller = caller
+        self.failures: list[KafkaError] = []
+        self.acknowledged = 0
+
+    def send_later(  # noqa: PLR0913 - mirrors the envelope's optional parts
+        self,
+        topic: str,
+        message: Any,
+        *,
+        delay: float | timedelta | None = None,
+        at: datetime | float | None = None,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        id: str | None = None,
+    ) -> None:
+        """Ask blackbox to deliver `message` to `topic` after `delay` or at `at`.
+
+        `message` may be bytes (delivered byte for byte), a string (its UTF-8 text) or any
+        JSON value. With an `id`, sending again before it fires replaces it (an update).
+        """
+        document = envelope(
+            topic, message, delay=delay, at=at, key=key, headers=headers, schedule_id=id
+        )
+        self.send_raw(orjson.dumps(document))
+
+    def cancel(self, id: str) -> None:
+        """Ask blackbox to cancel the pending schedule `id` of this caller."""
+        self.send_raw(orjson.dumps({"id": id, "cancel": True}))
+
+    def send_raw(self, value: bytes) -> None:
+        """Produce one ready-made envelope to the intake topic, as this caller."""
+        headers: list[tuple[str, str | bytes | None]] = []
+        if self.caller is not None:
+            headers.append((CALLER_HEADER, self.caller.encode()))
+        while True:
+            try:
+                self.producer.produce(
+                    self.intake_topic, value, headers=headers, on_delivery=self._report
+                )
+                break
+            except BufferError:
+                self.producer.poll(0.1)
+        self.producer.poll(0)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait for every request to be acknowledged; raise SendFailed if any was not."""
+        left = self.producer.flush(timeout)
+        failures, self.failures = self.failures, []
+        if left:
+            failures.append(KafkaError(KafkaError._TIMED_OUT, f"{left} requests unacknowledged"))
+        if failures:
+            raise SendFailed(failures)
+
+    def _report(self, error: KafkaError | None, _message: Message) -> None:
+        if error is None:
+            self.acknowledged += 1
+        else:
+            self.failures.append(error)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if kind is None:
+            self.flush()

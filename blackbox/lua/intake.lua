@@ -1,0 +1,72 @@
+-- Apply the requests of one intake partition that were not applied yet (schedule, update,
+-- cancel), and move that partition's watermark past them, in one atomic step.
+--
+-- KEYS[1]      due sorted set (id -> due epoch ms)
+-- KEYS[2]      in-flight sorted set (id -> lease expiry epoch ms)
+-- KEYS[3]      intake watermarks hash ("topic:partition" -> highest offset handled)
+-- KEYS[2i+2]   payload key of the i-th request's id
+-- KEYS[2i+3]   ended-marker key of the i-th request's id ("f" fired, "c" cancelled)
+-- ARGV[1]      the watermark field, "topic:partition"
+-- ARGV[2]      the offset the watermark moves to (the last record of the chunk, bad ones too)
+-- ARGV[3]      how long an ended-marker is kept, seconds
+-- ARGV[6i-2..6i+3]  per request: intake offset (ascending), op, id, due ms, payload TTL s,
+--              encoded payload. op "n": a new id derived from the record (SET NX);
+--              "u": a caller's id, stored or replaced; "c": cancel a caller's id.
+--
+-- Returns: one code per request: 0 already applied (a re-read), 1 scheduled, 2 updated,
+-- 3 cancelled, 4 already fired, 5 not found.
+-- Invariants: a record at or below the watermark was applied before; re-reading it after a
+-- crash changes nothing. An id in flight keeps its payload until its firer acks, so an
+-- update that lands while it is being produced is queued as a new schedule, not lost.
+local mark = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '-1')
+local retention = ARGV[3]
+local codes = {}
+
+local function upsert(payload_key, marker_key, id, due, ttl, payload)
+  local pending = redis.call('ZSCORE', KEYS[1], id)
+  redis.call('SET', payload_key, payload, 'EX', ttl)
+  redis.call('ZADD', KEYS[1], due, id)
+  redis.call('DEL', marker_key)
+  if pending then return 2 end
+  return 1
+end
+
+local function cancel(payload_key, marker_key, id)
+  if redis.call('ZSCORE', KEYS[1], id) then
+    redis.call('ZREM', KEYS[1], id)
+    if not redis.call('ZSCORE', KEYS[2], id) then
+      redis.call('DEL', payload_key)
+    end
+    redis.call('SET', marker_key, 'c', 'EX', retention)
+    return 3
+  end
+  if redis.call('ZSCORE', KEYS[2], id) then return 4 end
+  local ended = redis.call('GET', marker_key)
+  if ended == 'f' then return 4 end
+  if ended == 'c' then return 3 end
+  return 5
+end
+
+for i = 1, (#KEYS - 3) / 2 do
+  local a = 6 * (i - 1) + 4
+  local payload_key, marker_key = KEYS[2 * i + 2], KEYS[2 * i + 3]
+  local op, id = ARGV[a + 1], ARGV[a + 2]
+  local code = 0
+  if tonumber(ARGV[a]) > mark then
+    if op == 'n' then
+      if redis.call('SET', payload_key, ARGV[a + 5], 'NX', 'EX', ARGV[a + 4]) then
+        redis.call('ZADD', KEYS[1], 'NX', ARGV[a + 3], id)
+        code = 1
+      end
+    elseif op == 'u' then
+      code = upsert(payload_key, marker_key, id, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5])
+    else
+      code = cancel(payload_key, marker_key, id)
+    end
+  end
+  codes[i] = code
+end
+if tonumber(ARGV[2]) > mark then
+  redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+end
+return codes
