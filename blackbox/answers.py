@@ -42,20 +42,32 @@ class Answers:
             starts.append(TopicPartition(self.topic, partition, high))
         self.consumer.assign(starts)
 
-    def wait(self, caller: str | None, schedule_id: str, timeout: float) -> dict[str, Any] | None:
-        """The first event about the caller's `schedule_id` after the mark; None at the deadline."""
+    def wait(
+        self,
+        caller: str | None,
+        schedule_id: str,
+        timeout: float,
+        outcomes: frozenset[str] | None = None,
+    ) -> dict[str, Any] | None:
+        """The first event about the caller's `schedule_id` after the mark (with one of
+        `outcomes`, when given); None at the deadline."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for message in self.consumer.consume(100, timeout=0.2):
                 if message.error() is not None or message.value() is None:
                     continue
-                event = orjson.loads(message.value() or b"null")
-                if isinstance(event, dict) and (event.get("caller"), event.get("id")) == (
-                    caller,
-                    schedule_id,
-                ):
+                event: object = orjson.loads(message.value() or b"null")
+                if isinstance(event, dict) and _about(event, caller, schedule_id, outcomes):
                     return event
         return None
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def _about(
+    event: dict[str, Any], caller: str | None, schedule_id: str, outcomes: frozenset[str] | None
+) -> bool:
+    if (event.get("caller"), event.get("id")) != (caller, schedule_id):
+        return False
+    return outcomes is None or event.get("outcome") in outcomes

@@ -21,12 +21,17 @@ from blackbox import client, envelope, kafka, logs
 from blackbox.answers import Answers
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import InvalidEnvelope, SettingsError
+from blackbox.events import Outcome
 from blackbox.localstack import RedisServer, StackError, TansuBroker, port_open, scratch_dir
 from blackbox.progress import Progress
 from blackbox.service import Service, limits_of
 from blackbox.settings import Settings, describe
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+CANCEL_ANSWERS = frozenset(
+    o.value
+    for o in (Outcome.CANCELLED, Outcome.ALREADY_FIRED, Outcome.NOT_FOUND, Outcome.DEAD_LETTERED)
+)
 log = structlog.get_logger("blackbox.cli")
 
 
@@ -111,7 +116,7 @@ def cmd_run(_args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_create_topics(args: argparse.Namespace, settings: Settings) -> int:
-    names = [settings.intake_topic, settings.dlq_topic, settings.events_topic]
+    names = settings.own_topics
     kafka.ensure_topics(settings.kafka, names, partitions=args.partitions)
     log.info("topics_ready", topics=names)
     return EXIT_OK
@@ -202,7 +207,7 @@ def _send_file(args: argparse.Namespace, settings: Settings) -> int:
         while sender.producer.flush(0.2):
             progress.show(sender.acknowledged)
         progress.show(sender.acknowledged)
-    return _flushed(sender, file=args.file, count=len(lines))
+    return _flushed(sender, file=args.file, lines=len(lines))
 
 
 def _read_lines(path: str) -> list[tuple[int, bytes]]:
@@ -233,7 +238,7 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
         code = _flushed(sender, id=args.id)
         if code != EXIT_OK or answers is None:
             return code
-        answer = answers.wait(args.caller, args.id, args.wait)
+        answer = answers.wait(args.caller, args.id, args.wait, CANCEL_ANSWERS)
     except KafkaException as e:
         _error(str(e))
         return EXIT_FAILED
@@ -255,7 +260,7 @@ def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
     )
     try:
         local = _local_settings(settings, args.redis_port, args.kafka_port)
-        kafka.ensure_topics(local.kafka, [local.intake_topic, local.dlq_topic, local.events_topic])
+        kafka.ensure_topics(local.kafka, local.own_topics)
         log.info("local_stack_ready", redis=local.redis_url, kafka=local.kafka["bootstrap.servers"],
                  logs=str(data))  # fmt: skip
         return Service(local).run_until_signalled()
