@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import math
+from datetime import UTC, datetime, timedelta, timezone
 
 import orjson
 import pytest
@@ -10,15 +12,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blackbox import envelope
-from blackbox.envelope import CALLER_HEADER, MAX_CALLER_CHARS, Envelope, Headers, Limits
+from blackbox.envelope import (
+    ABSOLUTE_MAX_COUNTDOWN_SECONDS,
+    CALLER_HEADER,
+    EPOCH_HEADER,
+    MAX_CALLER_CHARS,
+    MAX_ID_CHARS,
+    TARGET_KEY_HEADER,
+    TARGET_TOPIC_HEADER,
+    Cancel,
+    Envelope,
+    Header,
+    Headers,
+    Limits,
+)
 from blackbox.errors import DeadLetterReason, InvalidEnvelope
 
-LIMITS = Limits(
-    max_value_bytes=1_048_576,
-    max_countdown_seconds=315_576_000.0,
-    forbidden_topics=frozenset({"blackbox", "blackbox.dlq"}),
-)
+LIMITS = Limits(max_value_bytes=1_048_576, forbidden_topics=frozenset({"blackbox", "blackbox.dlq"}))
 PROPERTY = settings(max_examples=300, deadline=None, database=None)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+NEW_YEAR_2030_MS = 1_893_456_000_000
 
 json_scalars: st.SearchStrategy[object] = st.one_of(
     st.none(),
@@ -37,26 +50,61 @@ json_values: st.SearchStrategy[object] = st.recursive(
 valid_topics = st.from_regex(r"[A-Za-z0-9._-]{1,249}", fullmatch=True).filter(
     lambda t: t not in {".", ".."} and not t.startswith("__") and t not in LIMITS.forbidden_topics
 )
-callers = st.text(
+printable = st.text(
     alphabet=st.characters(exclude_categories=("C", "Z")) | st.just(" "),
     min_size=1,
     max_size=MAX_CALLER_CHARS,
 ).filter(str.isprintable)
+callers = printable
+ids = printable
 countdowns: st.SearchStrategy[float] = st.one_of(
-    st.integers(min_value=0, max_value=int(LIMITS.max_countdown_seconds)),
-    st.floats(min_value=0, max_value=LIMITS.max_countdown_seconds),
+    st.integers(min_value=0, max_value=int(ABSOLUTE_MAX_COUNTDOWN_SECONDS)),
+    st.floats(min_value=0, max_value=ABSOLUTE_MAX_COUNTDOWN_SECONDS),
 )
-header_names = st.sampled_from([CALLER_HEADER, "trace-id", ""]) | st.text(max_size=16)
-header_lists: st.SearchStrategy[list[tuple[str, bytes | None]]] = st.lists(
-    st.tuples(header_names, st.none() | st.binary(max_size=300) | st.sampled_from([b"\xff", b""])),
-    max_size=4,
+offsets = st.integers(min_value=-(24 * 60 - 1), max_value=24 * 60 - 1).map(
+    lambda minutes: timezone(timedelta(minutes=minutes))
 )
+moments = st.datetimes(
+    min_value=datetime(1970, 1, 2), max_value=datetime(3900, 1, 1), timezones=offsets
+)
+rfc3339_times = moments.map(datetime.isoformat) | moments.map(
+    lambda m: m.astimezone(UTC).isoformat().replace("+00:00", "Z")
+)
+allowed_header_names = st.text(min_size=1, max_size=16).filter(
+    lambda n: not n.lower().startswith("blackbox-") and n != CALLER_HEADER
+)
+header_names = (
+    st.sampled_from([CALLER_HEADER, EPOCH_HEADER, TARGET_TOPIC_HEADER, TARGET_KEY_HEADER])
+    | st.sampled_from(["trace-id", "", "blackbox-id", "scheduler-key"])
+    | st.text(max_size=16)
+)
+header_values = (
+    st.none()
+    | st.binary(max_size=300)
+    | st.sampled_from([b"\xff", b"", b"1893456000", b"-1", b"nan", b"1e400", b"orders", b"1.5"])
+)
+header_lists: st.SearchStrategy[list[Header]] = st.lists(
+    st.tuples(header_names, header_values), max_size=6
+)
+record_keys = st.none() | st.binary(max_size=300) | st.sampled_from([b"", b"id-1", b"\xff"])
 envelope_like: st.SearchStrategy[dict[str, object]] = st.fixed_dictionaries(
     {},
     optional={
         "topic": valid_topics | st.sampled_from(["__x", ".", "", "blackbox", "a b"]) | json_values,
         "message": json_values,
+        "message_base64": st.binary(max_size=40).map(lambda b: base64.b64encode(b).decode())
+        | st.sampled_from(["abc", "!!", "é", ""])
+        | json_values,
         "countdown": countdowns | st.sampled_from([-1, -0.5, 1e300, True]) | json_values,
+        "deliver_at": rfc3339_times
+        | st.sampled_from(["2030-01-01T00:00:00", "2030-01-01", "soon", "", "9999-12-31T00:00Z"])
+        | st.floats()
+        | json_values,
+        "key": st.text(max_size=8) | json_values,
+        "headers": st.dictionaries(header_names, st.text(max_size=8) | json_values, max_size=3)
+        | json_values,
+        "id": ids | st.sampled_from(["", "a\nb", "x" * 256]) | json_values,
+        "cancel": st.booleans() | json_values,
         "extra": json_values,
     },
 )
@@ -69,11 +117,65 @@ def record(**fields: object) -> bytes:
     return orjson.dumps({k: v for k, v in document.items() if v is not None})
 
 
-def reason_of(value: bytes | None, headers: Headers | None = None, limits: Limits = LIMITS) -> str:
+def timed(deliver_at: object, **fields: object) -> bytes:
+    """A JSON intake value due at `deliver_at` rather than after a countdown."""
+    return record(countdown=None, deliver_at=deliver_at, **fields)
+
+
+def accepted(
+    value: bytes | None, headers: Headers | None = None, key: bytes | None = None
+) -> Envelope:
+    """The schedule parse makes of a record (fails the test on a refusal or a cancel)."""
+    parsed = envelope.parse(value, headers, LIMITS, key)
+    assert isinstance(parsed, Envelope), parsed
+    return parsed
+
+
+def cancelled(
+    value: bytes | None, headers: Headers | None = None, key: bytes | None = None
+) -> Cancel:
+    """The cancel parse makes of a record (fails the test on a refusal or a schedule)."""
+    parsed = envelope.parse(value, headers, LIMITS, key)
+    assert isinstance(parsed, Cancel), parsed
+    return parsed
+
+
+def reason_of(
+    value: bytes | None,
+    headers: Headers | None = None,
+    limits: Limits = LIMITS,
+    key: bytes | None = None,
+) -> str:
     """The reason parse gives for refusing a record (fails the test if it accepts it)."""
     with pytest.raises(InvalidEnvelope) as caught:
-        envelope.parse(value, headers, limits)
+        envelope.parse(value, headers, limits, key)
     return caught.value.reason
+
+
+def etf1(
+    epoch: bytes | None = b"1893456000", topic: bytes | None = b"orders", *extra: Header
+) -> list[Header]:
+    """Header-mode headers: epoch and target topic (None leaves one out), then `extra`."""
+    named = [(EPOCH_HEADER, epoch), (TARGET_TOPIC_HEADER, topic)]
+    return [(name, v) for name, v in named if v is not None] + list(extra)
+
+
+def payload_of(message: object) -> bytes:
+    """What a JSON-mode message is delivered as: bytes as they are, text as UTF-8, else JSON."""
+    if isinstance(message, bytes):
+        return message
+    if isinstance(message, str):
+        return message.encode()
+    return orjson.dumps(message)
+
+
+def exact_ms(moment: datetime) -> int:
+    """An aware datetime as epoch milliseconds, rounded up, in integer arithmetic."""
+    micros = (moment - EPOCH) // timedelta(microseconds=1)
+    return -(-micros // 1000)
+
+
+# JSON mode: topic, message, countdown, caller
 
 
 def test_valid_record_parses() -> None:
@@ -86,62 +188,65 @@ def test_valid_record_parses() -> None:
 
 def test_string_message_is_delivered_as_its_text() -> None:
     """A JSON string message is delivered as its UTF-8 text, not as a quoted JSON string."""
-    parsed = envelope.parse(record(message="héllo"), None, LIMITS)
-    assert parsed.value == "héllo".encode()
+    assert accepted(record(message="héllo")).value == "héllo".encode()
 
 
 def test_countdown_rounds_up_to_whole_milliseconds() -> None:
     """A fractional countdown is rounded up, so a message never fires before it is due."""
-    assert envelope.parse(record(countdown=0.0001), None, LIMITS).countdown_ms == 1
-    assert envelope.parse(record(countdown=1.5), None, LIMITS).countdown_ms == 1500
-    assert envelope.parse(record(countdown=0), None, LIMITS).countdown_ms == 0
-    assert envelope.parse(record(countdown=-0.0), None, LIMITS).countdown_ms == 0
+    assert accepted(record(countdown=0.0001)).countdown_ms == 1
+    assert accepted(record(countdown=1.5)).countdown_ms == 1500
+    assert accepted(record(countdown=0)).countdown_ms == 0
+    assert accepted(record(countdown=-0.0)).countdown_ms == 0
 
 
-def test_countdown_at_the_limit_is_accepted() -> None:
-    """A countdown equal to Limits.max_countdown_seconds is accepted (the limit is inclusive)."""
-    parsed = envelope.parse(record(countdown=315_576_000), None, LIMITS)
-    assert parsed.countdown_ms == 315_576_000_000
+def test_countdown_far_beyond_any_configured_horizon_is_left_to_the_policy() -> None:
+    """The parser accepts 20 years: how far ahead a caller may schedule is the policy's call."""
+    assert accepted(record(countdown=631_152_000)).countdown_ms == 631_152_000_000
+
+
+def test_countdown_at_the_absolute_limit_is_accepted() -> None:
+    """A countdown of exactly 1,000 years is accepted (the absolute limit is inclusive)."""
+    parsed = accepted(record(countdown=ABSOLUTE_MAX_COUNTDOWN_SECONDS))
+    assert parsed.countdown_ms == 31_557_600_000_000
 
 
 def test_value_at_the_size_limit_is_accepted() -> None:
     """A value of exactly max_value_bytes is accepted; one byte more is oversized."""
     value = record()
-    exact = Limits(len(value), LIMITS.max_countdown_seconds, LIMITS.forbidden_topics)
-    assert envelope.parse(value, None, exact).topic == "orders"
-    smaller = Limits(len(value) - 1, LIMITS.max_countdown_seconds, LIMITS.forbidden_topics)
+    exact = Limits(len(value), LIMITS.forbidden_topics)
+    assert envelope.parse(value, None, exact) == Envelope("orders", b'{"id":1}', None, 5000)
+    smaller = Limits(len(value) - 1, LIMITS.forbidden_topics)
     assert reason_of(value, None, smaller) == DeadLetterReason.OVERSIZED
 
 
 def test_missing_caller_header_is_none() -> None:
     """Without a CALLER_SERVICE header the caller is None; other headers are ignored."""
-    assert envelope.parse(record(), [("trace-id", b"\xff")], LIMITS).caller is None
-    assert envelope.parse(record(), None, LIMITS).caller is None
+    assert accepted(record(), [("trace-id", b"\xff")]).caller is None
+    assert accepted(record()).caller is None
 
 
 def test_repeated_caller_header_is_invalid_header() -> None:
     """Guarantee 4: two CALLER_SERVICE headers make the sender ambiguous: refused."""
     headers = [(CALLER_HEADER, b"first"), (CALLER_HEADER, b"second")]
-    with pytest.raises(InvalidEnvelope) as caught:
-        envelope.parse(record(), headers, LIMITS)
-    assert caught.value.reason is DeadLetterReason.INVALID_HEADER
+    assert reason_of(record(), headers) == DeadLetterReason.INVALID_HEADER
 
 
 def test_caller_of_the_maximum_length_is_accepted() -> None:
     """A CALLER_SERVICE of exactly 255 characters (multi-byte ones count once) is accepted."""
     caller = ("é" * MAX_CALLER_CHARS).encode()
-    assert envelope.parse(record(), [(CALLER_HEADER, caller)], LIMITS).caller == caller
-
-
-def test_empty_value_is_a_tombstone() -> None:
-    """Guarantee 4: a record with no value (tombstone) is refused as empty_value."""
-    assert reason_of(None) == DeadLetterReason.EMPTY_VALUE
+    assert accepted(record(), [(CALLER_HEADER, caller)]).caller == caller
 
 
 def test_oversized_value() -> None:
     """Guarantee 4: a value above max_value_bytes is refused as oversized before it is decoded."""
-    limits = Limits(100, LIMITS.max_countdown_seconds, LIMITS.forbidden_topics)
+    limits = Limits(100, LIMITS.forbidden_topics)
     assert reason_of(b"x" * 101, None, limits) == DeadLetterReason.OVERSIZED
+
+
+def test_oversized_header_mode_value() -> None:
+    """The size limit holds in header mode too, where the value is the payload itself."""
+    limits = Limits(100, LIMITS.forbidden_topics)
+    assert reason_of(b"x" * 101, etf1(), limits, b"id") == DeadLetterReason.OVERSIZED
 
 
 @pytest.mark.parametrize(
@@ -193,8 +298,7 @@ def test_missing_field(field: str) -> None:
 
 def test_null_message_is_delivered_as_json_null() -> None:
     """An explicit `"message": null` is a present field, delivered as the JSON text null."""
-    value = b'{"topic": "orders", "message": null, "countdown": 1}'
-    assert envelope.parse(value, None, LIMITS).value == b"null"
+    assert accepted(b'{"topic": "orders", "message": null, "countdown": 1}').value == b"null"
 
 
 @pytest.mark.parametrize(
@@ -226,24 +330,17 @@ def test_null_countdown_is_wrong_type() -> None:
     [
         pytest.param(b"-1", id="negative-int"),
         pytest.param(b"-0.001", id="negative-float"),
-        pytest.param(b"315576000.5", id="just-beyond-limit"),
+        pytest.param(b"31557600000.5", id="just-beyond-1000-years"),
         pytest.param(b"1000000000000", id="absurd"),
         pytest.param(b"1e300", id="huge-float"),
+        pytest.param(b"1e306", id="near-float-max"),
         pytest.param(b"18446744073709551616", id="beyond-64-bit"),
     ],
 )
 def test_invalid_countdown(countdown: bytes) -> None:
-    """Guarantee 4: a negative countdown or one beyond the horizon is invalid_countdown."""
+    """Guarantee 4: a negative countdown or one beyond 1,000 years is invalid_countdown."""
     value = b'{"topic": "orders", "message": 1, "countdown": %s}' % countdown
     assert reason_of(value) == DeadLetterReason.INVALID_COUNTDOWN
-
-
-def test_countdown_near_float_max_under_a_permissive_limit_is_refused_cleanly() -> None:
-    """Guarantee 4: under any positive finite limit a huge countdown is invalid_countdown."""
-    permissive = Limits(LIMITS.max_value_bytes, 1e308, LIMITS.forbidden_topics)
-    with pytest.raises(InvalidEnvelope) as caught:
-        envelope.parse(record(countdown=1e306), None, permissive)
-    assert caught.value.reason == DeadLetterReason.INVALID_COUNTDOWN
 
 
 @pytest.mark.parametrize(
@@ -268,7 +365,7 @@ def test_invalid_topic(topic: str) -> None:
 
 def test_topic_of_249_chars_is_accepted() -> None:
     """A topic of 249 characters, Kafka's maximum, is a valid target."""
-    assert envelope.parse(record(topic="a" * 249), None, LIMITS).topic == "a" * 249
+    assert accepted(record(topic="a" * 249)).topic == "a" * 249
 
 
 @pytest.mark.parametrize(
@@ -290,7 +387,7 @@ def test_forbidden_topic(topic: str) -> None:
         pytest.param(b"billing\x00", id="nul"),
     ],
 )
-def test_invalid_header(caller: bytes) -> None:
+def test_invalid_caller_header(caller: bytes) -> None:
     """Guarantee 4: a CALLER_SERVICE header that is not short printable UTF-8 is invalid_header."""
     assert reason_of(record(), [(CALLER_HEADER, caller)]) == DeadLetterReason.INVALID_HEADER
 
@@ -302,7 +399,7 @@ def test_caller_header_without_a_value_is_invalid_header() -> None:
 
 def test_invalid_header_wins_over_a_bad_value() -> None:
     """The caller header is checked first: a bad header with a tombstone is invalid_header."""
-    assert reason_of(None, [(CALLER_HEADER, b"\xff")]) == DeadLetterReason.INVALID_HEADER
+    assert reason_of(None, [(CALLER_HEADER, b"\xff")], key=b"id") == DeadLetterReason.INVALID_HEADER
 
 
 def test_invalid_envelope_message_names_reason_and_detail() -> None:
@@ -313,6 +410,542 @@ def test_invalid_envelope_message_names_reason_and_detail() -> None:
     assert error.reason is DeadLetterReason.INVALID_COUNTDOWN
     assert "-5" in error.detail
     assert str(error) == f"invalid_countdown: {error.detail}"
+
+
+# JSON mode: deliver_at
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2030-01-01T00:00:00Z",
+        "2030-01-01T00:00:00+00:00",
+        "2030-01-01T01:30:00+01:30",
+        "2029-12-31T19:00:00-05:00",
+        "2030-01-01T00:00:00.000Z",
+    ],
+)
+def test_deliver_at_as_rfc3339_with_an_offset(text: str) -> None:
+    """deliver_at as RFC 3339 text with Z or ±hh:mm names one instant, kept as at_ms."""
+    parsed = accepted(timed(text))
+    assert (parsed.at_ms, parsed.countdown_ms) == (NEW_YEAR_2030_MS, None)
+
+
+def test_deliver_at_with_milliseconds_is_exact() -> None:
+    """A millisecond in the text is that millisecond: no float rounding moves it by one."""
+    assert accepted(timed("2039-07-18T23:58:33.135Z")).at_ms == 2_194_646_313_135
+
+
+def test_deliver_at_rounds_microseconds_up() -> None:
+    """A time between two milliseconds is due at the later one, never before it."""
+    assert accepted(timed("2030-01-01T00:00:00.000001Z")).at_ms == NEW_YEAR_2030_MS + 1
+
+
+@pytest.mark.parametrize(
+    ("seconds", "expected"),
+    [
+        (1_893_456_000, NEW_YEAR_2030_MS),
+        (1_893_456_000.5, NEW_YEAR_2030_MS + 500),
+        (0, 0),
+    ],
+)
+def test_deliver_at_as_epoch_seconds(seconds: float, expected: int) -> None:
+    """deliver_at as a JSON number is unix seconds."""
+    assert accepted(timed(seconds)).at_ms == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("2030-01-01T00:00:00", id="no-offset"),
+        pytest.param("2030-01-01T00:00:00.5", id="no-offset-fraction"),
+        pytest.param("2030-01-01", id="date-only"),
+        pytest.param("tomorrow", id="words"),
+        pytest.param("", id="empty"),
+        pytest.param("2030-13-01T00:00:00Z", id="month-13"),
+        pytest.param("1969-12-31T23:59:59Z", id="before-1970"),
+        pytest.param("9999-12-31T23:59:59Z", id="beyond-2000-years"),
+    ],
+)
+def test_invalid_deliver_at_text(text: str) -> None:
+    """Guarantee 4: deliver_at text without an offset, or not a usable time, is refused."""
+    assert reason_of(timed(text)) == DeadLetterReason.INVALID_DELIVER_AT
+
+
+@pytest.mark.parametrize("seconds", [-1, -0.001, 1e300, 2**63 - 1])
+def test_invalid_deliver_at_number(seconds: float) -> None:
+    """Guarantee 4: epoch seconds before 1970 or absurdly far ahead are invalid_deliver_at."""
+    assert reason_of(timed(seconds)) == DeadLetterReason.INVALID_DELIVER_AT
+
+
+@pytest.mark.parametrize("at", [True, None, [1], {"s": 1}])
+def test_deliver_at_of_the_wrong_type(at: object) -> None:
+    """Guarantee 4: deliver_at that is neither text nor a number is wrong_type."""
+    value = orjson.dumps({"topic": "orders", "message": 1, "deliver_at": at})
+    assert reason_of(value) == DeadLetterReason.WRONG_TYPE
+
+
+def test_countdown_and_deliver_at_together_conflict() -> None:
+    """Guarantee 4: a record giving both countdown and deliver_at is conflicting_fields."""
+    value = record(deliver_at="2030-01-01T00:00:00Z")
+    assert reason_of(value) == DeadLetterReason.CONFLICTING_FIELDS
+
+
+def test_due_ms_of_a_deliver_at_in_the_past_is_now() -> None:
+    """A deliver_at already past fires at once: due_ms is never before the record arrived."""
+    past = accepted(timed("2001-01-01T00:00:00Z"))
+    assert past.due_ms(NEW_YEAR_2030_MS) == NEW_YEAR_2030_MS
+    future = accepted(timed("2030-01-01T00:00:10Z"))
+    assert future.due_ms(NEW_YEAR_2030_MS) == NEW_YEAR_2030_MS + 10_000
+
+
+def test_due_ms_of_a_countdown_counts_from_receipt() -> None:
+    """A countdown is due countdown_ms after the record was received."""
+    assert accepted(record(countdown=2.5)).due_ms(1_000) == 3_500
+
+
+@PROPERTY
+@given(
+    st.integers(min_value=0, max_value=2**50),
+    st.none() | st.integers(min_value=0, max_value=2**50),
+    st.none() | st.integers(min_value=0, max_value=2**50),
+)
+def test_due_ms_is_never_before_receipt(
+    received: int, at: int | None, countdown: int | None
+) -> None:
+    """Envelope.due_ms: at_ms when still ahead, else receipt; or receipt plus countdown."""
+    parsed = Envelope("orders", b"v", None, countdown_ms=countdown, at_ms=at)
+    due = parsed.due_ms(received)
+    assert due >= received
+    if at is not None:
+        assert due == max(at, received)
+    else:
+        assert due == received + (countdown or 0)
+
+
+@PROPERTY
+@given(moments)
+def test_any_rfc3339_time_parses_to_its_exact_millisecond(moment: datetime) -> None:
+    """RFC 3339 text with any ±hh:mm offset is due at its instant, rounded up to the ms."""
+    assert accepted(timed(moment.isoformat())).at_ms == exact_ms(moment)
+
+
+# JSON mode: message_base64, key, headers, id
+
+
+def test_message_base64_is_delivered_byte_for_byte() -> None:
+    """message_base64 carries a binary payload (NUL, 0xFF, every byte) unchanged."""
+    payload = bytes(range(256)) * 2
+    parsed = accepted(record(message=None, message_base64=base64.b64encode(payload).decode()))
+    assert parsed.value == payload
+
+
+def test_empty_message_base64_is_an_empty_payload() -> None:
+    """An empty base64 string is a valid, empty payload."""
+    assert accepted(record(message=None, message_base64="")).value == b""
+
+
+def test_message_and_message_base64_together_conflict() -> None:
+    """Guarantee 4: a record giving both message and message_base64 is conflicting_fields."""
+    assert reason_of(record(message_base64="AA==")) == DeadLetterReason.CONFLICTING_FIELDS
+
+
+@pytest.mark.parametrize("encoded", ["not base64!", "abc", "AA=A", "é", "AA==\n", "YQ"])
+def test_bad_base64_is_invalid_base64(encoded: str) -> None:
+    """Guarantee 4: message_base64 that is not strict base64 is invalid_base64."""
+    value = record(message=None, message_base64=encoded)
+    assert reason_of(value) == DeadLetterReason.INVALID_BASE64
+
+
+@pytest.mark.parametrize("encoded", [5, True, ["AA=="], {"b": "AA=="}])
+def test_message_base64_of_the_wrong_type(encoded: object) -> None:
+    """Guarantee 4: message_base64 that is not a string is wrong_type."""
+    assert reason_of(record(message=None, message_base64=encoded)) == DeadLetterReason.WRONG_TYPE
+
+
+def test_key_is_delivered_as_utf8() -> None:
+    """A string key becomes the delivered record's key, as UTF-8; no key means None."""
+    assert accepted(record(key="customer-é")).key == "customer-é".encode()
+    assert accepted(record(key="")).key == b""
+    assert accepted(record()).key is None
+
+
+@pytest.mark.parametrize("key", [5, True, ["k"], {"k": "v"}])
+def test_key_of_the_wrong_type(key: object) -> None:
+    """Guarantee 4: a key that is not a string is wrong_type."""
+    assert reason_of(record(key=key)) == DeadLetterReason.WRONG_TYPE
+
+
+def test_headers_are_kept_in_order_as_utf8() -> None:
+    """A headers object becomes ordered (name, UTF-8 value) pairs on the delivered record."""
+    parsed = accepted(record(headers={"trace": "1", "ü": "é", "empty": ""}))
+    assert parsed.headers == (("trace", b"1"), ("ü", "é".encode()), ("empty", b""))
+
+
+@pytest.mark.parametrize(
+    "headers", [["trace", "1"], "trace=1", 5, {"trace": 1}, {"trace": None}, {"t": ["1"]}]
+)
+def test_headers_of_the_wrong_type(headers: object) -> None:
+    """Guarantee 4: headers that are not an object of string values are wrong_type."""
+    assert reason_of(record(headers=headers)) == DeadLetterReason.WRONG_TYPE
+
+
+@pytest.mark.parametrize(
+    "name", ["blackbox-id", "Blackbox-Attempt", "blackbox-", CALLER_HEADER, ""]
+)
+def test_reserved_header_names_are_invalid_header(name: str) -> None:
+    """Guarantee 4: a sender may not forge blackbox-* or CALLER_SERVICE, nor send an empty name."""
+    assert reason_of(record(headers={name: "x"})) == DeadLetterReason.INVALID_HEADER
+
+
+def test_a_header_name_the_store_cannot_hold_is_invalid_header() -> None:
+    """A header name longer than 65,535 UTF-8 bytes is refused at intake, not at the store."""
+    longest = "h" * 0xFFFF
+    assert accepted(record(headers={longest: "x"})).headers == ((longest, b"x"),)
+    assert reason_of(record(headers={longest + "h": "x"})) == DeadLetterReason.INVALID_HEADER
+
+
+def test_more_headers_than_the_store_can_hold_is_invalid_header() -> None:
+    """More than 65,535 headers is refused at intake, not when the schedule is stored."""
+    most = {f"h{i}": "" for i in range(0xFFFF)}
+    assert len(accepted(record(headers=most)).headers) == 0xFFFF
+    value = record(headers={**most, "one-more": ""})
+    assert reason_of(value) == DeadLetterReason.INVALID_HEADER
+
+
+@pytest.mark.parametrize(
+    "schedule_id", ["order-42", "x" * MAX_ID_CHARS, "é" * MAX_ID_CHARS, "a b/c"]
+)
+def test_id_is_kept(schedule_id: str) -> None:
+    """An id of 1-255 printable characters (multi-byte ones count once) is the schedule's id."""
+    assert accepted(record(id=schedule_id)).schedule_id == schedule_id
+
+
+def test_no_id_or_null_id_means_none() -> None:
+    """Without an id (or with a null one) the intake coordinates will identify the schedule."""
+    assert accepted(record()).schedule_id is None
+    assert accepted(b'{"topic": "o", "message": 1, "countdown": 1, "id": null}').schedule_id is None
+
+
+@pytest.mark.parametrize(
+    "schedule_id", ["", "x" * (MAX_ID_CHARS + 1), "a\nb", "a\x00", "\u200b"], ids=repr
+)
+def test_invalid_id(schedule_id: str) -> None:
+    """Guarantee 4: an empty, over-long or non-printable id is invalid_id."""
+    assert reason_of(record(id=schedule_id)) == DeadLetterReason.INVALID_ID
+
+
+@pytest.mark.parametrize("schedule_id", [42, True, ["a"], {"a": 1}])
+def test_id_of_the_wrong_type(schedule_id: object) -> None:
+    """Guarantee 4: an id that is not a string is wrong_type."""
+    assert reason_of(record(id=schedule_id)) == DeadLetterReason.WRONG_TYPE
+
+
+# Cancels
+
+
+def test_json_cancel() -> None:
+    """`{"id": X, "cancel": true}` cancels the sender's id X, whatever else is missing."""
+    parsed = cancelled(b'{"id": "order-42", "cancel": true}', [(CALLER_HEADER, b"billing")])
+    assert parsed == Cancel("order-42", b"billing")
+
+
+def test_json_cancel_without_caller() -> None:
+    """A cancel without CALLER_SERVICE cancels among ids sent without one (caller None)."""
+    assert cancelled(b'{"id": "x", "cancel": true}') == Cancel("x", None)
+
+
+def test_cancel_false_means_schedule() -> None:
+    """`"cancel": false` on a full request schedules it as if the field were absent."""
+    assert accepted(record(id="x", cancel=False)).schedule_id == "x"
+
+
+@pytest.mark.parametrize("flag", [1, "true", None, [True]])
+def test_cancel_of_the_wrong_type(flag: object) -> None:
+    """Guarantee 4: a cancel flag that is not a boolean is wrong_type."""
+    value = orjson.dumps({"id": "x", "cancel": flag})
+    assert reason_of(value) == DeadLetterReason.WRONG_TYPE
+
+
+def test_cancel_without_an_id() -> None:
+    """Guarantee 4: a cancel without an id is missing_field; a bad id is invalid_id."""
+    assert reason_of(b'{"cancel": true}') == DeadLetterReason.MISSING_FIELD
+    assert reason_of(b'{"cancel": true, "id": ""}') == DeadLetterReason.INVALID_ID
+    assert reason_of(b'{"cancel": true, "id": 5}') == DeadLetterReason.WRONG_TYPE
+
+
+def test_tombstone_with_a_key_cancels_that_id() -> None:
+    """A record without a value whose key is an id cancels that id of the sender."""
+    parsed = cancelled(None, [(CALLER_HEADER, b"billing")], b"order-42")
+    assert parsed == Cancel("order-42", b"billing")
+
+
+def test_tombstone_with_header_mode_headers_still_cancels() -> None:
+    """An etf1 tombstone (its scheduler headers kept) cancels by key like any other."""
+    assert cancelled(None, etf1(), b"job-1") == Cancel("job-1", None)
+
+
+def test_tombstone_without_a_key_is_empty_value() -> None:
+    """Guarantee 4: a record with neither value nor key is refused as empty_value."""
+    assert reason_of(None) == DeadLetterReason.EMPTY_VALUE
+
+
+@pytest.mark.parametrize("key", [b"\xff\xfe", b"", b"a\nb", b"x" * (MAX_ID_CHARS + 1)], ids=repr)
+def test_tombstone_with_a_bad_key_is_invalid_id(key: bytes) -> None:
+    """Guarantee 4: a tombstone whose key is not 1-255 printable UTF-8 characters is invalid_id."""
+    assert reason_of(None, key=key) == DeadLetterReason.INVALID_ID
+
+
+# Header mode (etf1's kafka-message-scheduler)
+
+
+def test_header_mode_keeps_the_value_byte_for_byte() -> None:
+    """In header mode the value is the payload as sent, non-UTF-8 bytes included."""
+    payload = b"\xff\x00{not json\xc3"
+    parsed = accepted(payload, etf1(), b"job-1")
+    assert parsed == Envelope(
+        topic="orders",
+        value=payload,
+        caller=None,
+        at_ms=NEW_YEAR_2030_MS,
+        schedule_id="job-1",
+        etf1=True,
+    )
+
+
+def test_header_mode_epoch_may_be_fractional() -> None:
+    """scheduler-epoch is unix seconds; a fraction is kept to the millisecond."""
+    assert accepted(b"v", etf1(b"1893456000.25"), b"k").at_ms == NEW_YEAR_2030_MS + 250
+
+
+def test_header_mode_without_a_record_key_is_invalid_id() -> None:
+    """Guarantee 4: the record key is the schedule's id; without one the record is refused."""
+    assert reason_of(b"v", etf1()) == DeadLetterReason.INVALID_ID
+
+
+@pytest.mark.parametrize("key", [b"\xff", b"", b"a\tb"], ids=repr)
+def test_header_mode_with_a_bad_record_key_is_invalid_id(key: bytes) -> None:
+    """Guarantee 4: a record key that is not a valid id is invalid_id in header mode too."""
+    assert reason_of(b"v", etf1(), key=key) == DeadLetterReason.INVALID_ID
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        pytest.param(etf1(epoch=None), id="no-epoch"),
+        pytest.param(etf1(topic=None), id="no-target-topic"),
+        pytest.param([(TARGET_KEY_HEADER, b"k")], id="target-key-only"),
+    ],
+)
+def test_header_mode_missing_header(headers: list[Header]) -> None:
+    """Guarantee 4: a header-mode record lacking scheduler-epoch or target-topic: missing_field."""
+    assert reason_of(b"v", headers, key=b"id") == DeadLetterReason.MISSING_FIELD
+
+
+@pytest.mark.parametrize("epoch", [b"soon", b"", b"2030-01-01T00:00:00Z", b"nan", b"inf", b"-1"])
+def test_header_mode_unusable_epoch(epoch: bytes) -> None:
+    """Guarantee 4: scheduler-epoch that is not usable unix seconds is invalid_deliver_at."""
+    assert reason_of(b"v", etf1(epoch), key=b"id") == DeadLetterReason.INVALID_DELIVER_AT
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        pytest.param(etf1(b"\xff"), id="epoch-not-utf8"),
+        pytest.param(etf1(None, b"orders", (EPOCH_HEADER, None)), id="epoch-without-value"),
+        pytest.param(etf1(b"1", b"orders", (EPOCH_HEADER, b"2")), id="epoch-repeated"),
+        pytest.param(etf1(b"1", b"orders", (TARGET_KEY_HEADER, None)), id="target-key-no-value"),
+        pytest.param(etf1(b"1", b"orders", ("blackbox-id", b"forged")), id="reserved-passed"),
+    ],
+)
+def test_header_mode_bad_headers_are_invalid_header(headers: list[Header]) -> None:
+    """Guarantee 4: scheduler headers unreadable, repeated or empty, or forged blackbox-*."""
+    assert reason_of(b"v", headers, key=b"id") == DeadLetterReason.INVALID_HEADER
+
+
+@pytest.mark.parametrize(
+    ("topic", "reason"),
+    [
+        (b"__consumer_offsets", DeadLetterReason.FORBIDDEN_TOPIC),
+        (b"blackbox", DeadLetterReason.FORBIDDEN_TOPIC),
+        (b"a b", DeadLetterReason.INVALID_TOPIC),
+    ],
+)
+def test_header_mode_target_topic_is_checked(topic: bytes, reason: DeadLetterReason) -> None:
+    """The target topic of a header-mode record is checked like a JSON one."""
+    assert reason_of(b"v", etf1(b"1", topic), key=b"id") == reason
+
+
+def test_header_mode_passes_other_headers_through() -> None:
+    """Headers other than scheduler-* and CALLER_SERVICE go on to the delivered record, in order."""
+    headers = etf1(
+        b"1893456000",
+        b"orders",
+        ("trace", b"\xff"),
+        (CALLER_HEADER, b"billing"),
+        (TARGET_KEY_HEADER, b"k"),
+        ("empty", None),
+        ("trace", b"2"),
+    )
+    parsed = accepted(b"v", headers, b"job-1")
+    assert parsed.headers == (("trace", b"\xff"), ("empty", None), ("trace", b"2"))
+    assert parsed.caller == b"billing"
+
+
+def test_header_mode_drops_etf1_output_headers() -> None:
+    """scheduler-* headers etf1 sets on output (timestamp, key, topic) are not passed through:
+    blackbox adds its own, so a copy from the sender would be a forged duplicate."""
+    headers = etf1(
+        b"1893456000",
+        b"orders",
+        ("scheduler-timestamp", b"1"),
+        ("scheduler-key", b"forged"),
+        ("scheduler-topic", b"elsewhere"),
+    )
+    assert accepted(b"v", headers, b"job-1").headers == ()
+
+
+def test_header_mode_target_key_becomes_the_key() -> None:
+    """scheduler-target-key is the delivered record's key (bytes as sent); absent means None."""
+    with_key = etf1(b"1893456000", b"orders", (TARGET_KEY_HEADER, b"\x00k\xff"))
+    assert accepted(b"v", with_key, b"job-1").key == b"\x00k\xff"
+    assert accepted(b"v", etf1(), b"job-1").key is None
+
+
+# Properties
+
+
+def assert_parse_is_total(value: bytes | None, headers: Headers | None, key: bytes | None) -> None:
+    """parse returns a request or raises InvalidEnvelope with a known reason; nothing else."""
+    try:
+        parsed = envelope.parse(value, headers, LIMITS, key)
+    except InvalidEnvelope as e:
+        assert e.reason in DeadLetterReason
+        return
+    assert isinstance(parsed, Envelope | Cancel)
+
+
+@PROPERTY
+@given(st.none() | st.binary(max_size=2048), st.none() | header_lists, record_keys)
+def test_any_bytes_parse_or_refuse(
+    value: bytes | None, headers: Headers | None, key: bytes | None
+) -> None:
+    """Guarantee 4: for any bytes, headers and key, parse returns a request or InvalidEnvelope."""
+    assert_parse_is_total(value, headers, key)
+
+
+@PROPERTY
+@given(json_values, st.none() | header_lists, record_keys)
+def test_any_json_parse_or_refuse(
+    document: object, headers: Headers | None, key: bytes | None
+) -> None:
+    """Guarantee 4: for any JSON value, parse returns a request or raises InvalidEnvelope."""
+    assert_parse_is_total(orjson.dumps(document), headers, key)
+
+
+@PROPERTY
+@given(envelope_like, st.none() | header_lists, record_keys)
+def test_any_envelope_like_object_parse_or_refuse(
+    document: dict[str, object], headers: Headers | None, key: bytes | None
+) -> None:
+    """Guarantee 4: objects with any mix of fields and types parse or raise InvalidEnvelope."""
+    assert_parse_is_total(orjson.dumps(document), headers, key)
+
+
+@PROPERTY
+@given(
+    st.binary(max_size=300),
+    st.sampled_from([b"0", b"1893456000", b"1.5", b"-0", b"1e9", b" 12 "]) | st.binary(max_size=20),
+    valid_topics.map(str.encode) | st.binary(max_size=20),
+    header_lists,
+    record_keys,
+)
+def test_any_header_mode_record_parses_or_refuses(
+    value: bytes, epoch: bytes, topic: bytes, extra: list[Header], key: bytes | None
+) -> None:
+    """Guarantee 4: header-mode records with any epoch, topic, extras and key parse or refuse."""
+    assert_parse_is_total(value, etf1(epoch, topic, *extra), key)
+
+
+@PROPERTY
+@given(
+    value=st.binary(max_size=300),
+    epoch=st.integers(min_value=0, max_value=int(2 * ABSOLUTE_MAX_COUNTDOWN_SECONDS)),
+    topic=valid_topics,
+    schedule_id=ids,
+    target_key=st.none() | st.binary(max_size=40),
+    extra=st.lists(st.tuples(allowed_header_names, st.none() | st.binary(max_size=20)), max_size=4),
+)
+def test_header_mode_round_trips(  # noqa: PLR0913 - one argument per drawn part
+    *,
+    value: bytes,
+    epoch: int,
+    topic: str,
+    schedule_id: str,
+    target_key: bytes | None,
+    extra: list[Header],
+) -> None:
+    """A valid header-mode record keeps value, due time, topic, id, key and other headers."""
+    passed = [(n, v) for n, v in extra if not n.startswith("scheduler-")]
+    key_header = [] if target_key is None else [(TARGET_KEY_HEADER, target_key)]
+    headers = etf1(str(epoch).encode(), topic.encode(), *passed, *key_header)
+    parsed = accepted(value, headers, schedule_id.encode())
+    assert parsed == Envelope(
+        topic=topic,
+        value=value,
+        caller=None,
+        at_ms=epoch * 1000,
+        key=target_key,
+        headers=tuple(passed),
+        schedule_id=schedule_id,
+        etf1=True,
+    )
+
+
+@PROPERTY
+@given(
+    topic=valid_topics,
+    message=json_values | st.binary(max_size=100),
+    due=countdowns | moments,
+    key=st.none() | st.text(max_size=20),
+    headers=st.dictionaries(allowed_header_names, st.text(max_size=20), max_size=4),
+    schedule_id=st.none() | ids,
+    caller=st.none() | callers,
+)
+def test_valid_envelope_round_trips(  # noqa: PLR0913 - one argument per drawn field
+    *,
+    topic: str,
+    message: object,
+    due: float | datetime,
+    key: str | None,
+    headers: dict[str, str],
+    schedule_id: str | None,
+    caller: str | None,
+) -> None:
+    """A valid JSON request keeps topic, payload, due time, key, headers, id and caller."""
+    document: dict[str, object] = {"topic": topic, "key": key, "id": schedule_id}
+    if isinstance(message, bytes):
+        document["message_base64"] = base64.b64encode(message).decode()
+    else:
+        document["message"] = message
+    if isinstance(due, datetime):
+        document["deliver_at"] = due.isoformat()
+    else:
+        document["countdown"] = due
+    if headers:
+        document["headers"] = headers
+    caller_headers = None if caller is None else [(CALLER_HEADER, caller.encode())]
+    parsed = accepted(orjson.dumps(document), caller_headers)
+    assert parsed == Envelope(
+        topic=topic,
+        value=payload_of(message),
+        caller=None if caller is None else caller.encode(),
+        countdown_ms=None if isinstance(due, datetime) else math.ceil(due * 1000),
+        at_ms=exact_ms(due) if isinstance(due, datetime) else None,
+        key=None if key is None else key.encode(),
+        headers=tuple((n, v.encode()) for n, v in headers.items()),
+        schedule_id=schedule_id,
+    )
 
 
 def test_normalize_headers_encodes_text_and_keeps_order_and_repeats() -> None:
@@ -331,52 +964,3 @@ def test_normalize_headers_encodes_text_and_keeps_order_and_repeats() -> None:
     ]
     assert envelope.normalize_headers({"k": "v", "n": None}) == [("k", b"v"), ("n", None)]
     assert envelope.normalize_headers(None) == []
-
-
-def assert_parse_is_total(value: bytes | None, headers: Headers | None) -> None:
-    """parse returns an Envelope or raises InvalidEnvelope with a known reason; nothing else."""
-    try:
-        parsed = envelope.parse(value, headers, LIMITS)
-    except InvalidEnvelope as e:
-        assert e.reason in DeadLetterReason
-        return
-    assert isinstance(parsed, Envelope)
-
-
-@PROPERTY
-@given(st.none() | st.binary(max_size=2048), st.none() | header_lists)
-def test_any_bytes_parse_or_refuse(value: bytes | None, headers: Headers | None) -> None:
-    """Guarantee 4: for any bytes and headers, parse returns an Envelope or InvalidEnvelope."""
-    assert_parse_is_total(value, headers)
-
-
-@PROPERTY
-@given(json_values, st.none() | header_lists)
-def test_any_json_parse_or_refuse(document: object, headers: Headers | None) -> None:
-    """Guarantee 4: for any JSON value, parse returns an Envelope or raises InvalidEnvelope."""
-    assert_parse_is_total(orjson.dumps(document), headers)
-
-
-@PROPERTY
-@given(envelope_like, st.none() | header_lists)
-def test_any_envelope_like_object_parse_or_refuse(
-    document: dict[str, object], headers: Headers | None
-) -> None:
-    """Guarantee 4: objects with any mix of fields and types parse or raise InvalidEnvelope."""
-    assert_parse_is_total(orjson.dumps(document), headers)
-
-
-@PROPERTY
-@given(valid_topics, json_values, countdowns, st.none() | callers)
-def test_valid_envelope_round_trips(
-    topic: str, message: object, countdown: float, caller: str | None
-) -> None:
-    """A valid request keeps its topic, message bytes, ceil(countdown*1000) ms and caller."""
-    value = orjson.dumps({"topic": topic, "message": message, "countdown": countdown})
-    headers = None if caller is None else [(CALLER_HEADER, caller.encode())]
-    parsed = envelope.parse(value, headers, LIMITS)
-    expected = message.encode() if isinstance(message, str) else orjson.dumps(message)
-    assert parsed.topic == topic
-    assert parsed.value == expected
-    assert parsed.countdown_ms == math.ceil(countdown * 1000)
-    assert parsed.caller == (None if caller is None else caller.encode())
