@@ -61,9 +61,14 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
 
 def producer_config(settings: Settings) -> dict[str, Any]:
     # Never 0: librdkafka reads 0 as "no timeout", which would outlive any lease.
-    timeout = {"message.timeout.ms": str(max(1, math.ceil(settings.delivery_timeout * 1000)))}
+    timeout_ms = max(1, math.ceil(settings.delivery_timeout * 1000))
+    timeout = {"message.timeout.ms": str(timeout_ms)}
+    # A topic missing from the metadata must fail as unknown (lasting: dead-lettered after
+    # its attempts) before the message times out (transient: retried without end).
+    propagation = {"topic.metadata.propagation.max.ms": str(max(1, timeout_ms // 2))}
     return {
         **_PRODUCER_DEFAULTS,
+        **propagation,
         **settings.kafka,
         **settings.kafka_producer,
         **timeout,

@@ -76,10 +76,22 @@ def test_producer_defaults() -> None:
     assert producer_config(Settings.from_env({})) == {
         "bootstrap.servers": "localhost:9092",
         "linger.ms": "2",
+        "topic.metadata.propagation.max.ms": "5000",
         "message.timeout.ms": "10000",
         "enable.idempotence": "true",
         "acks": "all",
     }
+
+
+def test_an_unknown_topic_fails_before_the_message_times_out() -> None:
+    """A missing topic must surface as unknown (dead-lettered), not as a timeout (retried)."""
+    loaded = Settings.from_env({"BLACKBOX_DELIVERY_TIMEOUT": "3", "BLACKBOX_LEASE_SECONDS": "9"})
+    config = producer_config(loaded)
+    assert int(config["topic.metadata.propagation.max.ms"]) < int(config["message.timeout.ms"])
+    overridden = producer_config(
+        Settings.from_env({"KAFKA_PRODUCER_TOPIC_METADATA_PROPAGATION_MAX_MS": "700"})
+    )
+    assert overridden["topic.metadata.propagation.max.ms"] == "700"
 
 
 def test_producer_forced_properties_beat_operator_overrides() -> None:
