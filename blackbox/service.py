@@ -23,7 +23,9 @@ from blackbox import kafka, policy
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
 from blackbox.dispatcher import Dispatcher, Policy
+from blackbox.endpoints import Endpoints
 from blackbox.envelope import Limits
+from blackbox.health import Health
 from blackbox.intake import Intake, IntakeConfig
 from blackbox.keys import Keys
 from blackbox.metrics import Metrics
@@ -99,6 +101,12 @@ class Service:
             kafka.new_consumer(settings), self.store, self._intake_outbox, config, self.metrics,
             on_scheduled=self._scheduled,
         )  # fmt: skip
+        self.health = Health(self._probes(), self.metrics)
+        self.endpoints = (
+            None
+            if settings.http_port is None
+            else Endpoints(settings.http_host, settings.http_port, self.health, self.metrics)
+        )
         self.waker = Waker(self._fire, self.stopping)
         self._nudges = NudgeListener(
             redis_client(settings.redis_url), keys.wake_channel, self.waker
@@ -107,14 +115,32 @@ class Service:
             threading.Thread(target=self._guard(self._run_intake), name="intake", daemon=True),
             threading.Thread(target=self._guard(self.waker.run), name="waker", daemon=True),
             threading.Thread(target=self._guard(self._nudges.run), name="nudges", daemon=True),
+            threading.Thread(target=self._guard(self._run_health), name="health", daemon=True),
         ]
         self._scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
         self._fire_lock = threading.Lock()
         self._fire_backoff = Backoff(base=settings.poll_interval, cap=30.0)
         self.failed = False
 
+    def _probes(self) -> dict[str, Callable[[], None]]:
+        probe_client = redis.Redis.from_url(
+            self.settings.redis_url, socket_timeout=2, socket_connect_timeout=2
+        )
+        self._probe_client = probe_client
+        producer, topic = self._dispatch_outbox.producer, self.settings.intake_topic
+
+        def redis_probe() -> None:
+            probe_client.ping()
+
+        def kafka_probe() -> None:
+            producer.list_topics(topic, timeout=2)
+
+        return {"redis": redis_probe, "kafka": kafka_probe}
+
     def start(self) -> None:
         log.info("service_starting", settings=repr(self.settings))
+        if self.endpoints is not None:
+            self.endpoints.start()
         for thread in self._threads:
             thread.start()
         self._scheduler.add_job(
@@ -164,6 +190,9 @@ class Service:
     def _run_intake(self) -> None:
         self.intake.run(self.stopping)
 
+    def _run_health(self) -> None:
+        self.health.run(self.stopping, self.settings.health_interval)
+
     def _guard(self, loop: Callable[[], None]) -> Callable[[], None]:
         """Run a thread's loop; if it crashes, stop the whole service with a failure."""
 
@@ -173,6 +202,7 @@ class Service:
             except Exception:
                 log.exception("thread_crashed", thread=threading.current_thread().name)
                 self.failed = True
+                self.health.mark_crashed()
                 self.stopping.set()
 
         return guarded
@@ -188,8 +218,11 @@ class Service:
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)
         undelivered = self._intake_outbox.close(1.0) + self._dispatch_outbox.close(1.0)
+        if self.endpoints is not None:
+            self.endpoints.stop()
         self.redis.close()
         self._nudges.client.close()
+        self._probe_client.close()
         log.info("service_stopped", unflushed=undelivered)
 
     def run_until_signalled(self) -> int:

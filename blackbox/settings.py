@@ -65,6 +65,15 @@ def _topic(text: str) -> str:
     return text
 
 
+def _port(text: str) -> int | None:
+    if text == "off":
+        return None
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError("must be a port 0-65535 (0: any free port) or 'off'")
+    return value
+
+
 def _choice(*options: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in options:
@@ -120,6 +129,12 @@ VARIABLES: tuple[Var, ...] = (
         "maximum horizon: latest due time accepted, seconds ahead (default 10 years)"),
     Var("BLACKBOX_FIRED_RETENTION", "fired_retention", _positive_int, "604800",
         "seconds a caller's id is remembered after it fired or was cancelled"),
+    Var("BLACKBOX_HTTP_HOST", "http_host", str, "0.0.0.0",  # noqa: S104 - probes come from outside
+        "address of the /live, /ready and /metrics endpoints"),
+    Var("BLACKBOX_HTTP_PORT", "http_port", _port, "8080",
+        "port of those endpoints; 0 picks a free one, 'off' serves none"),
+    Var("BLACKBOX_HEALTH_INTERVAL", "health_interval", _positive_float, "2",
+        "seconds between probes of Redis and the broker (readiness)"),
     Var("BLACKBOX_LOG_FORMAT", "log_format", _choice("auto", "json", "console"), "auto",
         "auto: console on a terminal, JSON otherwise"),
     Var("BLACKBOX_LOG_LEVEL", "log_level", _choice("debug", "info", "warning", "error"), "info",
@@ -150,6 +165,9 @@ class Settings:
     max_message_bytes: int
     max_countdown: float
     fired_retention: int
+    http_host: str
+    http_port: int | None
+    health_interval: float
     log_format: str
     log_level: str
     kafka: Mapping[str, str] = field(default_factory=dict)

@@ -47,6 +47,8 @@ def service_env(redis_url: str, bootstrap: str, **overrides: str) -> dict[str, s
         "BLACKBOX_NAMESPACE": unique("ns"),
         "BLACKBOX_POLL_INTERVAL": "0.1",
         "BLACKBOX_LOG_FORMAT": "json",
+        "BLACKBOX_HTTP_PORT": "0",
+        "BLACKBOX_HEALTH_INTERVAL": "0.5",
     }
     env.update(overrides)
     return env

@@ -32,6 +32,9 @@ def test_defaults_from_an_empty_environment() -> None:
         max_message_bytes=1_048_576,
         max_countdown=315_576_000.0,
         fired_retention=604_800,
+        http_host="0.0.0.0",  # noqa: S104
+        http_port=8080,
+        health_interval=2.0,
         log_format="auto",
         log_level="info",
         kafka={"bootstrap.servers": "localhost:9092"},
