@@ -12,9 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
+import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 Header = tuple[str, bytes | None]
+log = structlog.get_logger("blackbox.outbox")
 
 # A report still missing when the wait ended; the message may or may not have landed.
 NO_REPORT = KafkaError(KafkaError._TIMED_OUT, "no delivery report before the deadline")
@@ -44,12 +46,35 @@ class Reports:
         self.pending -= 1
 
 
-class Outbox:
-    """A producer that sends batches and returns one error (or None) per record."""
+# Errors after which an idempotent producer can send nothing more: only a new one can.
+_FENCED = frozenset({
+    KafkaError._FATAL, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+})  # fmt: skip
 
-    def __init__(self, producer: Producer, wait_seconds: float) -> None:
+
+def is_fenced(error: KafkaError | None) -> bool:
+    """Whether an error leaves the producer unusable (librdkafka's fatal errors)."""
+    return error is not None and (error.fatal() or error.code() in _FENCED)
+
+
+class Outbox:
+    """A producer that sends batches and returns one error (or None) per record.
+
+    When the producer is fenced (a fatal error of the idempotent producer, seen after a
+    broker outage), it is replaced by a new one from `renew`; the failed records are
+    reported as failed, and their senders retry them on the new producer.
+    """
+
+    def __init__(
+        self,
+        producer: Producer,
+        wait_seconds: float,
+        renew: Callable[[], Producer] | None = None,
+    ) -> None:
         self.producer = producer
         self.wait_seconds = wait_seconds
+        self.renew = renew
 
     def send(
         self, records: Sequence[Record], stop: threading.Event | None = None
@@ -70,7 +95,17 @@ class Outbox:
     ) -> list[KafkaError | None]:
         """Wait for a submitted batch's reports, within the deadline."""
         self._wait(reports, stop)
+        if any(is_fenced(e) for e in reports.errors):
+            self._replace_producer(next(e for e in reports.errors if is_fenced(e)))
         return reports.errors
+
+    def _replace_producer(self, error: KafkaError | None) -> None:
+        if self.renew is None:
+            return
+        log.error("producer_replaced", error=None if error is None else error.str())
+        old, self.producer = self.producer, self.renew()
+        old.purge()
+        old.flush(0)
 
     def _produce(self, record: Record, callback: _Callback, reports: Reports, index: int) -> None:
         for _ in range(_QUEUE_FULL_RETRIES):

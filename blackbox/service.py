@@ -17,7 +17,7 @@ from types import FrameType
 import redis
 import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, Producer
 
 from blackbox import kafka, policy
 from blackbox.backoff import Backoff
@@ -84,8 +84,12 @@ class Service:
         keys = Keys(settings.namespace)
         self.store = RedisStore(self.redis, keys, settings.grace_seconds, settings.fired_retention)
         wait = settings.delivery_timeout + 1.0
-        self._intake_outbox = Outbox(kafka.new_producer(settings), wait)
-        self._dispatch_outbox = Outbox(kafka.new_producer(settings), wait)
+
+        def renew() -> Producer:
+            return kafka.new_producer(settings)
+
+        self._intake_outbox = Outbox(renew(), wait, renew)
+        self._dispatch_outbox = Outbox(renew(), wait, renew)
         self.dispatcher = Dispatcher(
             self.store, self._dispatch_outbox, policy_of(settings), self.metrics
         )
@@ -127,13 +131,13 @@ class Service:
             self.settings.redis_url, socket_timeout=2, socket_connect_timeout=2
         )
         self._probe_client = probe_client
-        producer, topic = self._dispatch_outbox.producer, self.settings.intake_topic
+        outbox, topic = self._dispatch_outbox, self.settings.intake_topic
 
         def redis_probe() -> None:
             probe_client.ping()
 
         def kafka_probe() -> None:
-            producer.list_topics(topic, timeout=2)
+            outbox.producer.list_topics(topic, timeout=2)
 
         return {"redis": redis_probe, "kafka": kafka_probe}
 

@@ -1,0 +1,32 @@
+"""Which producer errors mean the producer itself must be replaced."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError
+
+from blackbox.outbox import NO_REPORT, is_fenced
+
+
+@pytest.mark.parametrize(
+    "code",
+    [KafkaError._FATAL, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+     KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER],
+)  # fmt: skip
+def test_fatal_producer_errors_are_fenced(code: int) -> None:
+    """After these an idempotent producer sends nothing more (seen after a broker outage)."""
+    assert is_fenced(KafkaError(code))
+
+
+@pytest.mark.parametrize(
+    "error",
+    [None, NO_REPORT, KafkaError(KafkaError._MSG_TIMED_OUT),
+     KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)],
+)  # fmt: skip
+def test_ordinary_failures_keep_the_producer(error: KafkaError | None) -> None:
+    """Timeouts and per-record refusals are retried or dead-lettered on the same producer."""
+    assert not is_fenced(error)
+
+
+def test_an_error_flagged_fatal_is_fenced_whatever_its_code() -> None:
+    assert is_fenced(KafkaError(KafkaError._MSG_TIMED_OUT, "fatal", fatal=True))
