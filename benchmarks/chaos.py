@@ -2,6 +2,7 @@
 
     python -m benchmarks.chaos               # full size: 20 kills, 10,000 hostile records
     python -m benchmarks.chaos crash --kills 5 --messages 2000
+    python -m benchmarks.chaos redis-away broker-away --outage 30
 
 Each scenario prints a JSON line and a table. The integration tests run shortened versions.
 """
@@ -9,12 +10,15 @@ Each scenario prints a JSON line and a table. The integration tests run shortene
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import signal
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
-from collections.abc import Callable
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -25,6 +29,7 @@ from benchmarks.scenarios import table
 from benchmarks.stack import Stack, local_stack, start_service
 from blackbox import kafka
 from blackbox.envelope import normalize_headers
+from blackbox.localstack import free_port
 
 Result = dict[str, object]
 CHAOS_SETTINGS = {
@@ -115,6 +120,56 @@ def redis_restart(appendfsync: str, messages: int = 3000, outage_s: float = 3.0)
     }  # fmt: skip
 
 
+def outage(which: str, messages: int = 3000, outage_s: float = 30.0) -> Result:
+    """Redis or the broker unreachable (SIGSTOP) for `outage_s` under steady load."""
+    port = free_port()
+    with local_stack(appendfsync="always", BLACKBOX_HTTP_PORT=str(port), **CHAOS_SETTINGS) as stack:
+        target = f"outage-{uuid.uuid4().hex[:8]}"
+        kafka.ensure_topics(stack.settings.kafka, [target])
+        collector = CollectorProcess(stack.broker.bootstrap, target, messages, timeout=600)
+        process = start_service(stack)
+        _wait_ready(port, True, timeout=30)
+        sender = _Sender(stack, target, messages, seconds=outage_s * 2)
+        sender.start()
+        time.sleep(outage_s / 3)  # the chaos schedule: let load build up, then pull it away
+        server = stack.redis if which == "redis" else stack.broker
+        os.kill(server.process.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+        paused = time.monotonic()
+        not_ready_after = _wait_ready(port, False, timeout=outage_s)
+        time.sleep(max(0.0, outage_s - (time.monotonic() - paused)))  # the outage itself
+        os.kill(server.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+        ready_after = _wait_ready(port, True, timeout=120)
+        sender.join()
+        got = collector.result(timeout=600)
+        alive = process.poll() is None
+        process.terminate()
+        process.wait(15)
+    return {
+        "scenario": f"{which} away {outage_s:.0f} s", "sent": messages,
+        "accepted": sender.accepted, "delivered": len(got.copies),
+        "lost": sender.accepted - len(got.copies), "duplicated": got.duplicated(),
+        "not_ready_after_s": not_ready_after, "ready_again_after_s": ready_after,
+        "service_alive": alive,
+    }  # fmt: skip
+
+
+def _wait_ready(port: int, ready: bool, timeout: float) -> float | None:
+    """Seconds until /ready answers `ready` (None if it never did within `timeout`)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as answer:
+                now_ready = answer.status == 200
+        except urllib.error.HTTPError:
+            now_ready = False
+        except OSError:
+            now_ready = None
+        if now_ready is ready:
+            return round(time.monotonic() - start, 2)
+        time.sleep(0.1)
+    return None
+
+
 def hostile_input(bad: int = 10_000, good_every: int = 10) -> Result:
     """Generated bad records interleaved with good ones: all bad dead-lettered, all good fire."""
     with local_stack(**CHAOS_SETTINGS) as stack:
@@ -178,15 +233,13 @@ def _tally(letters: dict[int, str]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-SCENARIOS: dict[str, Callable[..., Result]] = {
-    "crash": crash, "redis-always": redis_restart, "redis-everysec": redis_restart,
-    "hostile": hostile_input,
-}  # fmt: skip
+SCENARIOS = ("crash", "redis-always", "redis-everysec", "redis-away", "broker-away", "hostile")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("names", nargs="*", default=list(SCENARIOS))
+    parser.add_argument("--outage", type=float, default=30.0, help="seconds each outage lasts")
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--messages", type=int, default=5000)
     parser.add_argument("--bad", type=int, default=10_000)
@@ -194,6 +247,8 @@ def main() -> int:
     runs = {"crash": lambda: crash(args.messages, args.kills),
             "redis-always": lambda: redis_restart("always"),
             "redis-everysec": lambda: redis_restart("everysec"),
+            "redis-away": lambda: outage("redis", outage_s=args.outage),
+            "broker-away": lambda: outage("broker", outage_s=args.outage),
             "hostile": lambda: hostile_input(args.bad)}  # fmt: skip
     failed = False
     for name in args.names:

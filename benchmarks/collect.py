@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.queues import Queue
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from blackbox.envelope import normalize_headers
 
@@ -63,7 +63,10 @@ class Collector:
         self.deliveries = Deliveries()
 
     def _follow_partitions(self) -> None:
-        metadata = self.consumer.list_topics(self.topic, timeout=2).topics.get(self.topic)
+        try:
+            metadata = self.consumer.list_topics(self.topic, timeout=2).topics.get(self.topic)
+        except KafkaException:  # the broker is away (a chaos scenario): look again later
+            return
         if metadata is None or metadata.error is not None:
             return
         if len(metadata.partitions) > self.assigned:
