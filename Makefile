@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
-.PHONY: setup system-packages run test lint unit integration bench chaos clean
+.PHONY: setup system-packages run test lint unit integration bench chaos soak clean
 
 setup: system-packages $(STAMP)
 
@@ -41,6 +41,9 @@ bench: setup
 
 chaos: setup
 	$(BIN)/python -m benchmarks.chaos
+
+soak: setup
+	$(BIN)/python -m benchmarks.soak
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -31,12 +31,11 @@ Result = dict[str, object]
 
 
 class _SteadySender(threading.Thread):
-    """`rate` envelopes a second with countdowns of 1-30 s, until `stop` is set."""
+    """`count` envelopes at `rate` a second, with countdowns of 1-30 s."""
 
-    def __init__(self, stack: Stack, target: str, rate: int) -> None:
+    def __init__(self, stack: Stack, target: str, rate: int, count: int) -> None:
         super().__init__(daemon=True)
-        self.stack, self.target, self.rate = stack, target, rate
-        self.stop = threading.Event()
+        self.stack, self.target, self.rate, self.count = stack, target, rate, count
         self.accepted = self.sent = 0
 
     def _report(self, error: KafkaError | None, _message: object) -> None:
@@ -46,7 +45,7 @@ class _SteadySender(threading.Thread):
     def run(self) -> None:
         producer = Producer({"bootstrap.servers": self.stack.broker.bootstrap, "linger.ms": 5})
         rng, start = random.Random(5), time.monotonic()
-        while not self.stop.is_set():
+        while self.sent < self.count:
             lag = start + self.sent / self.rate - time.monotonic()
             if lag > 0:
                 producer.poll(lag)
@@ -93,7 +92,7 @@ def soak(minutes: int = 60, rate: int = 200) -> Result:
         process = start_service(stack)
         client = redis.Redis.from_url(stack.redis.url)
         keys = Keys(stack.settings.namespace)
-        sender = _SteadySender(stack, target, rate)
+        sender = _SteadySender(stack, target, rate, expected)
         sender.start()
         samples = []
         start = time.monotonic()
@@ -101,7 +100,6 @@ def soak(minutes: int = 60, rate: int = 200) -> Result:
             time.sleep(max(0.0, start + minute * 60 - time.monotonic()))  # the sampling clock
             samples.append(_sample(minute, process.pid, client, keys))
             print(_row(samples[-1]), flush=True)  # noqa: T201 - progress of a long run
-        sender.stop.set()
         sender.join()
         got = collector.result(timeout=300)
         alive = process.poll() is None
