@@ -32,7 +32,7 @@ log = structlog.get_logger("blackbox.dispatcher")
 
 
 @dataclass(frozen=True, slots=True)
-class Policy:
+class RetryPolicy:
     """How the dispatcher claims and retries."""
 
     batch_limit: int
@@ -61,9 +61,12 @@ class _Sent:
     """A claimed batch handed to the producer, awaiting its delivery reports."""
 
     claim: Claim
-    schedules: list[tuple[Schedule, int]]
-    dead: list[DeadLetter]
-    reports: Reports | None
+    schedules: list[tuple[Schedule, int]] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+    reports: Reports | None = None
+    # Claimed, not to be delivered: cancelled while in flight, or updated to a later time.
+    cancelled: list[str] = field(default_factory=list)
+    later: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -111,7 +114,9 @@ def _etf1_headers(schedule: Schedule) -> list[tuple[str, bytes | None]]:
 class Dispatcher:
     """Moves due schedules from Redis to their target topics."""
 
-    def __init__(self, store: RedisStore, outbox: Outbox, policy: Policy, metrics: Metrics) -> None:
+    def __init__(
+        self, store: RedisStore, outbox: Outbox, policy: RetryPolicy, metrics: Metrics
+    ) -> None:
         self.store = store
         self.outbox = outbox
         self.policy = policy
@@ -141,9 +146,9 @@ class Dispatcher:
         return self.store.reclaim(now_ms(), self.policy.batch_limit)
 
     def _send(self, claim: Claim) -> _Sent:
-        sent = _Sent(claim=claim, schedules=[], dead=[], reports=None)
+        sent = _Sent(claim=claim)
         for item in self.store.load(claim.ids):
-            self._sort(item, sent.schedules, sent.dead)
+            self._sort(item, sent)
         records = [delivery_record(s, a) for s, a in sent.schedules]
         sent.reports = self.outbox.submit(records) if records else None
         return sent
@@ -154,23 +159,32 @@ class Dispatcher:
             errors = self.outbox.wait(sent.reports, stop)
             self._judge(sent.schedules, errors, outcome, sent.dead)
         self._dead_letter(sent, outcome, stop)
+        outcome.done += sent.cancelled
         self._settle(sent.claim, outcome)
+        if sent.later:
+            self.store.release(sent.later, sent.claim.token)
         return outcome.delivered
 
-    def _sort(
-        self, item: Loaded, schedules: list[tuple[Schedule, int]], dead: list[DeadLetter]
-    ) -> None:
+    def _sort(self, item: Loaded, sent: _Sent) -> None:
+        """Deliver, dead-letter, or skip a claimed id (cancelled or updated in flight)."""
+        if item.ended == b"c":  # cancelled while a failed attempt held it
+            sent.cancelled.append(item.id)
+            return
         if item.payload is None:
             detail = "the payload expired before it could be delivered"
-            dead.append(
-                deadletter.from_schedule(item.id, None, None, DeadLetterReason.EXPIRED, detail)
-            )
+            reason = DeadLetterReason.EXPIRED
+            sent.dead.append(deadletter.from_schedule(item.id, None, None, reason, detail))
             return
         try:
-            schedules.append((Schedule.decode(item.id, item.payload), item.attempts + 1))
+            schedule = Schedule.decode(item.id, item.payload)
         except CorruptSchedule as e:
             reason = DeadLetterReason.DELIVERY_FAILED
-            dead.append(deadletter.from_schedule(item.id, item.payload, None, reason, str(e)))
+            sent.dead.append(deadletter.from_schedule(item.id, item.payload, None, reason, str(e)))
+            return
+        if schedule.due_ms > sent.claim.at_ms:  # updated to a later time after the claim
+            sent.later.append((item.id, schedule.due_ms))
+            return
+        sent.schedules.append((schedule, item.attempts + 1))
 
     def _judge(
         self,

@@ -51,7 +51,7 @@ class Keys:
         Ids never start with ':' or '!', so these never meet the other names of the namespace."""
         return f"{self.tag}{schedule_id}"
 
-    def fired(self, schedule_id: str) -> str:
+    def ended(self, schedule_id: str) -> str:
         """String (SET ... EX): how a caller's id last ended, "f" fired or "c" cancelled.
 
         Kept for BLACKBOX_FIRED_RETENTION so a late cancel can answer already_fired."""

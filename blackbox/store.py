@@ -76,6 +76,7 @@ class Claim:
     ids: list[str]
     token: int
     next_due_ms: int | None
+    at_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,7 @@ class Loaded:
     id: str
     payload: bytes | None
     attempts: int
+    ended: bytes | None = None
 
 
 def _script(client: redis.Redis, name: str) -> Any:
@@ -105,7 +107,7 @@ class RedisStore:
         client: redis.Redis,
         keys: Keys,
         grace_seconds: int,
-        ended_retention_seconds: int = 604_800,
+        ended_retention_seconds: int = 86_400,
     ) -> None:
         self.client = client
         self.keys = keys
@@ -115,6 +117,7 @@ class RedisStore:
         self._claim = _script(client, "claim")
         self._ack = _script(client, "ack")
         self._retry = _script(client, "retry")
+        self._release = _script(client, "release")
         self._reclaim = _script(client, "reclaim")
 
     def apply(self, slices: Sequence[IntakeSlice], now_ms: int) -> list[Applied]:
@@ -128,9 +131,10 @@ class RedisStore:
         for part in slices:
             for chunk, mark in part.chunks():
                 keys = [self.keys.due, self.keys.in_flight, self.keys.intake_marks]
+                keys.append(self.keys.attempts)
                 args: list[Any] = [part.field, mark, self.ended_retention_seconds]
                 for offset, write in chunk:
-                    keys += [self.keys.payload(write.id), self.keys.fired(write.id)]
+                    keys += [self.keys.payload(write.id), self.keys.ended(write.id)]
                     args += [offset, *self._args(write, now_ms)]
                 self._intake(keys=keys, args=args, client=pipe)
         return [Applied(int(code)) for codes in pipe.execute() for code in codes]
@@ -151,18 +155,23 @@ class RedisStore:
             ids=[i.decode("utf-8") for i in ids],
             token=token,
             next_due_ms=int(float(next_due)) if next_due else None,
+            at_ms=now_ms,
         )
 
     def load(self, ids: Sequence[str]) -> list[Loaded]:
         """Payloads and past attempts of claimed ids, in one round trip."""
         if not ids:
             return []
+        scoped = [i for i in ids if i.startswith(SCOPED_PREFIX)]
         pipe = self.client.pipeline(transaction=False)
         pipe.mget([self.keys.payload(i) for i in ids])
         pipe.hmget(self.keys.attempts, list(ids))
-        payloads, attempts = pipe.execute()
+        if scoped:
+            pipe.mget([self.keys.ended(i) for i in scoped])
+        payloads, attempts, *rest = pipe.execute()
+        ended = dict(zip(scoped, rest[0], strict=True)) if scoped else {}
         return [
-            Loaded(id=i, payload=p, attempts=int(a or 0))
+            Loaded(id=i, payload=p, attempts=int(a or 0), ended=ended.get(i))
             for i, p, a in zip(ids, payloads, attempts, strict=True)
         ]
 
@@ -172,7 +181,7 @@ class RedisStore:
         for chunk in _chunks(ids):
             keys = [self.keys.in_flight, self.keys.due, self.keys.attempts]
             for i in chunk:
-                keys += [self.keys.payload(i), self.keys.fired(i)]
+                keys += [self.keys.payload(i), self.keys.ended(i)]
             args = [token, self.ended_retention_seconds, *chunk]
             acked += int(self._ack(keys=keys, args=args))
         return acked
@@ -184,6 +193,15 @@ class RedisStore:
         for chunk in _chunks(ids):
             moved += int(self._retry(keys=keys, args=[token, retry_at_ms, *chunk]))
         return moved
+
+    def release(self, dues: Sequence[tuple[str, int]], token: int) -> int:
+        """Hand claimed (id, due ms) back to due untouched: updated to a later time meanwhile."""
+        released = 0
+        keys = [self.keys.in_flight, self.keys.due]
+        for chunk in _chunks(dues):
+            args = [token, *(a for pair in chunk for a in pair)]
+            released += int(self._release(keys=keys, args=args))
+        return released
 
     def reclaim(self, now_ms: int, limit: int) -> int:
         """Return up to `limit` ids whose lease expired by `now_ms` to due."""

@@ -13,7 +13,8 @@
 -- Invariants: an id whose lease expired and was claimed again by another replica is left
 -- to that replica (it will deliver once more: at-least-once, never lost). An id updated
 -- while in flight is due again: its new payload stays. A caller's id ('@...') that ends
--- here leaves an "f" marker, so a later cancel answers already_fired.
+-- here leaves an "f" marker, so a later cancel answers already_fired; a "c" marker (it was
+-- cancelled while in flight, and skipped) is kept.
 local acked = 0
 local token = tonumber(ARGV[1])
 -- Attempts are recorded only after a failure: usually the hash is empty.
@@ -29,7 +30,7 @@ for i = 3, #ARGV do
     end
     if not redis.call('ZSCORE', KEYS[2], id) then
       redis.call('DEL', KEYS[k + 2])
-      if string.sub(id, 1, 1) == '@' then
+      if string.sub(id, 1, 1) == '@' and redis.call('GET', KEYS[k + 3]) ~= 'c' then
         redis.call('SET', KEYS[k + 3], 'f', 'EX', ARGV[2])
       end
     end

@@ -7,8 +7,9 @@
 -- ARGV[3]  lease expiry, epoch ms; also the token the claimer acks with
 --
 -- Returns: {ids taken (earliest due first), due time of the earliest id left or false}.
--- Invariant: an id is never in both sets after this script, and two claimers never
--- receive the same id while its lease runs.
+-- Invariant: two claimers never receive the same id while its lease runs. (An id updated
+-- while in flight is in both sets: its new version is due. Claiming it again moves the
+-- lease to the new claimer; the old one's ack then finds its lease lost.)
 local ids = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
 if #ids > 0 then
   for _, id in ipairs(ids) do

@@ -4,8 +4,9 @@
 -- KEYS[1]      due sorted set (id -> due epoch ms)
 -- KEYS[2]      in-flight sorted set (id -> lease expiry epoch ms)
 -- KEYS[3]      intake watermarks hash ("topic:partition" -> highest offset handled)
--- KEYS[2i+2]   payload key of the i-th request's id
--- KEYS[2i+3]   ended-marker key of the i-th request's id ("f" fired, "c" cancelled)
+-- KEYS[4]      attempts hash (id -> failed attempts)
+-- KEYS[2i+3]   payload key of the i-th request's id
+-- KEYS[2i+4]   ended-marker key of the i-th request's id ("f" fired, "c" cancelled)
 -- ARGV[1]      the watermark field, "topic:partition"
 -- ARGV[2]      the offset the watermark moves to (the last record of the chunk, bad ones too)
 -- ARGV[3]      how long an ended-marker is kept, seconds
@@ -16,8 +17,10 @@
 -- Returns: one code per request: 0 already applied (a re-read), 1 scheduled, 2 updated,
 -- 3 cancelled, 4 already fired, 5 not found.
 -- Invariants: a record at or below the watermark was applied before; re-reading it after a
--- crash changes nothing. An id in flight keeps its payload until its firer acks, so an
--- update that lands while it is being produced is queued as a new schedule, not lost.
+-- crash changes nothing (a re-read cancel is answered again from the ended-marker, read
+-- only). An id in flight keeps its payload until its firer acks, so an update that lands
+-- while it is being produced is queued as a new schedule, not lost; the dispatcher skips
+-- a claimed id whose payload turns out cancelled ("c") or not yet due.
 local mark = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '-1')
 local retention = ARGV[3]
 local codes = {}
@@ -27,19 +30,13 @@ local function upsert(payload_key, marker_key, id, due, ttl, payload)
   redis.call('SET', payload_key, payload, 'EX', ttl)
   redis.call('ZADD', KEYS[1], due, id)
   redis.call('DEL', marker_key)
+  redis.call('HDEL', KEYS[4], id)
   if pending then return 2 end
   return 1
 end
 
-local function cancel(payload_key, marker_key, id)
-  if redis.call('ZSCORE', KEYS[1], id) then
-    redis.call('ZREM', KEYS[1], id)
-    if not redis.call('ZSCORE', KEYS[2], id) then
-      redis.call('DEL', payload_key)
-    end
-    redis.call('SET', marker_key, 'c', 'EX', retention)
-    return 3
-  end
+-- How an id that is not pending ended, read only: 3 cancelled, 4 fired or firing, 5 unknown.
+local function ended_code(marker_key, id)
   if redis.call('ZSCORE', KEYS[2], id) then return 4 end
   local ended = redis.call('GET', marker_key)
   if ended == 'f' then return 4 end
@@ -47,12 +44,31 @@ local function cancel(payload_key, marker_key, id)
   return 5
 end
 
-for i = 1, (#KEYS - 3) / 2 do
+local function cancel(payload_key, marker_key, id)
+  if redis.call('ZSCORE', KEYS[1], id) then
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[4], id)
+    if not redis.call('ZSCORE', KEYS[2], id) then
+      redis.call('DEL', payload_key)
+    end
+    redis.call('SET', marker_key, 'c', 'EX', retention)
+    return 3
+  end
+  return ended_code(marker_key, id)
+end
+
+for i = 1, (#KEYS - 4) / 2 do
   local a = 6 * (i - 1) + 4
-  local payload_key, marker_key = KEYS[2 * i + 2], KEYS[2 * i + 3]
+  local payload_key, marker_key = KEYS[2 * i + 3], KEYS[2 * i + 4]
   local op, id = ARGV[a + 1], ARGV[a + 2]
   local code = 0
-  if tonumber(ARGV[a]) > mark then
+  if tonumber(ARGV[a]) <= mark then
+    -- Applied before; a cancel's caller still gets an answer (its first may be lost).
+    if op == 'c' and not redis.call('ZSCORE', KEYS[1], id) then
+      local again = ended_code(marker_key, id)
+      if again ~= 5 then code = again end
+    end
+  else
     if op == 'n' then
       if redis.call('SET', payload_key, ARGV[a + 5], 'NX', 'EX', ARGV[a + 4]) then
         redis.call('ZADD', KEYS[1], 'NX', ARGV[a + 3], id)

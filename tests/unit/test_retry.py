@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from blackbox import deadletter
 from blackbox.backoff import Backoff
 from blackbox.deadletter import DETAIL_HEADER, MAX_DETAIL_BYTES, REASON_HEADER, DeadLetter
-from blackbox.dispatcher import Policy, delivery_record
+from blackbox.dispatcher import RetryPolicy, delivery_record
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import DeadLetterReason
 from blackbox.schedule import Schedule
@@ -20,9 +20,9 @@ from blackbox.schedule import Schedule
 PROPERTY = settings(max_examples=300, deadline=None, database=None)
 
 
-def policy(backoff_ms: int = 1000, backoff_max_ms: int = 60_000) -> Policy:
+def policy(backoff_ms: int = 1000, backoff_max_ms: int = 60_000) -> RetryPolicy:
     """A dispatcher policy with the given backoff and otherwise default settings."""
-    return Policy(
+    return RetryPolicy(
         batch_limit=1000,
         lease_ms=30_000,
         max_attempts=5,

@@ -1,0 +1,150 @@
+"""The Lua scripts on a real Redis: updates and cancels that meet an id in flight, ended
+markers, and re-read intake records."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from blackbox.clock import now_ms
+from blackbox.keys import Keys
+from blackbox.localstack import RedisServer
+from blackbox.schedule import Schedule, scoped_id
+from blackbox.store import Applied, Cancellation, IntakeSlice, RedisStore, Write
+from tests.kafkatools import unique
+
+ID = scoped_id(b"svc", "order-1")
+
+
+@pytest.fixture
+def store(redis_server: RedisServer) -> Iterator[RedisStore]:
+    client = redis.Redis.from_url(redis_server.url)
+    yield RedisStore(client, Keys(unique("ns")), grace_seconds=60)
+    client.close()
+
+
+class Intake:
+    """Feeds one intake partition to the store, offset after offset."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self.store, self.offset = store, -1
+
+    def send(self, write: Write) -> Applied:
+        self.offset += 1
+        (code,) = self.store.apply([IntakeSlice("in", 0, self.offset, [(self.offset, write)])],
+                                   now_ms())  # fmt: skip
+        return code
+
+    def replay(self, offset: int, write: Write) -> Applied:
+        (code,) = self.store.apply([IntakeSlice("in", 0, offset, [(offset, write)])], now_ms())
+        return code
+
+
+def _version(value: bytes, due_ms: int, offset: int) -> Schedule:
+    return Schedule(ID, "orders", value, due_ms, b"svc", origin=f"in:0:{offset}")
+
+
+def _state(store: RedisStore) -> tuple[bool, bool, bytes | None, bytes | None]:
+    """(in due, in flight, payload, ended marker) of ID."""
+    client, keys = store.client, store.keys
+    payload, ended = client.mget([keys.payload(ID), keys.ended(ID)])
+    assert not isinstance(payload, str) and not isinstance(ended, str)
+    return (
+        client.zscore(keys.due, ID) is not None,
+        client.zscore(keys.in_flight, ID) is not None,
+        payload,
+        ended,
+    )
+
+
+def test_an_update_while_in_flight_is_queued_and_survives_the_old_ack(store: RedisStore) -> None:
+    """The firing version is acked; the new version stays due with its payload."""
+    intake, now = Intake(store), now_ms()
+    assert intake.send(_version(b"v1", now - 1, 0)) is Applied.SCHEDULED
+    claim = store.claim_due(now_ms(), 10, 30_000)
+    assert claim.ids == [ID]
+
+    assert intake.send(_version(b"v2", now + 60_000, 1)) is Applied.SCHEDULED
+    assert store.ack([ID], claim.token) == 1
+
+    in_due, in_flight, payload, ended = _state(store)
+    assert (in_due, in_flight, ended) == (True, False, None)
+    assert payload is not None
+    assert Schedule.decode(ID, payload).value == b"v2"
+
+
+def test_a_claimed_id_updated_to_later_is_released_to_its_new_due_time(
+    store: RedisStore,
+) -> None:
+    """The dispatcher hands back, untouched, an id whose payload is not due yet."""
+    intake, now = Intake(store), now_ms()
+    intake.send(_version(b"v1", now - 1, 0))
+    claim = store.claim_due(now_ms(), 10, 30_000)
+    intake.send(_version(b"v2", now + 60_000, 1))
+    (loaded,) = store.load(claim.ids)
+    assert Schedule.decode(ID, loaded.payload or b"").due_ms > claim.at_ms
+
+    assert store.release([(ID, now + 60_000)], claim.token) == 1
+
+    assert store.client.zscore(store.keys.due, ID) == now + 60_000
+    assert _state(store)[1:3] == (False, loaded.payload)
+
+
+def test_a_cancel_while_a_failed_attempt_holds_the_id_is_honoured(store: RedisStore) -> None:
+    """A retry brings the id back; the "c" marker makes the dispatcher drop it, and the
+    acks that follow keep the answer `cancelled`."""
+    intake, now = Intake(store), now_ms()
+    intake.send(_version(b"v1", now - 1, 0))
+    first = store.claim_due(now_ms(), 10, 30_000)
+    intake.send(_version(b"v2", now + 3_600_000, 1))
+    assert intake.send(Cancellation(ID)) is Applied.CANCELLED
+    assert store.retry([ID], first.token, now_ms() - 1) == 1  # the v1 attempt failed
+
+    second = store.claim_due(now_ms(), 10, 30_000)
+    (loaded,) = store.load(second.ids)
+    assert loaded.ended == b"c"
+    assert store.ack([ID], second.token) == 1
+
+    assert _state(store) == (False, False, None, b"c")
+    assert intake.send(Cancellation(ID)) is Applied.CANCELLED
+
+
+def test_a_fired_id_answers_already_fired_then_can_be_scheduled_anew(store: RedisStore) -> None:
+    intake, now = Intake(store), now_ms()
+    intake.send(_version(b"v1", now - 1, 0))
+    claim = store.claim_due(now_ms(), 10, 30_000)
+    store.ack([ID], claim.token)
+
+    assert intake.send(Cancellation(ID)) is Applied.ALREADY_FIRED
+    assert intake.send(_version(b"v2", now + 60_000, 2)) is Applied.SCHEDULED
+    assert _state(store)[3] is None
+    assert intake.send(Cancellation(ID)) is Applied.CANCELLED
+
+
+def test_a_cancel_of_an_unknown_id_is_not_found(store: RedisStore) -> None:
+    assert Intake(store).send(Cancellation(ID)) is Applied.NOT_FOUND
+
+
+def test_a_re_read_changes_nothing_but_answers_a_cancel_again(store: RedisStore) -> None:
+    """Records at or below the watermark are not applied twice; a cancel is answered again."""
+    intake, now = Intake(store), now_ms()
+    intake.send(_version(b"v1", now + 60_000, 0))
+    intake.send(Cancellation(ID))
+    intake.send(Cancellation(scoped_id(b"svc", "never-existed")))
+
+    assert intake.replay(0, _version(b"v1", now + 60_000, 0)) is Applied.REPLAYED
+    assert _state(store) == (False, False, None, b"c")
+    assert intake.replay(1, Cancellation(ID)) is Applied.CANCELLED
+    assert intake.replay(2, Cancellation(scoped_id(b"svc", "never-existed"))) is Applied.REPLAYED
+
+
+def test_an_update_of_a_pending_id_replaces_payload_and_due_time(store: RedisStore) -> None:
+    intake, now = Intake(store), now_ms()
+    intake.send(_version(b"v1", now + 60_000, 0))
+
+    assert intake.send(_version(b"v2", now + 5_000, 1)) is Applied.UPDATED
+
+    assert store.client.zscore(store.keys.due, ID) == now + 5_000
+    assert Schedule.decode(ID, _state(store)[2] or b"").value == b"v2"
