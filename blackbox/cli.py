@@ -138,7 +138,7 @@ def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_USAGE
     sender = client.Client(dict(settings.kafka), caller=args.caller,
                            intake_topic=settings.intake_topic)  # fmt: skip
-    sender.send_raw(orjson.dumps(document))
+    sender.send_raw(orjson.dumps(document), args.id)
     return _flushed(sender, topic=args.topic, id=args.id)
 
 
@@ -187,10 +187,10 @@ def _send_file(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_USAGE
     limits = limits_of(settings)
     headers = [(CALLER_HEADER, args.caller.encode())] if args.caller else []
-    problems = []
+    problems, ids = [], []
     for number, line in lines:
         try:
-            envelope.parse(line, headers, limits)
+            ids.append(envelope.parse(line, headers, limits).schedule_id)
         except InvalidEnvelope as e:
             problems.append(f"line {number}: {e.reason.value}: {e.detail}")
     if problems:
@@ -201,8 +201,8 @@ def _send_file(args: argparse.Namespace, settings: Settings) -> int:
     sender = client.Client(dict(settings.kafka), caller=args.caller,
                            intake_topic=settings.intake_topic)  # fmt: skip
     with Progress(len(lines), sys.stderr) as progress:
-        for _, line in lines:
-            sender.send_raw(line)
+        for (_, line), schedule_id in zip(lines, ids, strict=True):
+            sender.send_raw(line, schedule_id)
             progress.show(sender.acknowledged)
         while sender.producer.flush(0.2):
             progress.show(sender.acknowledged)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import math
+import time
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -95,6 +96,7 @@ class Client:
         self.caller = caller
         self.failures: list[KafkaError] = []
         self.acknowledged = 0
+        self.queue_wait_seconds = 30.0
 
     def send_later(  # noqa: PLR0913 - mirrors the envelope's optional parts
         self,
@@ -115,24 +117,32 @@ class Client:
         document = envelope(
             topic, message, delay=delay, at=at, key=key, headers=headers, schedule_id=id
         )
-        self.send_raw(orjson.dumps(document))
+        self.send_raw(orjson.dumps(document), id)
 
     def cancel(self, id: str) -> None:
         """Ask blackbox to cancel the pending schedule `id` of this caller."""
-        self.send_raw(orjson.dumps({"id": id, "cancel": True}))
+        self.send_raw(orjson.dumps({"id": id, "cancel": True}), id)
 
-    def send_raw(self, value: bytes) -> None:
-        """Produce one ready-made envelope to the intake topic, as this caller."""
+    def send_raw(self, value: bytes, schedule_id: str | None = None) -> None:
+        """Produce one ready-made envelope to the intake topic, as this caller.
+
+        A request with an id is keyed by it, so the schedule, its updates and its cancel
+        share one intake partition and are applied in the order they were sent.
+        """
+        key = None if schedule_id is None else schedule_id.encode()
+        deadline = time.monotonic() + self.queue_wait_seconds
         headers: list[tuple[str, str | bytes | None]] = []
         if self.caller is not None:
             headers.append((CALLER_HEADER, self.caller.encode()))
         while True:
             try:
                 self.producer.produce(
-                    self.intake_topic, value, headers=headers, on_delivery=self._report
+                    self.intake_topic, value, key, headers=headers, on_delivery=self._report
                 )
                 break
-            except BufferError:
+            except BufferError:  # the local queue is full: let the broker catch up
+                if time.monotonic() > deadline:
+                    raise
                 self.producer.poll(0.1)
         self.producer.poll(0)
 
@@ -162,3 +172,5 @@ class Client:
     ) -> None:
         if kind is None:
             self.flush()
+        else:  # keep what was already sent; the error in hand is the one to report
+            self.producer.flush(5.0)

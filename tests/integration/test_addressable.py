@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from blackbox import kafka
 from blackbox.client import Client
 from blackbox.envelope import CALLER_HEADER
 from tests.integration.conftest import ReaderFactory, ServiceFactory
@@ -289,3 +290,28 @@ def test_blackbox_send_file_with_a_bad_line_sends_nothing(
     intake.poll(1.0)
     assert intake.records == []
     intake.close()
+
+
+def test_the_client_keeps_an_id_in_order_across_intake_partitions(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str]
+) -> None:
+    """Requests with an id are keyed by it: schedule, update and cancel share a partition."""
+    kafka.ensure_topics({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]},
+                        [env["BLACKBOX_INTAKE_TOPIC"]], partitions=4)  # fmt: skip
+    start_service()
+    target, events = reader(unique("ordered")), reader(env["BLACKBOX_EVENTS_TOPIC"])
+    config = {"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}
+    ids = [f"job-{n}" for n in range(40)]
+    with Client(config, caller="jobs", intake_topic=env["BLACKBOX_INTAKE_TOPIC"]) as client:
+        for schedule_id in ids:
+            client.send_later(target.topic, "v1", delay=2, id=schedule_id)
+            client.send_later(target.topic, "v2", delay=3, id=schedule_id)
+            client.cancel(schedule_id)
+        client.send_later(target.topic, "sentinel", delay=4)
+
+    target.wait_for(lambda records: any(r.value == b"sentinel" for r in records), timeout=40)
+
+    assert [r.value for r in target.records] == [b"sentinel"]
+    for schedule_id in ids:
+        assert _wait_answers(events, schedule_id, 3, "jobs") == ["scheduled", "updated",
+                                                                  "cancelled"]  # fmt: skip
