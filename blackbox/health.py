@@ -1,14 +1,16 @@
 """Health: whether this replica can do its work, from probes of Redis and the broker.
 
 A thread probes each dependency every few seconds (Redis PING; a metadata request for the
-intake topic). The replica is ready while both answer and no worker thread has died; it
-is live while no worker thread has died. Every change is logged once and exported as
+intake topic). The replica is ready while both answer, its firing clock ticks and no worker
+thread has died; it is live while the clock ticks (a tick completed within `stall_seconds`)
+and no worker thread has died. Every change is logged once and exported as
 `blackbox_up{dependency}` and `blackbox_ready`.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 
 import structlog
@@ -24,8 +26,12 @@ Probe = Callable[[], None]
 class Health:
     """The last answer of each dependency's probe, and whether a worker thread crashed."""
 
-    def __init__(self, probes: Mapping[str, Probe], metrics: Metrics) -> None:
+    def __init__(
+        self, probes: Mapping[str, Probe], metrics: Metrics, stall_seconds: float = 60.0
+    ) -> None:
         self.probes = dict(probes)
+        self.stall_seconds = stall_seconds
+        self._last_beat = time.monotonic()
         self.up = dict.fromkeys(self.probes, False)
         self.errors: dict[str, str] = {}
         self.crashed = False
@@ -36,17 +42,27 @@ class Health:
 
     @property
     def ready(self) -> bool:
-        return all(self.up.values()) and not self.crashed
+        return all(self.up.values()) and self.live
 
     @property
     def live(self) -> bool:
-        return not self.crashed
+        return not self.crashed and not self.stalled
+
+    @property
+    def stalled(self) -> bool:
+        """The firing clock stopped: no tick completed for `stall_seconds`."""
+        return time.monotonic() - self._last_beat > self.stall_seconds
+
+    def beat(self) -> None:
+        """A firing tick completed."""
+        self._last_beat = time.monotonic()
 
     def report(self) -> dict[str, object]:
         """What /ready answers with."""
         return {
             "ready": self.ready,
             "live": self.live,
+            "clock": "stalled" if self.stalled else "ticking",
             "dependencies": {
                 name: "up" if up else self.errors.get(name, "down") for name, up in self.up.items()
             },

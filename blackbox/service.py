@@ -22,9 +22,10 @@ from confluent_kafka import KafkaException, Producer
 from blackbox import kafka, policy
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
-from blackbox.dispatcher import Dispatcher, Policy
+from blackbox.dispatcher import Dispatcher, RetryPolicy
 from blackbox.endpoints import Endpoints
 from blackbox.envelope import Limits
+from blackbox.errors import SettingsError
 from blackbox.health import Health
 from blackbox.intake import Intake, IntakeConfig
 from blackbox.keys import Keys
@@ -60,8 +61,8 @@ def caller_policy_of(settings: Settings) -> CallerPolicy:
     return policy.load(settings.policy_file, base) if settings.policy_file else base
 
 
-def policy_of(settings: Settings) -> Policy:
-    return Policy(
+def retry_policy_of(settings: Settings) -> RetryPolicy:
+    return RetryPolicy(
         batch_limit=settings.batch_limit,
         lease_ms=int(settings.lease_seconds * 1000),
         max_attempts=settings.max_attempts,
@@ -91,7 +92,7 @@ class Service:
         self._intake_outbox = Outbox(renew(), wait, renew)
         self._dispatch_outbox = Outbox(renew(), wait, renew)
         self.dispatcher = Dispatcher(
-            self.store, self._dispatch_outbox, policy_of(settings), self.metrics
+            self.store, self._dispatch_outbox, retry_policy_of(settings), self.metrics
         )
         config = IntakeConfig(
             topic=settings.intake_topic,
@@ -105,12 +106,9 @@ class Service:
             kafka.new_consumer(settings), self.store, self._intake_outbox, config, self.metrics,
             on_scheduled=self._scheduled,
         )  # fmt: skip
-        self.health = Health(self._probes(), self.metrics)
-        self.endpoints = (
-            None
-            if settings.http_port is None
-            else Endpoints(settings.http_host, settings.http_port, self.health, self.metrics)
-        )
+        stall_seconds = max(60.0, 10 * settings.poll_interval)
+        self.health = Health(self._probes(), self.metrics, stall_seconds)
+        self.endpoints = None if settings.http_port is None else self._endpoints(settings)
         self.waker = Waker(self._fire, self.stopping)
         self._nudges = NudgeListener(
             redis_client(settings.redis_url), keys.wake_channel, self.waker
@@ -125,6 +123,15 @@ class Service:
         self._fire_lock = threading.Lock()
         self._fire_backoff = Backoff(base=settings.poll_interval, cap=30.0)
         self.failed = False
+
+    def _endpoints(self, settings: Settings) -> Endpoints:
+        try:
+            return Endpoints(settings.http_host, settings.http_port or 0, self.health, self.metrics)
+        except OSError as e:
+            raise SettingsError(
+                f"BLACKBOX_HTTP_PORT={settings.http_port} cannot be served on "
+                f"{settings.http_host}: {e}"
+            ) from e
 
     def _probes(self) -> dict[str, Callable[[], None]]:
         probe_client = redis.Redis.from_url(
@@ -162,6 +169,7 @@ class Service:
             log.warning("reclaim_failed", error=str(e))
         if not self._fire_lock.locked():
             self._fire()
+        self.health.beat()
 
     def _fire(self) -> int:
         """Deliver what is due; return when to fire next (epoch ms)."""
