@@ -18,6 +18,7 @@ import structlog
 from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
+    KafkaError,
     KafkaException,
     Message,
     TopicPartition,
@@ -38,6 +39,8 @@ from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.store import Applied, Cancellation, IntakeSlice, RedisStore, Write
 
 log = structlog.get_logger("blackbox.intake")
+# How long a stopping intake waits for its last answers before committing.
+FINAL_ANSWER_SECONDS = 3.0
 
 _OUTCOMES = {
     Applied.SCHEDULED: Outcome.SCHEDULED,
@@ -140,8 +143,8 @@ class Intake:
             while not stop.is_set():
                 self.poll_once(stop)
         finally:
-            # Let the last answers land (within the delivery deadline), then commit.
-            self._settle(threading.Event(), retry=False)
+            # Let the last answers land (briefly: the service stops within seconds), then commit.
+            self._settle(threading.Event(), retry=False, wait_seconds=FINAL_ANSWER_SECONDS)
             self.consumer.close()
             log.info("intake_stopped")
 
@@ -233,37 +236,55 @@ class Intake:
         for letter in dead:
             self.metrics.dead_letters.labels(reason=letter.reason.value).inc()
 
-    def _settle(self, stop: threading.Event, *, retry: bool = True) -> None:
+    def _settle(
+        self, stop: threading.Event, *, retry: bool = True, wait_seconds: float | None = None
+    ) -> None:
         """Wait for the last batch's answers, then store its offsets for commit.
 
         Answers of batch N travel while batch N+1 is parsed and applied. The requests are
         applied already (a re-read would skip them), so a failed answer is retried here
-        rather than by rewinding; only a lasting refusal drops one.
+        rather than by rewinding; only a lasting refusal, or stopping, drops one.
         """
         answering, self._answering = self._answering, None
         if answering is None:
             return
-        records, errors = answering.records, self.outbox.wait(answering.reports, stop)
-        backoff = Backoff(base=0.2, cap=10.0)
-        while True:
-            failed = [(r, e) for r, e in zip(records, errors, strict=True) if e is not None]
-            lasting = [(r, e) for r, e in failed if lasting_reason(e) is not None]
-            if lasting:
-                self.metrics.events_dropped.inc(len(lasting))
-                log.error("events_dropped", count=len(lasting), error=lasting[0][1].str())
-            records = [r for r, e in failed if lasting_reason(e) is None]
-            if not records or not retry or stop.is_set():
-                break
-            self.metrics.dependency_errors.labels(dependency="kafka").inc()
-            log.warning("events_unacknowledged", count=len(records), error=failed[0][1].str())
-            stop.wait(backoff.next())
-            errors = self.outbox.send(records, stop)
-        if records:
-            log.error("events_lost_on_stop", count=len(records))
+        errors = self.outbox.wait(answering.reports, stop, wait_seconds)
+        unsent = self._resend(answering.records, errors, stop if retry else None)
+        if unsent:
+            self.metrics.events_dropped.inc(len(unsent))
+            log.error("events_lost_on_stop", count=len(unsent))
         try:
             self.consumer.store_offsets(offsets=answering.offsets)
         except KafkaException as e:  # revoked meanwhile: its new owner re-reads and skips
             log.info("offsets_not_stored", error=str(e))
+
+    def _resend(
+        self, records: list[Record], errors: list[KafkaError | None], stop: threading.Event | None
+    ) -> list[Record]:
+        """Send failed answers again until they land or `stop`; return those never sent."""
+        records = self._passing_failures(records, errors)
+        backoff = Backoff(base=0.2, cap=10.0)
+        while records and stop is not None and not stop.is_set():
+            self.metrics.dependency_errors.labels(dependency="kafka").inc()
+            log.warning("events_unacknowledged", count=len(records))
+            stop.wait(backoff.next())
+            records = self._passing_failures(records, self.outbox.send(records, stop))
+        return records
+
+    def _passing_failures(
+        self, records: list[Record], errors: list[KafkaError | None]
+    ) -> list[Record]:
+        """The records that failed for a reason that may pass; lasting refusals are dropped."""
+        passing = []
+        for record, error in zip(records, errors, strict=True):
+            if error is None:
+                continue
+            if lasting_reason(error) is None:
+                passing.append(record)
+            else:
+                self.metrics.events_dropped.inc()
+                log.error("event_dropped", error=error.str())
+        return passing
 
     def _is_record(self, message: Message) -> bool:
         error = message.error()

@@ -57,7 +57,7 @@ class Metrics:
         )
         self.events_dropped = Counter(
             "blackbox_events_dropped",
-            "Events the events topic refused for a lasting reason (logged as errors).",
+            "Answers that never reached the events topic (refused, or pending at stop); logged.",
             registry=self.registry,
         )
         for reason in DeadLetterReason:

@@ -91,10 +91,10 @@ class Outbox:
         return reports
 
     def wait(
-        self, reports: Reports, stop: threading.Event | None = None
+        self, reports: Reports, stop: threading.Event | None = None, seconds: float | None = None
     ) -> list[KafkaError | None]:
-        """Wait for a submitted batch's reports, within the deadline."""
-        self._wait(reports, stop)
+        """Wait for a submitted batch's reports, within the deadline (or `seconds`)."""
+        self._wait(reports, stop, self.wait_seconds if seconds is None else seconds)
         if any(is_fenced(e) for e in reports.errors):
             self._replace_producer(next(e for e in reports.errors if is_fenced(e)))
         return reports.errors
@@ -122,8 +122,8 @@ class Outbox:
                 return
         reports.report(index, KafkaError(KafkaError._QUEUE_FULL, "producer queue full"), None)  # type: ignore[arg-type]
 
-    def _wait(self, reports: Reports, stop: threading.Event | None) -> None:
-        deadline = time.monotonic() + self.wait_seconds
+    def _wait(self, reports: Reports, stop: threading.Event | None, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
         while reports.pending > 0 and time.monotonic() < deadline:
             if stop is not None and stop.is_set():
                 # Shutting down: drop what never left, keep waiting briefly for the rest.
