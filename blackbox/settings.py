@@ -127,8 +127,8 @@ VARIABLES: tuple[Var, ...] = (
         "largest intake record value accepted"),
     Var("BLACKBOX_MAX_COUNTDOWN", "max_countdown", _countdown_limit, "315576000",
         "maximum horizon: latest due time accepted, seconds ahead (default 10 years)"),
-    Var("BLACKBOX_FIRED_RETENTION", "fired_retention", _positive_int, "604800",
-        "seconds a caller's id is remembered after it fired or was cancelled"),
+    Var("BLACKBOX_FIRED_RETENTION", "fired_retention", _positive_int, "86400",
+        "seconds a caller's id is remembered after it fired or was cancelled (a key each)"),
     Var("BLACKBOX_HTTP_HOST", "http_host", str, "0.0.0.0",  # noqa: S104 - probes come from outside
         "address of the /live, /ready and /metrics endpoints"),
     Var("BLACKBOX_HTTP_PORT", "http_port", _port, "8080",

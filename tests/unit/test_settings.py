@@ -31,7 +31,7 @@ def test_defaults_from_an_empty_environment() -> None:
         grace_seconds=604_800,
         max_message_bytes=1_048_576,
         max_countdown=315_576_000.0,
-        fired_retention=604_800,
+        fired_retention=86_400,
         http_host="0.0.0.0",  # noqa: S104
         http_port=8080,
         health_interval=2.0,
