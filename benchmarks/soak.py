@@ -65,6 +65,7 @@ class Sample:
     service_rss_mb: float
     redis_mb: float
     pending: int
+    sent: int
 
 
 def _rss_mb(pid: int) -> float:
@@ -75,11 +76,11 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _sample(minute: int, pid: int, client: redis.Redis, keys: Keys) -> Sample:
+def _sample(minute: int, pid: int, client: redis.Redis, keys: Keys, sent: int) -> Sample:
     pending = int(client.zcard(keys.due)) + int(client.zcard(keys.in_flight))
     used = int(client.info("memory")["used_memory"]) / 2**20
     return Sample(minute, time.time_ns() // 1_000_000, round(_rss_mb(pid), 1), round(used, 1),
-                  pending)  # fmt: skip
+                  pending, sent)  # fmt: skip
 
 
 def soak(minutes: int = 60, rate: int = 200) -> Result:
@@ -98,7 +99,7 @@ def soak(minutes: int = 60, rate: int = 200) -> Result:
         start = time.monotonic()
         for minute in range(1, minutes + 1):
             time.sleep(max(0.0, start + minute * 60 - time.monotonic()))  # the sampling clock
-            samples.append(_sample(minute, process.pid, client, keys))
+            samples.append(_sample(minute, process.pid, client, keys, sender.sent))
             print(_row(samples[-1]), flush=True)  # noqa: T201 - progress of a long run
         sender.join()
         got = collector.result(timeout=300)
@@ -111,7 +112,8 @@ def soak(minutes: int = 60, rate: int = 200) -> Result:
 
 def _row(sample: Sample) -> str:
     return (f"minute {sample.minute:3d}  rss {sample.service_rss_mb:7.1f} MB  "
-            f"redis {sample.redis_mb:7.1f} MB  pending {sample.pending:7d}")  # fmt: skip
+            f"redis {sample.redis_mb:7.1f} MB  pending {sample.pending:7d}  "
+            f"sent {sample.sent:8d}")  # fmt: skip
 
 
 def _report(samples: list[Sample], got: Deliveries, sender: _SteadySender, alive: bool) -> Result:
