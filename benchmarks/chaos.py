@@ -244,6 +244,8 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=5000)
     parser.add_argument("--bad", type=int, default=10_000)
     args = parser.parse_args()
+    if set(args.names) - set(SCENARIOS):
+        parser.error(f"choose scenarios from {', '.join(SCENARIOS)}")
     runs = {"crash": lambda: crash(args.messages, args.kills),
             "redis-always": lambda: redis_restart("always"),
             "redis-everysec": lambda: redis_restart("everysec"),

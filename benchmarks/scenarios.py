@@ -193,8 +193,13 @@ def table(result: Result) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("names", nargs="*", choices=[*SCENARIOS, []], default=list(SCENARIOS))
+    parser.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"any of {', '.join(SCENARIOS)} (default: all)"
+    )
     args = parser.parse_args()
+    unknown = set(args.names) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
     for name in args.names or SCENARIOS:
         result = SCENARIOS[name]()
         print(orjson.dumps(result).decode(), flush=True)  # noqa: T201 - a benchmark prints figures
