@@ -57,8 +57,9 @@ class _Sender(threading.Thread):
         rng, start = random.Random(3), time.monotonic()
         for n in range(self.count):
             lag = start + n * self.seconds / self.count - time.monotonic()
-            if lag > 0:
-                producer.poll(lag)
+            if lag > 0:  # poll() returns at the first delivery report: sleep for the pace
+                time.sleep(lag)
+            producer.poll(0)
             value = {"topic": self.target, "message": n, "countdown": rng.uniform(0, 3)}
             producer.produce(self.stack.settings.intake_topic, orjson.dumps(value),
                              on_delivery=self._report)  # fmt: skip
