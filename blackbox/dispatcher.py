@@ -4,12 +4,17 @@ An id leaves Redis only after its target topic (or the dead-letter topic) acknow
 A failed delivery goes back to due with a backoff; one failing for a lasting reason is
 dead-lettered once its attempts are spent. A full claim is followed at once by the next,
 so a backlog drains at full speed.
+
+Sending does not wait for the broker: a batch is settled in Redis (acked, retried or
+dead-lettered) once its reports are in, on a later run, so the next due messages are
+claimed while the broker acknowledges earlier ones. Before the dispatcher idles (nothing
+due soon) it settles everything it sent, well inside the lease.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +34,10 @@ from blackbox.schedule import Schedule, split_scoped
 from blackbox.store import Claim, Loaded, RedisStore
 
 log = structlog.get_logger("blackbox.dispatcher")
+# Batches sent and not yet settled, at most; past it the oldest is awaited.
+MAX_UNSETTLED = 4
+# A run that finds nothing due within this many ms settles all it sent before returning.
+SETTLE_AHEAD_MS = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +76,10 @@ class _Sent:
     # Claimed, not to be delivered: cancelled while in flight, or updated to a later time.
     cancelled: list[str] = field(default_factory=list)
     later: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def reported(self) -> bool:
+        return self.reports is None or self.reports.pending == 0
 
 
 @dataclass(slots=True)
@@ -121,25 +134,42 @@ class Dispatcher:
         self.outbox = outbox
         self.policy = policy
         self.metrics = metrics
+        self._unsettled: deque[_Sent] = deque()
 
     def fire_due(self, stop: threading.Event) -> Fired:
-        """Deliver everything due now, batch after batch, until a claim comes back short.
-
-        Batches overlap: while the broker acknowledges one, the next is claimed and sent.
+        """Send everything due now, batch after batch, until a claim comes back short;
+        settle the batches the broker has reported on (all of them, if nothing is due soon).
         """
         fired = Fired(delivered=0, next_due_ms=None)
-        sent: _Sent | None = None
         while not stop.is_set():
             claim = self.store.claim_due(now_ms(), self.policy.batch_limit, self.policy.lease_ms)
             fired.next_due_ms = claim.next_due_ms
-            previous, sent = sent, self._send(claim) if claim.ids else None
-            if previous is not None:
-                fired.delivered += self._complete(previous, stop)
+            if claim.ids:
+                self._unsettled.append(self._send(claim))
+            fired.delivered += self._settle_reported(stop)
             if len(claim.ids) < self.policy.batch_limit:
                 break
-        if sent is not None:
-            fired.delivered += self._complete(sent, stop)
+        due_soon = fired.next_due_ms is not None and fired.next_due_ms - now_ms() < SETTLE_AHEAD_MS
+        if not due_soon:
+            fired.delivered += self.settle_all(stop)
         return fired
+
+    def settle_all(self, stop: threading.Event) -> int:
+        """Wait for the reports of every batch sent and settle each; how many were delivered."""
+        delivered = 0
+        while self._unsettled:
+            delivered += self._complete(self._unsettled.popleft(), stop)
+        return delivered
+
+    def _settle_reported(self, stop: threading.Event) -> int:
+        """Settle the oldest batches whose reports are all in (or that must be awaited)."""
+        self.outbox.producer.poll(0)
+        delivered = 0
+        while self._unsettled and (
+            self._unsettled[0].reported or len(self._unsettled) > MAX_UNSETTLED
+        ):
+            delivered += self._complete(self._unsettled.popleft(), stop)
+        return delivered
 
     def reclaim_expired(self) -> int:
         """Return ids whose replica's lease ran out to due; how many."""

@@ -183,6 +183,14 @@ class Service:
         next_poll = now_ms() + poll_ms
         return next_poll if fired.next_due_ms is None else min(fired.next_due_ms, next_poll)
 
+    def _settle_sent(self) -> None:
+        """Settle what the dispatcher sent before stopping (what never left is retried)."""
+        with self._fire_lock:
+            try:
+                self.dispatcher.settle_all(self.stopping)
+            except (redis.RedisError, KafkaException) as e:  # their leases run out instead
+                log.warning("settle_on_stop_failed", error=str(e))
+
     def _paused(self, error: Exception) -> int:
         dependency = "redis" if isinstance(error, redis.RedisError) else "kafka"
         self.metrics.dependency_errors.labels(dependency=dependency).inc()
@@ -229,6 +237,7 @@ class Service:
             thread.join(max(0.0, deadline - time.monotonic()))
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)
+        self._settle_sent()
         undelivered = self._intake_outbox.close(1.0) + self._dispatch_outbox.close(1.0)
         if self.endpoints is not None:
             self.endpoints.stop()

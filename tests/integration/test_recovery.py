@@ -106,3 +106,29 @@ def test_service_exits_cleanly_on_sigterm(
 
     assert process.terminate(timeout=10) == 0
     assert "service_stopped" in process.output()
+
+
+def test_a_replica_stopped_mid_stream_leaves_nothing_in_flight(
+    reader: ReaderFactory, env: dict[str, str], redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """Guarantees 1 and 2: SIGTERM while batches await the broker settles each of them: what
+    was delivered is forgotten (no second copy after a restart), the rest is due again."""
+    settings = Settings.from_env(env)
+    kafka.ensure_topics(settings.kafka, settings.own_topics)
+    target = unique("stopping")
+    # Due one every 5 ms over 3 s: something is always due soon, so batches are sent
+    # while earlier ones are still being acknowledged.
+    produce(settings.kafka["bootstrap.servers"], settings.intake_topic,
+            [envelope(target, {"n": n}, 2 + n * 0.005) for n in range(600)])  # fmt: skip
+    service = BlackboxProcess(env, tmp_path / "service.log")
+    target_reader = reader(target)
+    target_reader.wait_count(100, timeout=40)
+
+    assert service.terminate(timeout=15) == 0
+    keys = Keys(settings.namespace)
+    due, in_flight = redis_client.zcard(keys.due), redis_client.zcard(keys.in_flight)
+    records = target_reader.wait_count(600 - due, timeout=20)
+
+    assert in_flight == 0
+    ids = Counter(r.header("blackbox-id") for r in records)
+    assert len(records) == 600 - due and max(ids.values()) == 1
