@@ -6,7 +6,8 @@ import multiprocessing
 import statistics
 import time
 import uuid
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.queues import Queue
 
@@ -48,6 +49,48 @@ def summary(values: Sequence[float]) -> dict[str, float | None]:
     }
 
 
+@dataclass(frozen=True)
+class Window:
+    """A topic read live only between two wall-clock times (epoch seconds).
+
+    A long run rotates its target topics so that none grows large: the local broker's
+    fetches cost more the longer a partition's log, and a reader polling every few ms
+    stalls it past about 8,000 record batches.
+    """
+
+    topic: str
+    opens: float
+    closes: float
+
+    def is_open(self) -> bool:
+        return self.opens <= time.time() < self.closes
+
+
+def _until(windows: Sequence[Window]) -> float:
+    return max(w.closes for w in windows) - time.time()
+
+
+def count_copies(bootstrap: str, topic: str, timeout: float = 60) -> Counter[str]:
+    """How many copies of each `blackbox-id` a topic holds, read to its end."""
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"count-{uuid.uuid4().hex}",
+        "enable.auto.commit": False, "isolation.level": "read_uncommitted",
+    })  # fmt: skip
+    _, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    copies: Counter[str] = Counter()
+    read, deadline = 0, time.monotonic() + timeout
+    while read < end and time.monotonic() < deadline:
+        for m in consumer.consume(10_000, timeout=0.5):
+            if m.error() is None:
+                read += 1
+                copies[(dict(normalize_headers(m.headers()))["blackbox-id"] or b"").decode()] += 1
+    consumer.close()
+    if read < end:
+        raise TimeoutError(f"read {read} of {end} records of {topic} in {timeout} s")
+    return copies
+
+
 class Collector:
     """A reader of one topic that stamps each record the moment it is handed over."""
 
@@ -82,10 +125,29 @@ class Collector:
             if time.monotonic() - checked > 0.5:
                 self._follow_partitions()
                 checked = time.monotonic()
-            self._read_once()
+            self.read_once()
         return self.deliveries
 
-    def _read_once(self) -> None:
+    def follow(self, windows: Sequence[Window], timeout: float) -> Deliveries:
+        """Read each window's topic while it is open, until the last one closes."""
+        deadline = time.monotonic() + min(timeout, _until(windows))
+        reading: set[str] = set()
+        checked = 0.0
+        while time.monotonic() < deadline:
+            if time.monotonic() - checked > 0.5:
+                reading = self._reassign(reading, {w.topic for w in windows if w.is_open()})
+                checked = time.monotonic()
+            self.read_once()
+        return self.deliveries
+
+    def _reassign(self, reading: set[str], wanted: set[str]) -> set[str]:
+        if wanted - reading:
+            self.consumer.incremental_assign([TopicPartition(t, 0, 0) for t in wanted - reading])
+        if reading - wanted:
+            self.consumer.incremental_unassign([TopicPartition(t, 0) for t in reading - wanted])
+        return wanted
+
+    def read_once(self) -> None:
         # poll() returns as soon as one record is there; consume(n, 0) drains the rest
         # (consume(n, t) would hold every record until n arrived or t passed).
         first = self.consumer.poll(0.05)
@@ -111,15 +173,32 @@ def _collect_into(bootstrap: str, topic: str, count: int, timeout: float, out: Q
     collector.close()
 
 
+def _follow_into(bootstrap: str, windows: Sequence[Window], timeout: float, out: Queue) -> None:  # type: ignore[type-arg]
+    collector = Collector(bootstrap, windows[0].topic)
+    out.put("ready")
+    out.put(collector.follow(windows, timeout).copies)
+    collector.close()
+
+
 class CollectorProcess:
     """A Collector in a process of its own, so load generation cannot delay its stamps."""
 
     def __init__(self, bootstrap: str, topic: str, count: int, timeout: float) -> None:
+        self._start(_collect_into, (bootstrap, topic, count, timeout))
+
+    @classmethod
+    def following(
+        cls, bootstrap: str, windows: Sequence[Window], timeout: float
+    ) -> CollectorProcess:
+        """A collector reading each window's topic while it is open."""
+        collector = cls.__new__(cls)
+        collector._start(_follow_into, (bootstrap, list(windows), timeout))
+        return collector
+
+    def _start(self, target: Callable[..., None], args: tuple[object, ...]) -> None:
         context = multiprocessing.get_context("spawn")
         self.queue: Queue = context.Queue()  # type: ignore[type-arg]
-        self.process = context.Process(
-            target=_collect_into, args=(bootstrap, topic, count, timeout, self.queue)
-        )
+        self.process = context.Process(target=target, args=(*args, self.queue))
         self.process.start()
         if self.queue.get(timeout=60) != "ready":
             raise RuntimeError("the collector did not start")
