@@ -2,7 +2,9 @@
 
 It sleeps until the earliest due time that the last claim reported (or one poll interval,
 whichever is sooner) and wakes early when nudged: by this replica's intake, or by another
-replica's through a Redis pub/sub message carrying the due time.
+replica's through a Redis pub/sub message carrying the due time. A nudge that comes while
+`fire` runs is kept: the claim inside may already have looked, so the next wake-up is no
+later than the nudged time.
 """
 
 from __future__ import annotations
@@ -31,12 +33,18 @@ class Waker:
         self.planned_ms = 0
         self._wake = threading.Event()
         self._lock = threading.Lock()
+        self._firing = False
+        self._nudged_ms: int | None = None  # the earliest nudge while firing
 
     def run(self) -> None:
         while not self.stop.is_set():
+            with self._lock:
+                self._firing, self._nudged_ms = True, None
             wake_at = self.fire()
             with self._lock:
-                self.planned_ms = wake_at
+                if self._nudged_ms is not None:
+                    wake_at = min(wake_at, self._nudged_ms)
+                self._firing, self.planned_ms = False, wake_at
             self._sleep_until(wake_at)
 
     def _sleep_until(self, wake_at: int) -> None:
@@ -48,6 +56,11 @@ class Waker:
     def nudge(self, due_ms: int) -> bool:
         """Wake at `due_ms` if that is sooner than planned; True if it was."""
         with self._lock:
+            if self._firing:
+                if self._nudged_ms is not None and due_ms >= self._nudged_ms:
+                    return False
+                self._nudged_ms = due_ms
+                return True
             if due_ms >= self.planned_ms:
                 return False
             self.planned_ms = due_ms

@@ -39,3 +39,34 @@ def test_a_nudge_wakes_a_sleeping_waker_at_once() -> None:
     waker.wake()
     thread.join(5)
     assert not thread.is_alive()
+
+
+def test_a_nudge_while_firing_is_kept_for_the_next_wake_up() -> None:
+    """Guarantee 6: a schedule stored while `fire` runs (after its claim looked) still
+    fires at its due time, not at the next poll planned a minute away."""
+    stop = threading.Event()
+    runs: list[int] = []
+    nudged = threading.Event()
+    again = threading.Semaphore(0)
+    waker: Waker
+
+    def fire() -> int:
+        runs.append(now_ms())
+        if len(runs) == 1:
+            assert waker.nudge(now_ms() + 50) is True  # intake, while this run is busy
+            assert waker.nudge(now_ms() + 100) is False  # later than the kept one
+            nudged.set()
+        else:
+            again.release()
+        return now_ms() + 60_000
+
+    waker = Waker(fire, stop)
+    thread = threading.Thread(target=waker.run, daemon=True)
+    thread.start()
+    assert nudged.wait(5)
+    assert again.acquire(timeout=5), "the nudge during the run was dropped"
+    assert runs[1] - runs[0] < 30_000
+    stop.set()
+    waker.wake()
+    thread.join(5)
+    assert not thread.is_alive()
