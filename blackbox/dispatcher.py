@@ -187,7 +187,8 @@ class Dispatcher:
         outcome = _Outcome(done=[], retry=defaultdict(list))
         if sent.reports is not None:
             errors = self.outbox.wait(sent.reports, stop)
-            self._judge(sent.schedules, errors, outcome, sent.dead)
+            acked_ms = sent.reports.last_ms or now_ms()  # settling may come runs later
+            self._judge(sent.schedules, errors, acked_ms, outcome, sent.dead)
         self._dead_letter(sent, outcome, stop)
         outcome.done += sent.cancelled
         self._settle(sent.claim, outcome)
@@ -220,10 +221,10 @@ class Dispatcher:
         self,
         schedules: Sequence[tuple[Schedule, int]],
         errors: Sequence[KafkaError | None],
+        acked_ms: int,
         outcome: _Outcome,
         dead: list[DeadLetter],
     ) -> None:
-        acked_ms = now_ms()
         for (schedule, attempt), error in zip(schedules, errors, strict=True):
             if error is None:
                 outcome.done.append(schedule.id)

@@ -15,6 +15,8 @@ from functools import partial
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from blackbox.clock import now_ms
+
 Header = tuple[str, bytes | None]
 log = structlog.get_logger("blackbox.outbox")
 
@@ -42,10 +44,12 @@ class Reports:
     def __init__(self, size: int) -> None:
         self.errors: list[KafkaError | None] = [NO_REPORT] * size
         self.pending = size
+        self.last_ms = 0  # when the latest report came (epoch ms)
 
     def report(self, index: int, error: KafkaError | None, _message: Message) -> None:
         self.errors[index] = error
         self.pending -= 1
+        self.last_ms = now_ms()
 
 
 # Errors after which an idempotent producer can send nothing more: only a new one can.

@@ -1,11 +1,12 @@
-"""Which producer errors mean the producer itself must be replaced."""
+"""Which producer errors mean the producer itself must be replaced; what a batch's reports hold."""
 
 from __future__ import annotations
 
 import pytest
 from confluent_kafka import KafkaError
 
-from blackbox.outbox import NO_REPORT, is_fenced
+from blackbox.clock import now_ms
+from blackbox.outbox import NO_REPORT, Reports, is_fenced
 
 
 @pytest.mark.parametrize(
@@ -30,3 +31,15 @@ def test_ordinary_failures_keep_the_producer(error: KafkaError | None) -> None:
 
 def test_an_error_flagged_fatal_is_fenced_whatever_its_code() -> None:
     assert is_fenced(KafkaError(KafkaError._MSG_TIMED_OUT, "fatal", fatal=True))
+
+
+def test_reports_keep_each_error_and_when_the_last_came() -> None:
+    """The lateness metric uses when the broker answered, not when the batch was settled."""
+    reports = Reports(2)
+    assert reports.errors == [NO_REPORT, NO_REPORT] and reports.pending == 2
+    before = now_ms()
+    reports.report(1, None, None)  # type: ignore[arg-type]
+    reports.report(0, KafkaError(KafkaError._MSG_TIMED_OUT), None)  # type: ignore[arg-type]
+    assert reports.pending == 0
+    assert reports.errors[1] is None and reports.errors[0] is not None
+    assert before <= reports.last_ms <= now_ms()
