@@ -39,6 +39,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+# The most ids one claim or intake script may take: bounds the time one Lua call holds
+# Redis (Sidekiq's lesson: 100,000 due ids in one script blocked Redis for all).
+MAX_BATCH = 10_000
+
+
+def _batch(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_BATCH:
+        raise ValueError(f"must be at most {MAX_BATCH:,} (one Lua call holds Redis)")
+    return value
+
+
 def _namespace(text: str) -> str:
     if not text or "{" in text or "}" in text:
         raise ValueError("must be a non-empty name without braces (it becomes a hash tag)")
@@ -107,9 +119,9 @@ VARIABLES: tuple[Var, ...] = (
         "YAML or JSON per-caller policy; empty: any caller, any topic, within the limits"),
     Var("BLACKBOX_POLL_INTERVAL", "poll_interval", _positive_float, "1.0",
         "seconds between firing ticks"),
-    Var("BLACKBOX_BATCH_LIMIT", "batch_limit", _positive_int, "1000",
-        "most ids claimed by one claim"),
-    Var("BLACKBOX_INTAKE_BATCH", "intake_batch", _positive_int, "500",
+    Var("BLACKBOX_BATCH_LIMIT", "batch_limit", _batch, "1000",
+        "most ids claimed by one claim (at most 10,000)"),
+    Var("BLACKBOX_INTAKE_BATCH", "intake_batch", _batch, "500",
         "most intake records handled per Redis round trip"),
     Var("BLACKBOX_LEASE_SECONDS", "lease_seconds", _positive_float, "30",
         "how long a claimed id is held before another replica may fire it"),

@@ -80,6 +80,8 @@ def test_values_are_read_typed_and_stripped() -> None:
         ("BLACKBOX_BATCH_LIMIT", "0"),
         ("BLACKBOX_BATCH_LIMIT", "1.5"),
         ("BLACKBOX_BATCH_LIMIT", "many"),
+        ("BLACKBOX_BATCH_LIMIT", "10001"),
+        ("BLACKBOX_INTAKE_BATCH", "100000"),
         ("BLACKBOX_INTAKE_BATCH", "0"),
         ("BLACKBOX_LEASE_SECONDS", "0"),
         ("BLACKBOX_DELIVERY_TIMEOUT", "-5"),
