@@ -7,11 +7,13 @@ from benchmarks import chaos
 
 def test_killed_and_restarted_service_loses_nothing() -> None:
     """Guarantees 1 and 2: kill -9 at random moments under load; every accepted message is
-    delivered at least once, and copies of one id are the same schedule."""
+    delivered at least once (counted by message), each under one `blackbox-id`, and copies
+    of one id are the same schedule."""
     result = chaos.crash(messages=600, kills=3)
 
     assert result["accepted"] == 600
     assert result["lost"] == 0, result
+    assert result["messages_under_two_ids"] == 0, result
     assert result["duplicates_consistent"] is True
 
 
