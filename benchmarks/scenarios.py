@@ -13,6 +13,7 @@ Lateness is measured by a consumer outside the service (benchmarks.collect).
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -122,16 +123,24 @@ def s3_intake(count: int = 100_000) -> Result:
         producer.flush(60)
         client = redis.Redis.from_url(stack.redis.url)
         due_key = Keys(stack.settings.namespace).due
-        with service_process(stack):
+        with service_process(stack) as process:
             while client.zcard(due_key) == 0:
                 time.sleep(0.001)
-            first = time.monotonic()
+            first, cpu_first = time.monotonic(), cpu_seconds(process.pid)
             while (stored := client.zcard(due_key)) < count:
                 time.sleep(0.005)
-            elapsed = time.monotonic() - first
+            elapsed, cpu = time.monotonic() - first, cpu_seconds(process.pid) - cpu_first
         client.close()
     return {"scenario": "S3 intake", "messages": count, "stored": stored,
-            "seconds": round(elapsed, 3), "records_per_s": round(count / elapsed)}  # fmt: skip
+            "seconds": round(elapsed, 3), "records_per_s": round(count / elapsed),
+            "service_cpu_us_per_record": round(cpu / count * 1e6, 1)}  # fmt: skip
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def s4_capacity(count: int = 1_000_000, payload_bytes: int = 100, claims: int = 20) -> Result:

@@ -29,6 +29,8 @@ _CONSUMER_FORCED = {
 }
 _PRODUCER_DEFAULTS = {"linger.ms": "2"}
 _PRODUCER_FORCED = {"enable.idempotence": "true", "acks": "all"}
+# Whether librdkafka reports successful deliveries too: blackbox decides, per producer.
+_REPORT_ONLY_ERRORS = "delivery.report.only.error"
 
 # Errors that will not go away by retrying soon: the message counts an attempt toward
 # dead-lettering. Everything else (timeouts, brokers away) is retried without limit.
@@ -59,7 +61,9 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
     }
 
 
-def producer_config(settings: Settings) -> dict[str, Any]:
+def producer_config(settings: Settings, *, report_only_errors: bool = False) -> dict[str, Any]:
+    """`report_only_errors`: no report per acknowledged record (the intake's answers and
+    dead letters are many; a batch counts as landed once the producer's queue is empty)."""
     # Never 0: librdkafka reads 0 as "no timeout", which would outlive any lease.
     timeout_ms = max(1, math.ceil(settings.delivery_timeout * 1000))
     timeout = {"message.timeout.ms": str(timeout_ms)}
@@ -73,6 +77,7 @@ def producer_config(settings: Settings) -> dict[str, Any]:
         **settings.kafka_producer,
         **timeout,
         **_PRODUCER_FORCED,
+        _REPORT_ONLY_ERRORS: report_only_errors,  # confluent-kafka takes a bool here
     }
 
 
@@ -81,9 +86,9 @@ def new_consumer(settings: Settings) -> Consumer:
         return Consumer(consumer_config(settings))
 
 
-def new_producer(settings: Settings) -> Producer:
+def new_producer(settings: Settings, *, report_only_errors: bool = False) -> Producer:
     with _naming_bad_settings():
-        return Producer(producer_config(settings))
+        return Producer(producer_config(settings, report_only_errors=report_only_errors))
 
 
 @contextmanager

@@ -7,7 +7,7 @@ message costs one payload key and one sorted-set member, and millions may be pen
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,10 +15,11 @@ class Keys:
     """The key names of one blackbox namespace."""
 
     namespace: str = "bb"
+    # Built once: payload() and ended() run once per message on the intake and firing paths.
+    tag: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def tag(self) -> str:
-        return "{" + self.namespace + "}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tag", "{" + self.namespace + "}")
 
     @property
     def due(self) -> str:
@@ -49,7 +50,7 @@ class Keys:
         """String (SET ... EX): the encoded Schedule of one id. Kept short: one per message.
 
         Ids never start with ':' or '!', so these never meet the other names of the namespace."""
-        return f"{self.tag}{schedule_id}"
+        return self.tag + schedule_id
 
     def ended(self, schedule_id: str) -> str:
         """String (SET ... EX): how a caller's id last ended, "f" fired or "c" cancelled.

@@ -51,6 +51,11 @@ class Reports:
         self.pending -= 1
         self.last_ms = now_ms()
 
+    def all_landed(self) -> None:
+        """Every record without a report landed (a producer that reports only errors)."""
+        self.errors = [None if e is NO_REPORT else e for e in self.errors]
+        self.pending = 0
+
 
 # Errors after which an idempotent producer can send nothing more: only a new one can.
 _FENCED = frozenset({
@@ -70,6 +75,11 @@ class Outbox:
     When the producer is fenced (a fatal error of the idempotent producer, seen after a
     broker outage), it is replaced by a new one from `renew`; the failed records are
     reported as failed, and their senders retry them on the new producer.
+
+    With `only_errors`, the producer (and every one `renew` makes) reports failures only
+    (`delivery.report.only.error`): a batch has landed once the producer's queue is empty.
+    That spares a report per record, but the outbox must then have its producer to itself
+    and wait for one batch at a time.
     """
 
     def __init__(
@@ -77,10 +87,13 @@ class Outbox:
         producer: Producer,
         wait_seconds: float,
         renew: Callable[[], Producer] | None = None,
+        *,
+        only_errors: bool = False,
     ) -> None:
         self.producer = producer
         self.wait_seconds = wait_seconds
         self.renew = renew
+        self.only_errors = only_errors
 
     def send(
         self, records: Sequence[Record], stop: threading.Event | None = None
@@ -130,13 +143,18 @@ class Outbox:
 
     def _wait(self, reports: Reports, stop: threading.Event | None, seconds: float) -> None:
         deadline = time.monotonic() + seconds
-        while reports.pending > 0 and time.monotonic() < deadline:
+        while self._unsettled(reports) and time.monotonic() < deadline:
             if stop is not None and stop.is_set():
                 # Shutting down: drop what never left, keep waiting briefly for the rest.
                 self.producer.purge(in_queue=True, in_flight=False)
                 self.producer.flush(1.0)
-                return
+                break
             self.producer.flush(min(0.1, max(0.0, deadline - time.monotonic())))
+        if self.only_errors and len(self.producer) == 0:
+            reports.all_landed()
+
+    def _unsettled(self, reports: Reports) -> bool:
+        return len(self.producer) > 0 if self.only_errors else reports.pending > 0
 
     def close(self, timeout: float = 5.0) -> int:
         """Flush what is still queued; return how many messages were left undelivered."""

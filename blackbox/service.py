@@ -89,7 +89,13 @@ class Service:
         def renew() -> Producer:
             return kafka.new_producer(settings)
 
-        self._intake_outbox = Outbox(renew(), wait, renew)
+        def renew_reporting_errors() -> Producer:
+            return kafka.new_producer(settings, report_only_errors=True)
+
+        # The intake sends an answer per request: its producer reports failures only.
+        self._intake_outbox = Outbox(
+            renew_reporting_errors(), wait, renew_reporting_errors, only_errors=True
+        )
         self._dispatch_outbox = Outbox(renew(), wait, renew)
         self.dispatcher = Dispatcher(
             self.store, self._dispatch_outbox, retry_policy_of(settings), self.metrics

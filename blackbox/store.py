@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+import hiredis
 import redis
 
 from blackbox.keys import Keys
@@ -42,6 +43,9 @@ class Applied(enum.IntEnum):
     CANCELLED = 3
     ALREADY_FIRED = 4
     NOT_FOUND = 5
+
+
+_APPLIED = tuple(Applied)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,17 +133,45 @@ class RedisStore:
         chunk is one atomic script call that also moves its partition's watermark, so a
         partial failure leaves Redis consistent.
         """
-        pipe = self.client.pipeline(transaction=False)
-        for part in slices:
-            for chunk, mark in part.chunks():
-                keys = [self.keys.due, self.keys.in_flight, self.keys.intake_marks]
-                keys.append(self.keys.attempts)
-                args: list[Any] = [part.field, mark, self.ended_retention_seconds]
-                for offset, write in chunk:
-                    keys += [self.keys.payload(write.id), self.keys.ended(write.id)]
-                    args += [offset, *self._args(write, now_ms)]
-                self._intake(keys=keys, args=args, client=pipe)
-        return [Applied(int(code)) for codes in pipe.execute() for code in codes]
+        calls = [self._intake_call(part, chunk, mark, now_ms)
+                 for part in slices for chunk, mark in part.chunks()]  # fmt: skip
+        try:
+            replies = self._run_intake(calls)
+        except redis.exceptions.NoScriptError:  # Redis restarted and lost its script cache
+            self.client.script_load(self._intake.script)
+            replies = self._run_intake(calls)
+        return [_APPLIED[code] for codes in replies for code in codes]
+
+    def _intake_call(
+        self, part: IntakeSlice, chunk: Sequence[tuple[int, Write]], mark: int, now_ms: int
+    ) -> list[Any]:
+        """The EVALSHA arguments of one chunk: the script's keys, then its arguments."""
+        keys = [self.keys.due, self.keys.in_flight, self.keys.intake_marks, self.keys.attempts]
+        args: list[Any] = [part.field, mark, self.ended_retention_seconds]
+        for offset, write in chunk:
+            keys += [self.keys.payload(write.id), self.keys.ended(write.id)]
+            args += [offset, *self._args(write, now_ms)]
+        return [self._intake.sha, len(keys), *keys, *args]
+
+    def _run_intake(self, calls: list[list[Any]]) -> list[list[int]]:
+        """Send every chunk's EVALSHA at once, then read the replies in order.
+
+        Packed with hiredis directly: redis-py's pipeline checks each argument in Python
+        (eight per request) and its Script adds a SCRIPT EXISTS round trip. An error reply
+        (NOSCRIPT after a Redis restart: that call ran nothing) or a broken connection
+        leaves replies unread, so the connection is dropped and the error raised.
+        """
+        packed = [hiredis.pack_command(("EVALSHA", *call)) for call in calls]
+        pool = self.client.connection_pool
+        connection = pool.get_connection()
+        try:
+            connection.send_packed_command(packed)  # type: ignore[no-untyped-call]
+            return [connection.read_response() for _ in packed]
+        except BaseException:
+            connection.disconnect()  # type: ignore[no-untyped-call]
+            raise
+        finally:
+            pool.release(connection)
 
     def _args(self, write: Write, now_ms: int) -> tuple[Any, ...]:
         if isinstance(write, Cancellation):

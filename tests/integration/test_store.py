@@ -148,3 +148,14 @@ def test_an_update_of_a_pending_id_replaces_payload_and_due_time(store: RedisSto
 
     assert store.client.zscore(store.keys.due, ID) == now + 5_000
     assert Schedule.decode(ID, _state(store)[2] or b"").value == b"v2"
+
+
+def test_intake_survives_redis_losing_its_script_cache(store: RedisStore) -> None:
+    """Guarantee 5: after a Redis restart (scripts flushed), intake loads its script again
+    and applies the request once, rather than failing until the service restarts."""
+    intake = Intake(store)
+    assert intake.send(_version(b"v1", now_ms() + 60_000, 0)) is Applied.SCHEDULED
+    store.client.script_flush()
+    assert intake.send(Cancellation(ID)) is Applied.CANCELLED
+    assert _state(store) == (False, False, None, b"c")
+    assert store.client.ping()  # the connection the failed call dropped was replaced

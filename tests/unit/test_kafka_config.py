@@ -80,7 +80,20 @@ def test_producer_defaults() -> None:
         "message.timeout.ms": "10000",
         "enable.idempotence": "true",
         "acks": "all",
+        "delivery.report.only.error": False,
     }
+
+
+def test_only_the_producer_asking_for_it_reports_errors_alone() -> None:
+    """Guarantee 1: a delivery is acked in Redis only after its success report, so no
+    KAFKA_* setting may turn success reports off; the intake's producer turns them off itself."""
+    loaded = Settings.from_env(
+        {"KAFKA_DELIVERY_REPORT_ONLY_ERROR": "true",
+         "KAFKA_PRODUCER_DELIVERY_REPORT_ONLY_ERROR": "true"}
+    )  # fmt: skip
+    assert producer_config(loaded)["delivery.report.only.error"] is False
+    quiet = producer_config(Settings.from_env({}), report_only_errors=True)
+    assert quiet["delivery.report.only.error"] is True
 
 
 def test_an_unknown_topic_fails_before_the_message_times_out() -> None:
