@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -45,6 +46,7 @@ MAX_HEADERS = 0xFFFF
 MAX_HEADER_NAME_BYTES = 0xFFFF
 # The longest countdown any limit may allow: due times stay far inside 64-bit milliseconds.
 ABSOLUTE_MAX_COUNTDOWN_SECONDS = 1000 * 365.25 * 86400
+MAX_TOPIC_CHARS = 249
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -115,7 +117,7 @@ def parse(
         raise InvalidEnvelope(
             _R.OVERSIZED, f"value is {len(value)} bytes, the limit is {limits.max_value_bytes}"
         )
-    if any(name in SCHEDULER_HEADERS for name, _ in headers or ()):
+    if headers and any(name in SCHEDULER_HEADERS for name, _ in headers):
         try:
             return _header_mode(value, key, headers or (), caller, limits)
         except InvalidEnvelope as e:
@@ -161,7 +163,9 @@ def _text_or_none(value: object) -> str | None:
 
 def normalize_headers(raw: RawHeaders | None) -> list[Header]:
     """Kafka client headers as (name, bytes) pairs, in order, repeats kept."""
-    pairs = raw.items() if isinstance(raw, Mapping) else raw or ()
+    if not raw:  # most records carry none: confluent-kafka gives None
+        return []
+    pairs = raw.items() if isinstance(raw, Mapping) else raw
     return [(k, v.encode() if isinstance(v, str) else v) for k, v in pairs]
 
 
@@ -180,7 +184,9 @@ def caller_of(headers: Headers | None) -> bytes | None:
 
 def _single_header(headers: Headers | None, name: str) -> bytes | None:
     """The value of a header that may appear at most once, with a value; None when absent."""
-    values = [v for k, v in headers or () if k == name]
+    if not headers:
+        return None
+    values = [v for k, v in headers if k == name]
     if not values:
         return None
     if len(values) > 1:
@@ -261,11 +267,18 @@ def _cancel_flag(document: dict[str, Any]) -> bool:
 def _target_topic(topic: object, limits: Limits) -> str:
     if not isinstance(topic, str):
         raise InvalidEnvelope(_R.WRONG_TYPE, f"topic must be a string, not {_kind(topic)}")
-    if not _TOPIC_NAME.fullmatch(topic) or topic in {".", ".."}:
+    if len(topic) > MAX_TOPIC_CHARS or not _legal_topic_name(topic):
         raise InvalidEnvelope(_R.INVALID_TOPIC, f"{topic[:300]!r} is not a Kafka topic name")
     if topic.startswith("__") or topic in limits.forbidden_topics:
         raise InvalidEnvelope(_R.FORBIDDEN_TOPIC, f"{topic!r} may not be a target")
     return topic
+
+
+# A deployment targets few topics, each many times. Only names of legal length are
+# looked up, so hostile input can hold at most 4096 x 249 characters here.
+@functools.lru_cache(maxsize=4096)
+def _legal_topic_name(topic: str) -> bool:
+    return _TOPIC_NAME.fullmatch(topic) is not None and topic not in {".", ".."}
 
 
 def _message_bytes(document: dict[str, Any]) -> bytes:
@@ -300,7 +313,8 @@ def _due(document: dict[str, Any]) -> tuple[int | None, int | None]:
 
 
 def _countdown_ms(countdown: object) -> int:
-    if isinstance(countdown, bool) or not isinstance(countdown, int | float):
+    # Exact types, as JSON gives them: bool (an int subclass) is not a number here.
+    if type(countdown) is not int and type(countdown) is not float:
         raise InvalidEnvelope(_R.WRONG_TYPE, f"countdown must be a number, not {_kind(countdown)}")
     if not math.isfinite(countdown) or countdown < 0:
         raise InvalidEnvelope(_R.INVALID_COUNTDOWN, f"countdown {countdown} is not >= 0")
