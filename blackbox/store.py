@@ -147,10 +147,13 @@ class RedisStore:
     ) -> list[Any]:
         """The EVALSHA arguments of one chunk: the script's keys, then its arguments."""
         keys = [self.keys.due, self.keys.in_flight, self.keys.intake_marks, self.keys.attempts]
-        args: list[Any] = [part.field, mark, self.ended_retention_seconds]
+        args: list[Any] = [part.field, mark, self.ended_retention_seconds, len(self.keys.tag)]
         for offset, write in chunk:
-            keys += [self.keys.payload(write.id), self.keys.ended(write.id)]
-            args += [offset, *self._args(write, now_ms)]
+            request = self._args(offset, write, now_ms)
+            keys.append(self.keys.payload(write.id))
+            if request[1] != "n":  # only a caller's id has an ended-marker
+                keys.append(self.keys.ended(write.id))
+            args += request
         return [self._intake.sha, len(keys), *keys, *args]
 
     def _run_intake(self, calls: list[list[Any]]) -> list[list[int]]:
@@ -173,12 +176,12 @@ class RedisStore:
         finally:
             pool.release(connection)
 
-    def _args(self, write: Write, now_ms: int) -> tuple[Any, ...]:
+    def _args(self, offset: int, write: Write, now_ms: int) -> tuple[Any, ...]:
         if isinstance(write, Cancellation):
-            return ("c", write.id, 0, 0, b"")
+            return (offset, "c", 0, 0, b"")
         op = "u" if write.id.startswith(SCOPED_PREFIX) else "n"
         ttl = max(0, math.ceil((write.due_ms - now_ms) / 1000)) + self.grace_seconds
-        return (op, write.id, write.due_ms, ttl, write.encode())
+        return (offset, op, write.due_ms, ttl, write.encode())
 
     def claim_due(self, now_ms: int, limit: int, lease_ms: int) -> Claim:
         """Move up to `limit` ids due by `now_ms` to in flight, leased for `lease_ms`."""

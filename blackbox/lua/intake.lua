@@ -5,14 +5,16 @@
 -- KEYS[2]      in-flight sorted set (id -> lease expiry epoch ms)
 -- KEYS[3]      intake watermarks hash ("topic:partition" -> highest offset handled)
 -- KEYS[4]      attempts hash (id -> failed attempts)
--- KEYS[2i+3]   payload key of the i-th request's id
--- KEYS[2i+4]   ended-marker key of the i-th request's id ("f" fired, "c" cancelled)
+-- KEYS[5..]    per request, in order: the payload key of its id; then, for a caller's id
+--              (ops "u" and "c"), the ended-marker key of that id ("f" fired, "c" cancelled)
 -- ARGV[1]      the watermark field, "topic:partition"
 -- ARGV[2]      the offset the watermark moves to (the last record of the chunk, bad ones too)
 -- ARGV[3]      how long an ended-marker is kept, seconds
--- ARGV[6i-2..6i+3]  per request: intake offset (ascending), op, id, due ms, payload TTL s,
+-- ARGV[4]      length of the namespace's hash tag: a payload key is the tag, then the id
+-- ARGV[5i..5i+4]  per request: intake offset (ascending), op, due ms, payload TTL s,
 --              encoded payload. op "n": a new id derived from the record (SET NX);
---              "u": a caller's id, stored or replaced; "c": cancel a caller's id.
+--              "u": a caller's id, stored or replaced; "c": cancel a caller's id (due,
+--              TTL and payload unused).
 --
 -- Returns: one code per request: 0 already applied (a re-read), 1 scheduled, 2 updated,
 -- 3 cancelled, 4 already fired, 5 not found.
@@ -21,6 +23,7 @@
 -- only). An id in flight keeps its payload until its firer acks, so an update that lands
 -- while it is being produced is queued as a new schedule, not lost; the dispatcher skips
 -- a claimed id whose payload turns out cancelled ("c") or not yet due.
+-- Plain requests pass one key and five arguments: they are most of the traffic.
 local mark = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '-1')
 local retention = ARGV[3]
 local codes = {}
@@ -57,10 +60,18 @@ local function cancel(payload_key, marker_key, id)
   return ended_code(marker_key, id)
 end
 
-for i = 1, (#KEYS - 4) / 2 do
-  local a = 6 * (i - 1) + 4
-  local payload_key, marker_key = KEYS[2 * i + 3], KEYS[2 * i + 4]
-  local op, id = ARGV[a + 1], ARGV[a + 2]
+local tag_length = tonumber(ARGV[4])
+local k = 5
+for a = 5, #ARGV, 5 do
+  local payload_key, op = KEYS[k], ARGV[a + 1]
+  local id = string.sub(payload_key, tag_length + 1)
+  local marker_key = false
+  if op == 'n' then
+    k = k + 1
+  else
+    marker_key = KEYS[k + 1]
+    k = k + 2
+  end
   local code = 0
   if tonumber(ARGV[a]) <= mark then
     -- Applied before; a cancel's caller still gets an answer (its first may be lost).
@@ -70,17 +81,17 @@ for i = 1, (#KEYS - 4) / 2 do
     end
   else
     if op == 'n' then
-      if redis.call('SET', payload_key, ARGV[a + 5], 'NX', 'EX', ARGV[a + 4]) then
-        redis.call('ZADD', KEYS[1], 'NX', ARGV[a + 3], id)
+      if redis.call('SET', payload_key, ARGV[a + 4], 'NX', 'EX', ARGV[a + 3]) then
+        redis.call('ZADD', KEYS[1], 'NX', ARGV[a + 2], id)
         code = 1
       end
     elseif op == 'u' then
-      code = upsert(payload_key, marker_key, id, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5])
+      code = upsert(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
     else
       code = cancel(payload_key, marker_key, id)
     end
   end
-  codes[i] = code
+  codes[#codes + 1] = code
 end
 if tonumber(ARGV[2]) > mark then
   redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
