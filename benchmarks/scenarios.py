@@ -152,14 +152,33 @@ def s4_capacity(count: int = 1_000_000, payload_bytes: int = 100, claims: int = 
         _fill(store, count, payload_bytes, due_ms=now + 3_600_000)
         per_message = (int(client.info("memory")["used_memory"]) - before) / count
         timings = _claim_timings(store, claims, payload_bytes)
+        client.flushall()
+        floor = _layout_floor(client, count, payload_bytes)
         client.close()
     return {
         "scenario": "S4 capacity", "pending": count, "payload_bytes": payload_bytes,
         "redis_bytes_per_message": round(per_message, 1),
         "redis_bytes_beyond_payload": round(per_message - payload_bytes, 1),
+        "design_card_floor_beyond_payload": round(floor - payload_bytes, 1),
         "claim_1000_ms": {"p50": round(percentile(timings, 0.5), 3),
                           "max": round(max(timings), 3)},
     }  # fmt: skip
+
+
+def _layout_floor(client: redis.Redis, count: int, payload_bytes: int) -> float:
+    """Redis bytes per message of the design card's bare layout with the shortest names:
+    the raw payload under a 4-6 character id with SET EX, the id in a sorted set. No
+    encoding, no attempts or markers: what any store of this shape costs at least."""
+    before = int(client.info("memory")["used_memory"])
+    value = b"x" * payload_bytes
+    for start in range(0, count, 10_000):
+        pipe = client.pipeline(transaction=False)
+        for n in range(start, min(start + 10_000, count)):
+            member = f"{n:x}"
+            pipe.set("{b}" + member, value, ex=3600)
+            pipe.zadd("{b}:d", {member: n})
+        pipe.execute()
+    return (int(client.info("memory")["used_memory"]) - before) / count
 
 
 def _fill(store: RedisStore, count: int, payload_bytes: int, due_ms: int, start: int = 0) -> None:
