@@ -131,7 +131,9 @@ class Outbox:
             try:
                 self.producer.produce(
                     record.topic, record.value, record.key,
-                    headers=list(record.headers), on_delivery=callback,
+                    # None, not []: an empty list still costs a conversion per record
+                    headers=list(record.headers) if record.headers else None,
+                    on_delivery=callback,
                 )  # fmt: skip
                 return
             except BufferError:
