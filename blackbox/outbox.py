@@ -41,10 +41,11 @@ class Record:
 class Reports:
     """Delivery reports of one batch, filled in by the producer's callbacks."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, producer: Producer | None = None) -> None:
         self.errors: list[KafkaError | None] = [NO_REPORT] * size
         self.pending = size
         self.last_ms = 0  # when the latest report came (epoch ms)
+        self.producer = producer  # the one the records were handed to
 
     def report(self, index: int, error: KafkaError | None, _message: Message) -> None:
         self.errors[index] = error
@@ -103,7 +104,7 @@ class Outbox:
 
     def submit(self, records: Sequence[Record]) -> Reports:
         """Hand all records to the producer; their reports arrive while others work."""
-        reports = Reports(len(records))
+        reports = Reports(len(records), self.producer)
         for index, record in enumerate(records):
             self._produce(record, partial(reports.report, index), reports, index)
         self.producer.poll(0)
@@ -124,7 +125,7 @@ class Outbox:
         log.error("producer_replaced", error=None if error is None else error.str())
         old, self.producer = self.producer, self.renew()
         old.purge()
-        old.flush(0)
+        old.poll(0)  # serve the purged records' reports: their senders retry them
 
     def _produce(self, record: Record, callback: _Callback, reports: Reports, index: int) -> None:
         for _ in range(_QUEUE_FULL_RETRIES):
@@ -152,7 +153,9 @@ class Outbox:
                 self.producer.flush(1.0)
                 break
             self.producer.flush(min(0.1, max(0.0, deadline - time.monotonic())))
-        if self.only_errors and len(self.producer) == 0:
+        # Only the producer the records went to can vouch for them: one replaced meanwhile
+        # (fenced) leaves its unreported records unreported, and so retried.
+        if self.only_errors and reports.producer is self.producer and len(self.producer) == 0:
             reports.all_landed()
 
     def _unsettled(self, reports: Reports) -> bool:

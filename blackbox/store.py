@@ -65,12 +65,15 @@ class IntakeSlice:
     def field(self) -> str:
         return f"{self.topic}:{self.partition}"
 
-    def chunks(self) -> Iterator[tuple[Sequence[tuple[int, Write]], int]]:
-        """Bounded chunks in offset order, each with the watermark it may move to."""
+    def chunks(self) -> Iterator[tuple[Sequence[tuple[int, Write]], int, int]]:
+        """Bounded chunks in offset order, each with the watermark the chunk before it
+        leaves (-1 for the first: no condition) and the watermark it may move to."""
         parts = list(_chunks(self.items)) or [()]
+        previous = -1
         for index, chunk in enumerate(parts):
-            last = index == len(parts) - 1
-            yield chunk, self.last_offset if last else chunk[-1][0]
+            mark = self.last_offset if index == len(parts) - 1 else chunk[-1][0]
+            yield chunk, previous, mark
+            previous = mark
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +123,8 @@ class RedisStore:
         self.grace_seconds = grace_seconds
         self.ended_retention_seconds = ended_retention_seconds
         self._intake = _script(client, "intake")
+        # Lua measures strings in bytes: the tag's length to cut an id from its payload key.
+        self._tag_bytes = len(keys.tag.encode("utf-8"))
         self._claim = _script(client, "claim")
         self._ack = _script(client, "ack")
         self._retry = _script(client, "retry")
@@ -133,8 +138,8 @@ class RedisStore:
         chunk is one atomic script call that also moves its partition's watermark, so a
         partial failure leaves Redis consistent.
         """
-        calls = [self._intake_call(part, chunk, mark, now_ms)
-                 for part in slices for chunk, mark in part.chunks()]  # fmt: skip
+        calls = [self._intake_call(part, chunk, after, mark, now_ms)
+                 for part in slices for chunk, after, mark in part.chunks()]  # fmt: skip
         try:
             replies = self._run_intake(calls)
         except redis.exceptions.NoScriptError:  # Redis restarted and lost its script cache
@@ -143,11 +148,16 @@ class RedisStore:
         return [_APPLIED[code] for codes in replies for code in codes]
 
     def _intake_call(
-        self, part: IntakeSlice, chunk: Sequence[tuple[int, Write]], mark: int, now_ms: int
+        self,
+        part: IntakeSlice,
+        chunk: Sequence[tuple[int, Write]],
+        after: int,
+        mark: int,
+        now_ms: int,
     ) -> list[Any]:
         """The EVALSHA arguments of one chunk: the script's keys, then its arguments."""
         keys = [self.keys.due, self.keys.in_flight, self.keys.intake_marks, self.keys.attempts]
-        args: list[Any] = [part.field, mark, self.ended_retention_seconds, len(self.keys.tag)]
+        args: list[Any] = [part.field, mark, self.ended_retention_seconds, self._tag_bytes, after]
         for offset, write in chunk:
             request = self._args(offset, write, now_ms)
             keys.append(self.keys.payload(write.id))

@@ -10,14 +10,18 @@
 -- ARGV[1]      the watermark field, "topic:partition"
 -- ARGV[2]      the offset the watermark moves to (the last record of the chunk, bad ones too)
 -- ARGV[3]      how long an ended-marker is kept, seconds
--- ARGV[4]      length of the namespace's hash tag: a payload key is the tag, then the id
--- ARGV[5i..5i+4]  per request: intake offset (ascending), op, due ms, payload TTL s,
+-- ARGV[4]      length in bytes of the namespace's hash tag: a payload key is the tag, then
+--              the id
+-- ARGV[5]      the watermark the chunk before this one leaves (-1 for a first chunk)
+-- ARGV[5i+1..5i+5]  per request: intake offset (ascending), op, due ms, payload TTL s,
 --              encoded payload. op "n": a new id derived from the record (SET NX);
 --              "u": a caller's id, stored or replaced; "c": cancel a caller's id (due,
 --              TTL and payload unused).
 --
 -- Returns: one code per request: 0 already applied (a re-read), 1 scheduled, 2 updated,
--- 3 cancelled, 4 already fired, 5 not found.
+-- 3 cancelled, 4 already fired, 5 not found. An error, changing nothing, when the chunk
+-- before this one did not run (its call failed): applying this one would move the
+-- watermark past requests never applied, and a retry would skip them as re-reads.
 -- Invariants: a record at or below the watermark was applied before; re-reading it after a
 -- crash changes nothing (a re-read cancel is answered again from the ended-marker, read
 -- only). An id in flight keeps its payload until its firer acks, so an update that lands
@@ -25,6 +29,9 @@
 -- a claimed id whose payload turns out cancelled ("c") or not yet due.
 -- Plain requests pass one key and five arguments: they are most of the traffic.
 local mark = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '-1')
+if mark < tonumber(ARGV[5]) then
+  return redis.error_reply('BLACKBOX_GAP the previous chunk of ' .. ARGV[1] .. ' was not applied')
+end
 local retention = ARGV[3]
 local codes = {}
 
@@ -62,7 +69,7 @@ end
 
 local tag_length = tonumber(ARGV[4])
 local k = 5
-for a = 5, #ARGV, 5 do
+for a = 6, #ARGV, 5 do
   local payload_key, op = KEYS[k], ARGV[a + 1]
   local id = string.sub(payload_key, tag_length + 1)
   local marker_key = false

@@ -12,7 +12,7 @@ from blackbox.clock import now_ms
 from blackbox.keys import Keys
 from blackbox.localstack import RedisServer
 from blackbox.schedule import Schedule, scoped_id
-from blackbox.store import Applied, Cancellation, IntakeSlice, RedisStore, Write
+from blackbox.store import SCRIPT_CHUNK, Applied, Cancellation, IntakeSlice, RedisStore, Write
 from tests.kafkatools import unique
 
 ID = scoped_id(b"svc", "order-1")
@@ -159,3 +159,37 @@ def test_intake_survives_redis_losing_its_script_cache(store: RedisStore) -> Non
     assert intake.send(Cancellation(ID)) is Applied.CANCELLED
     assert _state(store) == (False, False, None, b"c")
     assert store.client.ping()  # the connection the failed call dropped was replaced
+
+
+def test_a_chunk_whose_predecessor_failed_applies_nothing(store: RedisStore) -> None:
+    """Guarantee 1: a batch of one partition larger than a script call is applied chunk by
+    chunk; if an earlier chunk's call failed (NOSCRIPT after a restart, out of memory),
+    the later one must not move the watermark past it, or the retry would skip it."""
+    due = now_ms() + 60_000
+    items = [(o, Schedule(f"in:0:{o}", "orders", b"v", due)) for o in range(SCRIPT_CHUNK + 100)]
+    whole = IntakeSlice("in", 0, SCRIPT_CHUNK + 99, items)
+    (_, _, first_mark), (second, after, mark) = list(whole.chunks())
+    assert after == first_mark == SCRIPT_CHUNK - 1 and mark == SCRIPT_CHUNK + 99
+
+    with pytest.raises(redis.ResponseError, match="BLACKBOX_GAP"):
+        store._run_intake([store._intake_call(whole, second, after, mark, now_ms())])
+    assert store.counts() == (0, 0)
+    assert store.client.hget(store.keys.intake_marks, whole.field) is None
+
+    codes = store.apply([whole], now_ms())
+    assert codes == [Applied.SCHEDULED] * (SCRIPT_CHUNK + 100)
+    assert store.counts() == (SCRIPT_CHUNK + 100, 0)
+
+
+def test_a_namespace_beyond_ascii_keeps_ids_whole(redis_server: RedisServer) -> None:
+    """Ids are cut from payload keys in bytes: a non-ASCII namespace must not shift them."""
+    client = redis.Redis.from_url(redis_server.url)
+    store = RedisStore(client, Keys(unique("né-ß")), grace_seconds=60)
+    due = now_ms() - 1
+    store.apply([IntakeSlice("in", 0, 0, [(0, Schedule("in:0:0", "orders", b"v", due))])], due)
+    claim = store.claim_due(now_ms(), 10, lease_ms=30_000)
+    assert claim.ids == ["in:0:0"]
+    (loaded,) = store.load(claim.ids)
+    assert loaded.payload is not None
+    assert Schedule.decode(loaded.id, loaded.payload).value == b"v"
+    client.close()

@@ -6,7 +6,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from blackbox.clock import now_ms
-from blackbox.outbox import NO_REPORT, Reports, is_fenced
+from blackbox.outbox import NO_REPORT, Outbox, Record, Reports, is_fenced
 
 
 @pytest.mark.parametrize(
@@ -52,3 +52,38 @@ def test_all_landed_clears_only_the_records_without_a_report() -> None:
     reports.report(1, failure, None)  # type: ignore[arg-type]
     reports.all_landed()
     assert reports.errors == [None, failure, None] and reports.pending == 0
+
+
+class _HeldProducer:
+    """Holds what it is given and reports nothing: a broker that never answers."""
+
+    def __init__(self) -> None:
+        self.held = 0
+
+    def produce(self, *_args: object, **_kwargs: object) -> None:
+        self.held += 1
+
+    def poll(self, _timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, _timeout: float = 0) -> int:
+        return self.held
+
+    def purge(self, *_args: object, **_kwargs: object) -> None:
+        self.held = 0
+
+    def __len__(self) -> int:
+        return self.held
+
+
+def test_an_empty_new_producer_does_not_vouch_for_records_sent_on_the_old_one() -> None:
+    """Guarantee 1: with failure-only reports, records handed to a producer that was since
+    replaced stay unreported (and so are sent again), however empty the new one is."""
+    old, new = _HeldProducer(), _HeldProducer()
+    outbox = Outbox(old, wait_seconds=0.05, only_errors=True)  # type: ignore[arg-type]
+    reports = outbox.submit([Record("t", b"a"), Record("t", b"b")])
+    outbox.producer = new  # type: ignore[assignment]  # as _replace_producer does
+    assert outbox.wait(reports) == [NO_REPORT, NO_REPORT]
+    outbox.producer = old  # type: ignore[assignment]
+    old.held = 0  # the broker answered at last
+    assert outbox.wait(reports) == [None, None]
