@@ -14,8 +14,9 @@ topic still grows for the whole run: past about 40,000 records it could no longe
 Run by hand or on demand, not in CI. Prints one row per minute (service RSS, Redis memory,
 pending, records sent) and a JSON summary: what was sent, accepted, delivered (read back
 from every target topic), lost and duplicated, and per minute the memory and the lateness
-of what the collector saw live; memory should follow the pending data only, lateness
-should not drift.
+of what the collector saw live, beside the lateness of probes produced straight to the
+target topics once a second (the local broker's own floor). Memory should follow the
+pending data only; lateness should not drift beyond what the probes show of the broker.
 """
 
 from __future__ import annotations
@@ -66,8 +67,23 @@ class _SteadySender(threading.Thread):
             value = {"topic": target, "message": self.sent, "countdown": rng.uniform(1, 30)}
             producer.produce(self.stack.settings.intake_topic, orjson.dumps(value),
                              on_delivery=self._report)  # fmt: skip
+            if self.sent % self.rate == 0:
+                _probe(producer, target, self.sent // self.rate)
             self.sent += 1
         producer.flush(60)
+
+
+# A probe goes straight to a target topic, due the instant it is sent: its lateness is
+# the local broker's own produce-to-consume time, the floor under blackbox's figures.
+PROBE_PREFIX = "probe-"
+
+
+def _probe(producer: Producer, topic: str, number: int) -> None:
+    headers: list[tuple[str, str | bytes | None]] = [
+        ("blackbox-id", f"{PROBE_PREFIX}{number}".encode()),
+        ("blackbox-due-ms", str(time.time_ns() // 1_000_000).encode()),
+    ]
+    producer.produce(topic, b"probe", headers=headers)
 
 
 @dataclass
@@ -133,6 +149,7 @@ def soak(minutes: int = 60, rate: int = 10) -> Result:
         got = collector.result(timeout=LATE_WINDOW_S + 300)
         alive = process.poll() is None
         copies = sum((count_copies(stack.broker.bootstrap, t) for t in targets), Counter[str]())
+        copies = Counter({i: n for i, n in copies.items() if not i.startswith(PROBE_PREFIX)})
         process.terminate()
         process.wait(15)
         client.close()
@@ -150,19 +167,22 @@ def _report(
 ) -> Result:
     """`copies` counts what the target topics hold; `got` is what the collector saw live."""
     by_minute: dict[int, list[int]] = {}
+    probes: dict[int, list[int]] = {}
     first_ms = samples[0].at_ms - 60_000
-    for arrived, due in got.first_copies():
-        by_minute.setdefault(1 + (arrived - first_ms) // 60_000, []).append(arrived - due)
+    for key, ((arrived, due), *_) in got.copies.items():
+        into = probes if key.startswith(PROBE_PREFIX) else by_minute
+        into.setdefault(1 + (arrived - first_ms) // 60_000, []).append(arrived - due)
     minutes = [
         {**sample.__dict__, "delivered": len(by_minute.get(sample.minute, [])),
-         "lateness_ms": summary(by_minute.get(sample.minute, []))}
+         "lateness_ms": summary(by_minute.get(sample.minute, [])),
+         "broker_probe_ms": summary(probes.get(sample.minute, []))}
         for sample in samples
     ]  # fmt: skip
     return {
         "scenario": "soak", "minutes": len(samples), "sent": sender.sent,
         "accepted": sender.accepted, "delivered": len(copies),
         "lost": sender.accepted - len(copies), "duplicated": copies.total() - len(copies),
-        "seen_live": len(got.copies),
+        "seen_live": len(got.copies) - sum(len(p) for p in probes.values()),
         "service_alive": alive,
         "rss_mb_first_last_max": [minutes[0]["service_rss_mb"], minutes[-1]["service_rss_mb"],
                                   max(s.service_rss_mb for s in samples)],
@@ -172,6 +192,8 @@ def _report(
                                     minutes[-1]["lateness_ms"]["p50"]],
         "lateness_p99_first_last": [minutes[0]["lateness_ms"]["p99"],
                                     minutes[-1]["lateness_ms"]["p99"]],
+        "broker_probe_p99_first_last": [minutes[0]["broker_probe_ms"]["p99"],
+                                        minutes[-1]["broker_probe_ms"]["p99"]],
         "per_minute": minutes,
     }  # fmt: skip
 
