@@ -170,9 +170,10 @@ class RedisStore:
         """Send every chunk's EVALSHA at once, then read the replies in order.
 
         Packed with hiredis directly: redis-py's pipeline checks each argument in Python
-        (eight per request) and its Script adds a SCRIPT EXISTS round trip. An error reply
-        (NOSCRIPT after a Redis restart: that call ran nothing) or a broken connection
-        leaves replies unread, so the connection is dropped and the error raised.
+        (six or more per request) and its Script adds a SCRIPT EXISTS round trip. An error
+        reply (NOSCRIPT after a Redis restart: that call ran nothing, and the chunks after
+        it refuse to run) or a broken connection leaves replies unread, so the connection
+        is dropped and the error raised.
         """
         packed = [hiredis.pack_command(("EVALSHA", *call)) for call in calls]
         pool = self.client.connection_pool
