@@ -22,10 +22,13 @@ pending data only; lateness should not drift beyond what the probes show of the 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -33,11 +36,13 @@ from dataclasses import dataclass
 import orjson
 import redis
 from confluent_kafka import KafkaError, Producer
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.collect import CollectorProcess, Deliveries, Window, count_copies, summary
 from benchmarks.stack import Stack, local_stack, start_service
 from blackbox import kafka
 from blackbox.keys import Keys
+from blackbox.localstack import free_port
 
 Result = dict[str, object]
 
@@ -88,7 +93,10 @@ def _probe(producer: Producer, topic: str, number: int) -> None:
 
 @dataclass
 class Sample:
-    """One minute's readings."""
+    """One minute's readings. The service's own lateness histograms, as this minute's
+    mean and the bucket bound under which 99% fell: `send` until the message was handed to
+    the producer, `ack` until the broker acknowledged it. CPU is each process's share of
+    one core over the minute."""
 
     minute: int
     at_ms: int
@@ -96,6 +104,42 @@ class Sample:
     redis_mb: float
     pending: int
     sent: int
+    send_lateness_ms: dict[str, float | None]
+    ack_lateness_ms: dict[str, float | None]
+    cpu_percent: dict[str, float]
+
+
+# The service's lateness histograms (cumulative buckets, le in seconds) and their sums.
+Histograms = dict[str, tuple[dict[float, float], float]]
+HISTOGRAMS = {"send": "blackbox_send_lateness_seconds", "ack": "blackbox_lateness_seconds"}
+
+
+def _scrape(port: int) -> Histograms:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    found: Histograms = {}
+    for name, family in HISTOGRAMS.items():
+        buckets, total = {}, 0.0
+        for sample in families[family].samples:
+            if sample.name.endswith("_bucket"):
+                buckets[float(sample.labels["le"])] = sample.value
+            elif sample.name.endswith("_sum"):
+                total = sample.value
+        found[name] = (buckets, total)
+    return found
+
+
+def _minute_of(now: tuple[dict[float, float], float], before: tuple[dict[float, float], float]
+               ) -> dict[str, float | None]:  # fmt: skip
+    """This minute's count, mean and 99% bucket bound (ms) from two cumulative readings."""
+    counts = {le: n - before[0].get(le, 0.0) for le, n in now[0].items()}
+    total = counts.get(float("inf"), 0.0)
+    if total == 0:
+        return {"count": 0, "mean": None, "p99_under": None}
+    bound = min(le for le, n in counts.items() if n >= 0.99 * total)
+    return {"count": int(total), "mean": round(1000 * (now[1] - before[1]) / total, 2),
+            "p99_under": None if bound == float("inf") else 1000 * bound}  # fmt: skip
 
 
 def _rss_mb(pid: int) -> float:
@@ -106,11 +150,48 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _sample(minute: int, pid: int, client: redis.Redis, keys: Keys, sent: int) -> Sample:
-    pending = int(client.zcard(keys.due)) + int(client.zcard(keys.in_flight))
-    used = int(client.info("memory")["used_memory"]) / 2**20
-    return Sample(minute, time.time_ns() // 1_000_000, round(_rss_mb(pid), 1), round(used, 1),
-                  pending, sent)  # fmt: skip
+def _cpu_s(pid: int) -> float:
+    """User and system CPU seconds a process has used."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class _Readings:
+    """Cumulative counters read at one instant: a minute's share is the difference."""
+
+    at: float
+    cpu_s: dict[str, float]
+    histograms: Histograms
+
+
+class _Sampler:
+    """Reads the service, Redis and the processes' CPU once a minute."""
+
+    def __init__(self, keys: Keys, pids: dict[str, int], port: int, client: redis.Redis) -> None:
+        self.keys, self.pids, self.port, self.client = keys, pids, port, client
+        self.before = self._read()
+
+    def _read(self) -> _Readings:
+        cpu = {name: _cpu_s(pid) for name, pid in self.pids.items()}
+        return _Readings(time.monotonic(), cpu, _scrape(self.port))
+
+    def sample(self, minute: int, sent: int) -> Sample:
+        pending = int(self.client.zcard(self.keys.due)) + int(
+            self.client.zcard(self.keys.in_flight)
+        )
+        used = int(self.client.info("memory")["used_memory"]) / 2**20
+        now, before = self._read(), self.before
+        self.before = now
+        share = {n: round(100 * (now.cpu_s[n] - before.cpu_s[n]) / (now.at - before.at), 1)
+                 for n in self.pids}  # fmt: skip
+        return Sample(
+            minute, time.time_ns() // 1_000_000, round(_rss_mb(self.pids["service"]), 1),
+            round(used, 1), pending, sent,
+            _minute_of(now.histograms["send"], before.histograms["send"]),
+            _minute_of(now.histograms["ack"], before.histograms["ack"]), share,
+        )  # fmt: skip
 
 
 # A minute's messages can arrive until its countdowns (at most 30 s) have run out; the
@@ -124,7 +205,8 @@ def _windows(targets: list[str], start: float) -> list[Window]:
 
 
 def soak(minutes: int = 60, rate: int = 10) -> Result:
-    with local_stack(appendfsync="everysec") as stack:
+    port = free_port()  # the service's metrics
+    with local_stack(appendfsync="everysec", BLACKBOX_HTTP_PORT=str(port)) as stack:
         run = uuid.uuid4().hex[:8]
         targets = [f"soak-{run}-{minute:03d}" for minute in range(1, minutes + 1)]
         kafka.ensure_topics(stack.settings.kafka, targets)
@@ -135,15 +217,16 @@ def soak(minutes: int = 60, rate: int = 10) -> Result:
                                                timeout=minutes * 60 + 300)  # fmt: skip
         process = start_service(stack)
         client = redis.Redis.from_url(stack.redis.url)
-        keys = Keys(stack.settings.namespace)
         sender = _SteadySender(stack, targets, rate, expected)
         time.sleep(max(0.0, planned - time.time()))
+        keys = Keys(stack.settings.namespace)
+        sampler = _Sampler(keys, _pids(stack, process, collector), port, client)
         sender.start()
         samples = []
         start = time.monotonic()
         for minute in range(1, minutes + 1):
             time.sleep(max(0.0, start + minute * 60 - time.monotonic()))  # the sampling clock
-            samples.append(_sample(minute, process.pid, client, keys, sender.sent))
+            samples.append(sampler.sample(minute, sender.sent))
             print(_row(samples[-1]), flush=True)  # noqa: T201 - progress of a long run
         sender.join()
         got = collector.result(timeout=LATE_WINDOW_S + 300)
@@ -156,10 +239,21 @@ def soak(minutes: int = 60, rate: int = 10) -> Result:
     return _report(samples, got, copies, sender, alive)
 
 
+def _pids(stack: Stack, service: subprocess.Popen[bytes], collector: CollectorProcess
+          ) -> dict[str, int]:  # fmt: skip
+    """The processes whose CPU each minute reports."""
+    broker, store = stack.broker.process, stack.redis.process
+    assert broker is not None and store is not None
+    return {"service": service.pid, "broker": broker.pid, "redis": store.pid,
+            "collector": int(collector.process.pid or 0)}  # fmt: skip
+
+
 def _row(sample: Sample) -> str:
+    cpu = " ".join(f"{n} {c:5.1f}%" for n, c in sample.cpu_percent.items())
     return (f"minute {sample.minute:3d}  rss {sample.service_rss_mb:7.1f} MB  "
             f"redis {sample.redis_mb:7.1f} MB  pending {sample.pending:7d}  "
-            f"sent {sample.sent:8d}")  # fmt: skip
+            f"sent {sample.sent:8d}  send mean {sample.send_lateness_ms['mean']} ms  "
+            f"ack mean {sample.ack_lateness_ms['mean']} ms  cpu {cpu}")  # fmt: skip
 
 
 def _report(

@@ -180,8 +180,13 @@ class Dispatcher:
         for item in self.store.load(claim.ids):
             self._sort(item, sent)
         records = [delivery_record(s, a) for s, a in sent.schedules]
+        self._observe_send(sent.schedules, now_ms())
         sent.reports = self.outbox.submit(records) if records else None
         return sent
+
+    def _observe_send(self, schedules: Sequence[tuple[Schedule, int]], at_ms: int) -> None:
+        for schedule, _ in schedules:
+            self.metrics.send_lateness.observe(max(0, at_ms - schedule.due_ms) / 1000)
 
     def _complete(self, sent: _Sent, stop: threading.Event) -> int:
         outcome = _Outcome(done=[], retry=defaultdict(list))

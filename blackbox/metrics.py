@@ -49,6 +49,13 @@ class Metrics:
             buckets=LATENESS_BUCKETS,
             registry=self.registry,
         )
+        self.send_lateness = Histogram(
+            "blackbox_send_lateness_seconds",
+            "Time a due message was handed to the producer minus its due time: the "
+            "scheduler's own part of the lateness, before the broker's.",
+            buckets=LATENESS_BUCKETS,
+            registry=self.registry,
+        )
         self.dependency_errors = Counter(
             "blackbox_dependency_errors",
             "Failed calls to Redis or Kafka that were backed off and retried, by dependency.",

@@ -39,6 +39,9 @@ def test_message_arrives_after_its_countdown_and_not_before(
     assert record.header("blackbox-attempt") == "1"
     assert record.header("blackbox-id") == f"{service.settings.intake_topic}:0:0"
     assert service.metrics.value("blackbox_lateness_seconds_count") == 1
+    assert service.metrics.value("blackbox_send_lateness_seconds_count") == 1
+    sent_late = service.metrics.value("blackbox_send_lateness_seconds_sum")
+    assert sent_late <= service.metrics.value("blackbox_lateness_seconds_sum")
 
 
 def test_string_message_is_delivered_as_its_text(
