@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.queues import Queue
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from blackbox.envelope import normalize_headers
 
@@ -33,6 +33,13 @@ class Deliveries:
     def duplicated(self) -> int:
         return sum(len(c) - 1 for c in self.copies.values())
 
+    def without_probes(self) -> tuple[Deliveries, list[int]]:
+        """What blackbox delivered, and the lateness (ms) of the probes beside it."""
+        probes = [a - d for i, ((a, d), *_) in self.copies.items() if i.startswith(PROBE_PREFIX)]
+        copies = {i: c for i, c in self.copies.items() if not i.startswith(PROBE_PREFIX)}
+        values = {v: i for v, i in self.ids_by_value.items() if v != PROBE_VALUE}
+        return Deliveries(copies, values), probes
+
     def tally(self, accepted: int) -> dict[str, int]:
         """Counted by message, not by id: a message missing and another delivered twice
         under two ids would otherwise pass for 0 lost, 0 duplicated."""
@@ -41,6 +48,25 @@ class Deliveries:
             "duplicated": self.duplicated(),
             "messages_under_two_ids": sum(len(i) > 1 for i in self.ids_by_value.values()),
         }  # fmt: skip
+
+
+# A probe goes straight to a target topic, due the instant it is sent: its lateness is
+# the local broker's own produce-to-consume time, the floor under blackbox's figures.
+PROBE_PREFIX, PROBE_VALUE = "probe-", b"probe"
+
+
+def new_prober(bootstrap: str) -> Producer:
+    """A producer for probes alone: no linger, so a probe waits for nothing but the broker."""
+    return Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+
+
+def probe(producer: Producer, topic: str, number: int) -> None:
+    headers: list[tuple[str, str | bytes | None]] = [
+        ("blackbox-id", f"{PROBE_PREFIX}{number}".encode()),
+        ("blackbox-due-ms", str(time.time_ns() // 1_000_000).encode()),
+    ]
+    producer.produce(topic, PROBE_VALUE, headers=headers)
+    producer.poll(0)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

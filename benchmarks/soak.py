@@ -28,7 +28,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -36,13 +35,21 @@ from dataclasses import dataclass
 import orjson
 import redis
 from confluent_kafka import KafkaError, Producer
-from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.collect import CollectorProcess, Deliveries, Window, count_copies, summary
+from benchmarks.collect import (
+    PROBE_PREFIX,
+    CollectorProcess,
+    Deliveries,
+    Window,
+    count_copies,
+    new_prober,
+    probe,
+    summary,
+)
+from benchmarks.histograms import Histograms, between, scrape
 from benchmarks.stack import Stack, local_stack, start_service
 from blackbox import kafka
 from blackbox.keys import Keys
-from blackbox.localstack import free_port
 
 Result = dict[str, object]
 
@@ -62,6 +69,7 @@ class _SteadySender(threading.Thread):
 
     def run(self) -> None:
         producer = Producer({"bootstrap.servers": self.stack.broker.bootstrap, "linger.ms": 5})
+        prober = new_prober(self.stack.broker.bootstrap)
         rng, start = random.Random(5), time.monotonic()
         while self.sent < self.count:
             lag = start + self.sent / self.rate - time.monotonic()
@@ -73,22 +81,10 @@ class _SteadySender(threading.Thread):
             producer.produce(self.stack.settings.intake_topic, orjson.dumps(value),
                              on_delivery=self._report)  # fmt: skip
             if self.sent % self.rate == 0:
-                _probe(producer, target, self.sent // self.rate)
+                probe(prober, target, self.sent // self.rate)
             self.sent += 1
         producer.flush(60)
-
-
-# A probe goes straight to a target topic, due the instant it is sent: its lateness is
-# the local broker's own produce-to-consume time, the floor under blackbox's figures.
-PROBE_PREFIX = "probe-"
-
-
-def _probe(producer: Producer, topic: str, number: int) -> None:
-    headers: list[tuple[str, str | bytes | None]] = [
-        ("blackbox-id", f"{PROBE_PREFIX}{number}".encode()),
-        ("blackbox-due-ms", str(time.time_ns() // 1_000_000).encode()),
-    ]
-    producer.produce(topic, b"probe", headers=headers)
+        prober.flush(60)
 
 
 @dataclass
@@ -107,39 +103,6 @@ class Sample:
     send_lateness_ms: dict[str, float | None]
     ack_lateness_ms: dict[str, float | None]
     cpu_percent: dict[str, float]
-
-
-# The service's lateness histograms (cumulative buckets, le in seconds) and their sums.
-Histograms = dict[str, tuple[dict[float, float], float]]
-HISTOGRAMS = {"send": "blackbox_send_lateness_seconds", "ack": "blackbox_lateness_seconds"}
-
-
-def _scrape(port: int) -> Histograms:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-        text = answer.read().decode()
-    families = {f.name: f for f in text_string_to_metric_families(text)}
-    found: Histograms = {}
-    for name, family in HISTOGRAMS.items():
-        buckets, total = {}, 0.0
-        for sample in families[family].samples:
-            if sample.name.endswith("_bucket"):
-                buckets[float(sample.labels["le"])] = sample.value
-            elif sample.name.endswith("_sum"):
-                total = sample.value
-        found[name] = (buckets, total)
-    return found
-
-
-def _minute_of(now: tuple[dict[float, float], float], before: tuple[dict[float, float], float]
-               ) -> dict[str, float | None]:  # fmt: skip
-    """This minute's count, mean and 99% bucket bound (ms) from two cumulative readings."""
-    counts = {le: n - before[0].get(le, 0.0) for le, n in now[0].items()}
-    total = counts.get(float("inf"), 0.0)
-    if total == 0:
-        return {"count": 0, "mean": None, "p99_under": None}
-    bound = min(le for le, n in counts.items() if n >= 0.99 * total)
-    return {"count": int(total), "mean": round(1000 * (now[1] - before[1]) / total, 2),
-            "p99_under": None if bound == float("inf") else 1000 * bound}  # fmt: skip
 
 
 def _rss_mb(pid: int) -> float:
@@ -175,7 +138,7 @@ class _Sampler:
 
     def _read(self) -> _Readings:
         cpu = {name: _cpu_s(pid) for name, pid in self.pids.items()}
-        return _Readings(time.monotonic(), cpu, _scrape(self.port))
+        return _Readings(time.monotonic(), cpu, scrape(self.port))
 
     def sample(self, minute: int, sent: int) -> Sample:
         pending = int(self.client.zcard(self.keys.due)) + int(
@@ -189,8 +152,8 @@ class _Sampler:
         return Sample(
             minute, time.time_ns() // 1_000_000, round(_rss_mb(self.pids["service"]), 1),
             round(used, 1), pending, sent,
-            _minute_of(now.histograms["send"], before.histograms["send"]),
-            _minute_of(now.histograms["ack"], before.histograms["ack"]), share,
+            between(now.histograms["send"], before.histograms["send"]),
+            between(now.histograms["ack"], before.histograms["ack"]), share,
         )  # fmt: skip
 
 
@@ -205,8 +168,7 @@ def _windows(targets: list[str], start: float) -> list[Window]:
 
 
 def soak(minutes: int = 60, rate: int = 10) -> Result:
-    port = free_port()  # the service's metrics
-    with local_stack(appendfsync="everysec", BLACKBOX_HTTP_PORT=str(port)) as stack:
+    with local_stack(appendfsync="everysec") as stack:
         run = uuid.uuid4().hex[:8]
         targets = [f"soak-{run}-{minute:03d}" for minute in range(1, minutes + 1)]
         kafka.ensure_topics(stack.settings.kafka, targets)
@@ -220,6 +182,7 @@ def soak(minutes: int = 60, rate: int = 10) -> Result:
         sender = _SteadySender(stack, targets, rate, expected)
         time.sleep(max(0.0, planned - time.time()))
         keys = Keys(stack.settings.namespace)
+        port = stack.settings.http_port or 0
         sampler = _Sampler(keys, _pids(stack, process, collector), port, client)
         sender.start()
         samples = []

@@ -38,7 +38,7 @@ def local_stack(appendfsync: str | None = None, **overrides: str) -> Iterator[St
         "KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000",
         "BLACKBOX_LOG_FORMAT": "json",
         "BLACKBOX_LOG_LEVEL": "warning",
-        "BLACKBOX_HTTP_PORT": "0",
+        "BLACKBOX_HTTP_PORT": str(free_port()),  # known ahead: benchmarks read /metrics
         **overrides,
     }
     settings = Settings.from_env(env)

@@ -1,0 +1,43 @@
+"""The service's lateness histograms, read from its /metrics by a benchmark."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+# One histogram read at one instant: cumulative counts by upper bound (le, seconds), and
+# the sum of what was observed (seconds).
+Reading = tuple[dict[float, float], float]
+NOTHING: Reading = ({}, 0.0)
+Histograms = dict[str, Reading]
+HISTOGRAMS = {"send": "blackbox_send_lateness_seconds", "ack": "blackbox_lateness_seconds"}
+
+
+def scrape(port: int) -> Histograms:
+    """The service's lateness histograms now: `send` (handed to the producer) and `ack`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    found: Histograms = {}
+    for name, family in HISTOGRAMS.items():
+        buckets, total = {}, 0.0
+        for sample in families[family].samples:
+            if sample.name.endswith("_bucket"):
+                buckets[float(sample.labels["le"])] = sample.value
+            elif sample.name.endswith("_sum"):
+                total = sample.value
+        found[name] = (buckets, total)
+    return found
+
+
+def between(now: Reading, before: Reading = NOTHING) -> dict[str, float | None]:
+    """What was observed between two readings: count, mean (ms), and the bucket bound (ms)
+    under which 99% fell (None past the last bound)."""
+    counts = {le: n - before[0].get(le, 0.0) for le, n in now[0].items()}
+    total = counts.get(float("inf"), 0.0)
+    if total == 0:
+        return {"count": 0, "mean": None, "p99_under": None}
+    bound = min(le for le, n in counts.items() if n >= 0.99 * total)
+    return {"count": int(total), "mean": round(1000 * (now[1] - before[1]) / total, 2),
+            "p99_under": None if bound == float("inf") else 1000 * bound}  # fmt: skip
