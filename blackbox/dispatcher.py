@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 from confluent_kafka import KafkaError
@@ -73,7 +73,7 @@ class _Sent:
     schedules: list[tuple[Schedule, int]] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     reports: Reports | None = None
-    # Claimed, not to be delivered: cancelled while in flight, or updated to a later time.
+    # Claimed, not to be delivered: cancelled while in flight, or not due after all.
     cancelled: list[str] = field(default_factory=list)
     later: list[tuple[str, int]] = field(default_factory=list)
 
@@ -176,8 +176,8 @@ class Dispatcher:
         return self.store.reclaim(now_ms(), self.policy.batch_limit)
 
     def _send(self, claim: Claim) -> _Sent:
-        sent = _Sent(claim=claim)
-        for item in self.store.load(claim.ids):
+        sent = _Sent(claim=replace(claim, loaded=[]))  # the payloads are not kept till settled
+        for item in claim.loaded:
             self._sort(item, sent)
         records = [delivery_record(s, a) for s, a in sent.schedules]
         self._observe_send(sent.schedules, now_ms())
@@ -202,7 +202,8 @@ class Dispatcher:
         return outcome.delivered
 
     def _sort(self, item: Loaded, sent: _Sent) -> None:
-        """Deliver, dead-letter, or skip a claimed id (cancelled or updated in flight)."""
+        """Deliver, dead-letter, or skip a claimed id (cancelled while a failed attempt held
+        it, or not due after all)."""
         if item.ended == b"c":  # cancelled while a failed attempt held it
             sent.cancelled.append(item.id)
             return
@@ -217,7 +218,9 @@ class Dispatcher:
             reason = DeadLetterReason.DELIVERY_FAILED
             sent.dead.append(deadletter.from_schedule(item.id, item.payload, None, reason, str(e)))
             return
-        if schedule.due_ms > sent.claim.at_ms:  # updated to a later time after the claim
+        if schedule.due_ms > sent.claim.at_ms:
+            # Not due after all. A guard: every script keeps a payload's due time at or
+            # before its due score, and the claim took only scores up to at_ms.
             sent.later.append((item.id, schedule.due_ms))
             return
         sent.schedules.append((schedule, item.attempts + 1))

@@ -1,4 +1,5 @@
-"""Every Redis key blackbox uses. Nothing else builds key names.
+"""Every Redis key blackbox uses. Nothing else builds key names (the claim script joins
+the prefixes `payload("")` and `ended("")` it is handed to the ids it takes).
 
 All keys of one namespace share the hash tag ``{namespace}``, so each Lua script touches a
 single slot and runs unchanged on Redis Cluster. Names are short on purpose: a pending

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -76,16 +76,6 @@ class IntakeSlice:
             previous = mark
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """Ids moved to in flight by one claim, and the lease token to ack or retry them with."""
-
-    ids: list[str]
-    token: int
-    next_due_ms: int | None
-    at_ms: int = 0
-
-
 # Not frozen: one is built per message on the hot path, and a frozen dataclass is
 # several times slower to build. Treat it as immutable all the same.
 @dataclass(slots=True)
@@ -96,6 +86,18 @@ class Loaded:
     payload: bytes | None
     attempts: int
     ended: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Ids moved to in flight by one claim, with what firing them needs, and the lease token
+    to ack or retry them with."""
+
+    ids: list[str]
+    token: int
+    next_due_ms: int | None
+    at_ms: int = 0
+    loaded: list[Loaded] = field(default_factory=list)  # per id, in the same order
 
 
 def _script(client: redis.Redis, name: str) -> Any:
@@ -195,33 +197,23 @@ class RedisStore:
         return (offset, op, write.due_ms, ttl, write.encode())
 
     def claim_due(self, now_ms: int, limit: int, lease_ms: int) -> Claim:
-        """Move up to `limit` ids due by `now_ms` to in flight, leased for `lease_ms`."""
+        """Move up to `limit` ids due by `now_ms` to in flight, leased for `lease_ms`, with
+        their payloads and past attempts, in one round trip."""
         token = now_ms + lease_ms
-        keys = [self.keys.due, self.keys.in_flight]
-        ids, next_due = self._claim(keys=keys, args=[now_ms, limit, token])
+        keys = [self.keys.due, self.keys.in_flight, self.keys.attempts]
+        args = [now_ms, limit, token, self.keys.payload(""), self.keys.ended("")]
+        ids, next_due, payloads, attempts, ended = self._claim(keys=keys, args=args)
+        loaded = [
+            Loaded(id=i.decode("utf-8"), payload=p, attempts=int(a or 0), ended=e)
+            for i, p, a, e in zip(ids, payloads, attempts, ended, strict=True)
+        ]
         return Claim(
-            ids=[i.decode("utf-8") for i in ids],
+            ids=[item.id for item in loaded],
+            loaded=loaded,
             token=token,
             next_due_ms=int(float(next_due)) if next_due else None,
             at_ms=now_ms,
         )
-
-    def load(self, ids: Sequence[str]) -> list[Loaded]:
-        """Payloads and past attempts of claimed ids, in one round trip."""
-        if not ids:
-            return []
-        scoped = [i for i in ids if i.startswith(SCOPED_PREFIX)]
-        pipe = self.client.pipeline(transaction=False)
-        pipe.mget([self.keys.payload(i) for i in ids])
-        pipe.hmget(self.keys.attempts, list(ids))
-        if scoped:
-            pipe.mget([self.keys.ended(i) for i in scoped])
-        payloads, attempts, *rest = pipe.execute()
-        ended = dict(zip(scoped, rest[0], strict=True)) if scoped else {}
-        return [
-            Loaded(id=i, payload=p, attempts=int(a or 0), ended=ended.get(i))
-            for i, p, a in zip(ids, payloads, attempts, strict=True)
-        ]
 
     def ack(self, ids: Sequence[str], token: int) -> int:
         """Forget ids that were delivered or dead-lettered; return how many were still ours."""
@@ -243,7 +235,7 @@ class RedisStore:
         return moved
 
     def release(self, dues: Sequence[tuple[str, int]], token: int) -> int:
-        """Hand claimed (id, due ms) back to due untouched: updated to a later time meanwhile."""
+        """Hand claimed (id, due ms) back to due untouched: their payloads were not due yet."""
         released = 0
         keys = [self.keys.in_flight, self.keys.due]
         for chunk in _chunks(dues):

@@ -26,7 +26,7 @@
 -- crash changes nothing (a re-read cancel is answered again from the ended-marker, read
 -- only). An id in flight keeps its payload until its firer acks, so an update that lands
 -- while it is being produced is queued as a new schedule, not lost; the dispatcher skips
--- a claimed id whose payload turns out cancelled ("c") or not yet due.
+-- a claimed id whose payload turns out cancelled ("c").
 -- Plain requests pass one key and five arguments: they are most of the traffic.
 local mark = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '-1')
 if mark < tonumber(ARGV[5]) then

@@ -1,5 +1,5 @@
--- Hand claimed ids back to due, untouched, when their payload turned out not yet due (it
--- was updated to a later time after the claim).
+-- Hand claimed ids back to due, untouched, when their payload turned out not yet due (a
+-- guard: every script keeps a payload's due time at or before its due score).
 --
 -- KEYS[1]        in-flight sorted set (id -> lease expiry epoch ms)
 -- KEYS[2]        due sorted set (id -> due epoch ms)

@@ -75,16 +75,61 @@ def test_an_update_while_in_flight_is_queued_and_survives_the_old_ack(store: Red
     assert Schedule.decode(ID, payload).value == b"v2"
 
 
-def test_a_claimed_id_updated_to_later_is_released_to_its_new_due_time(
+def test_a_claim_reads_payloads_attempts_and_markers_with_the_ids(store: RedisStore) -> None:
+    """One call takes the due ids and reads what firing them needs: the version claimed,
+    the failed attempts so far, and for a caller's id its ended marker."""
+    intake, now = Intake(store), now_ms()
+    intake.send(_version(b"v1", now - 1, 0))
+    first = store.claim_due(now_ms(), 10, 30_000)
+    assert [(i.id, i.payload, i.attempts, i.ended) for i in first.loaded] == [
+        (ID, _version(b"v1", now - 1, 0).encode(), 0, None)
+    ]
+    store.retry([ID], first.token, now_ms() - 1)
+
+    (loaded,) = store.claim_due(now_ms(), 10, 30_000).loaded
+    assert (loaded.attempts, loaded.ended) == (1, None)
+    assert Schedule.decode(ID, loaded.payload or b"").value == b"v1"
+
+
+def test_a_claim_of_several_ids_keeps_each_ones_payload_attempts_and_marker_aligned(
     store: RedisStore,
 ) -> None:
-    """The dispatcher hands back, untouched, an id whose payload is not due yet."""
+    """A payload gone, attempts on one id only, a marker on a caller's id: each lands on
+    its own id (a hole in the script's lists would shift the ones after it)."""
+    client, keys, due = store.client, store.keys, now_ms() - 10
+    plain, retried, caller = "in:0:0", "in:0:1", ID
+    client.zadd(keys.due, {plain: due, retried: due + 1, caller: due + 2})
+    client.set(keys.payload(retried), b"r")
+    client.set(keys.payload(caller), b"c")
+    client.hset(keys.attempts, retried, 2)
+    client.set(keys.ended(caller), b"c")
+
+    claim = store.claim_due(now_ms(), 10, 30_000)
+
+    assert [(i.id, i.payload, i.attempts, i.ended) for i in claim.loaded] == [
+        (plain, None, 0, None), (retried, b"r", 2, None), (caller, b"c", 0, b"c"),
+    ]  # fmt: skip
+    assert claim.ids == [plain, retried, caller]
+
+
+def test_an_update_after_the_claim_leaves_the_claimed_version_to_fire(store: RedisStore) -> None:
+    """The claim holds the version it read; the update waits, due, behind it."""
     intake, now = Intake(store), now_ms()
     intake.send(_version(b"v1", now - 1, 0))
     claim = store.claim_due(now_ms(), 10, 30_000)
     intake.send(_version(b"v2", now + 60_000, 1))
-    (loaded,) = store.load(claim.ids)
-    assert Schedule.decode(ID, loaded.payload or b"").due_ms > claim.at_ms
+
+    (loaded,) = claim.loaded
+    assert Schedule.decode(ID, loaded.payload or b"").value == b"v1"
+    assert store.client.zscore(store.keys.due, ID) == now + 60_000
+
+
+def test_a_released_id_goes_back_to_its_due_time_untouched(store: RedisStore) -> None:
+    """What the dispatcher does with a claimed payload due later than the claim."""
+    intake, now = Intake(store), now_ms()
+    intake.send(_version(b"v1", now - 1, 0))
+    claim = store.claim_due(now_ms(), 10, 30_000)
+    (loaded,) = claim.loaded
 
     assert store.release([(ID, now + 60_000)], claim.token) == 1
 
@@ -103,7 +148,7 @@ def test_a_cancel_while_a_failed_attempt_holds_the_id_is_honoured(store: RedisSt
     assert store.retry([ID], first.token, now_ms() - 1) == 1  # the v1 attempt failed
 
     second = store.claim_due(now_ms(), 10, 30_000)
-    (loaded,) = store.load(second.ids)
+    (loaded,) = second.loaded
     assert loaded.ended == b"c"
     assert store.ack([ID], second.token) == 1
 
@@ -189,7 +234,7 @@ def test_a_namespace_beyond_ascii_keeps_ids_whole(redis_server: RedisServer) -> 
     store.apply([IntakeSlice("in", 0, 0, [(0, Schedule("in:0:0", "orders", b"v", due))])], due)
     claim = store.claim_due(now_ms(), 10, lease_ms=30_000)
     assert claim.ids == ["in:0:0"]
-    (loaded,) = store.load(claim.ids)
+    (loaded,) = claim.loaded
     assert loaded.payload is not None
     assert Schedule.decode(loaded.id, loaded.payload).value == b"v"
     client.close()
