@@ -7,8 +7,9 @@ so a backlog drains at full speed.
 
 Sending does not wait for the broker: a batch is settled in Redis (acked, retried or
 dead-lettered) once its reports are in, on a later run, so the next due messages are
-claimed while the broker acknowledges earlier ones. Before the dispatcher idles (nothing
-due soon) it settles everything it sent, well inside the lease.
+claimed while the broker acknowledges earlier ones. Before the dispatcher idles it waits
+for the reports of what it sent, but only until shortly before the next due time: what is
+unreported then is settled on a later run, well inside the lease.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from blackbox.store import Claim, Loaded, RedisStore
 log = structlog.get_logger("blackbox.dispatcher")
 # Batches sent and not yet settled, at most; past it the oldest is awaited.
 MAX_UNSETTLED = 4
-# A run that finds nothing due within this many ms settles all it sent before returning.
+# A run waits for delivery reports until this many ms before the next due time, no later.
 SETTLE_AHEAD_MS = 50
 
 
@@ -138,7 +139,8 @@ class Dispatcher:
 
     def fire_due(self, stop: threading.Event) -> Fired:
         """Send everything due now, batch after batch, until a claim comes back short;
-        settle the batches the broker has reported on (all of them, if nothing is due soon).
+        settle the batches the broker has reported on, waiting for the rest until shortly
+        before the next due time.
         """
         fired = Fired(delivered=0, next_due_ms=None)
         while not stop.is_set():
@@ -149,9 +151,7 @@ class Dispatcher:
             fired.delivered += self._settle_reported(stop)
             if len(claim.ids) < self.policy.batch_limit:
                 break
-        due_soon = fired.next_due_ms is not None and fired.next_due_ms - now_ms() < SETTLE_AHEAD_MS
-        if not due_soon:
-            fired.delivered += self.settle_all(stop)
+        fired.delivered += self._settle_before(fired.next_due_ms, stop)
         return fired
 
     def settle_all(self, stop: threading.Event) -> int:
@@ -160,6 +160,27 @@ class Dispatcher:
         while self._unsettled:
             delivered += self._complete(self._unsettled.popleft(), stop)
         return delivered
+
+    def _settle_before(self, next_due_ms: int | None, stop: threading.Event) -> int:
+        """Settle the batches sent, waiting for their reports while nothing is due: never
+        within SETTLE_AHEAD_MS of the next due time (a broker slow to acknowledge must not
+        make the next message late). What is still unreported then is settled on a later
+        run."""
+        if next_due_ms is None:
+            return self.settle_all(stop)
+        until_ms, delivered = next_due_ms - SETTLE_AHEAD_MS, 0
+        while self._unsettled and self._await_reports(self._unsettled[0], until_ms, stop):
+            delivered += self._complete(self._unsettled.popleft(), stop)
+        return delivered
+
+    def _await_reports(self, sent: _Sent, until_ms: int, stop: threading.Event) -> bool:
+        """Serve delivery reports until `sent` has all of its or `until_ms`; whether it has."""
+        while not sent.reported and not stop.is_set():
+            left_s = (until_ms - now_ms()) / 1000
+            if left_s <= 0:
+                return False
+            self.outbox.producer.poll(min(left_s, 0.05))
+        return sent.reported
 
     def _settle_reported(self, stop: threading.Event) -> int:
         """Settle the oldest batches whose reports are all in (or that must be awaited)."""
