@@ -15,8 +15,9 @@ unreported then is settled on a later run, well inside the lease.
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import structlog
@@ -39,6 +40,12 @@ log = structlog.get_logger("blackbox.dispatcher")
 MAX_UNSETTLED = 4
 # A run waits for delivery reports until this many ms before the next due time, no later.
 SETTLE_AHEAD_MS = 50
+# While it waits, it looks this often for a sooner due time (a nudge).
+REPORT_POLL_S = 0.01
+
+
+# The earliest due time announced while a run fires (a nudge), or None.
+Nudged = Callable[[], int | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +81,7 @@ class _Sent:
     schedules: list[tuple[Schedule, int]] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     reports: Reports | None = None
+    deadline: float = 0.0  # time.monotonic() past which missing reports count as failures
     # Claimed, not to be delivered: cancelled while in flight, or not due after all.
     cancelled: list[str] = field(default_factory=list)
     later: list[tuple[str, int]] = field(default_factory=list)
@@ -137,10 +145,10 @@ class Dispatcher:
         self.metrics = metrics
         self._unsettled: deque[_Sent] = deque()
 
-    def fire_due(self, stop: threading.Event) -> Fired:
+    def fire_due(self, stop: threading.Event, nudged: Nudged = lambda: None) -> Fired:
         """Send everything due now, batch after batch, until a claim comes back short;
         settle the batches the broker has reported on, waiting for the rest until shortly
-        before the next due time.
+        before the next due time, or the due time `nudged` tells of meanwhile.
         """
         fired = Fired(delivered=0, next_due_ms=None)
         while not stop.is_set():
@@ -151,7 +159,7 @@ class Dispatcher:
             fired.delivered += self._settle_reported(stop)
             if len(claim.ids) < self.policy.batch_limit:
                 break
-        fired.delivered += self._settle_before(fired.next_due_ms, stop)
+        fired.delivered += self._settle_before(fired.next_due_ms, stop, nudged)
         return fired
 
     def settle_all(self, stop: threading.Event) -> int:
@@ -161,25 +169,34 @@ class Dispatcher:
             delivered += self._complete(self._unsettled.popleft(), stop)
         return delivered
 
-    def _settle_before(self, next_due_ms: int | None, stop: threading.Event) -> int:
+    def _settle_before(self, next_due_ms: int | None, stop: threading.Event, nudged: Nudged) -> int:
         """Settle the batches sent, waiting for their reports while nothing is due: never
         within SETTLE_AHEAD_MS of the next due time (a broker slow to acknowledge must not
         make the next message late). What is still unreported then is settled on a later
         run."""
         if next_due_ms is None:
             return self.settle_all(stop)
-        until_ms, delivered = next_due_ms - SETTLE_AHEAD_MS, 0
-        while self._unsettled and self._await_reports(self._unsettled[0], until_ms, stop):
+        delivered = 0
+        while self._unsettled and self._await_reports(self._unsettled[0], next_due_ms, stop,
+                                                      nudged):  # fmt: skip
             delivered += self._complete(self._unsettled.popleft(), stop)
         return delivered
 
-    def _await_reports(self, sent: _Sent, until_ms: int, stop: threading.Event) -> bool:
-        """Serve delivery reports until `sent` has all of its or `until_ms`; whether it has."""
+    def _await_reports(
+        self, sent: _Sent, next_due_ms: int, stop: threading.Event, nudged: Nudged
+    ) -> bool:
+        """Serve delivery reports until `sent` can be settled (all in, or past its deadline:
+        True) or it is time to fire again (False)."""
         while not sent.reported and not stop.is_set():
-            left_s = (until_ms - now_ms()) / 1000
+            overdue_in_s = sent.deadline - time.monotonic()
+            if overdue_in_s <= 0:
+                return True
+            nudge = nudged()
+            soonest_ms = next_due_ms if nudge is None else min(next_due_ms, nudge)
+            left_s = (soonest_ms - SETTLE_AHEAD_MS - now_ms()) / 1000
             if left_s <= 0:
                 return False
-            self.outbox.producer.poll(min(left_s, 0.05))
+            self.outbox.producer.poll(min(left_s, overdue_in_s, REPORT_POLL_S))
         return sent.reported
 
     def _settle_reported(self, stop: threading.Event) -> int:
@@ -203,6 +220,7 @@ class Dispatcher:
         records = [delivery_record(s, a) for s, a in sent.schedules]
         self._observe_send(sent.schedules, now_ms())
         sent.reports = self.outbox.submit(records) if records else None
+        sent.deadline = time.monotonic() + self.outbox.wait_seconds
         return sent
 
     def _observe_send(self, schedules: Sequence[tuple[Schedule, int]], at_ms: int) -> None:
@@ -212,7 +230,8 @@ class Dispatcher:
     def _complete(self, sent: _Sent, stop: threading.Event) -> int:
         outcome = _Outcome(done=[], retry=defaultdict(list))
         if sent.reports is not None:
-            errors = self.outbox.wait(sent.reports, stop)
+            left_s = max(0.0, sent.deadline - time.monotonic())
+            errors = self.outbox.wait(sent.reports, stop, left_s)
             acked_ms = sent.reports.last_ms or now_ms()  # settling may come runs later
             self._judge(sent.schedules, errors, acked_ms, outcome, sent.dead)
         self._dead_letter(sent, outcome, stop)

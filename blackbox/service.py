@@ -182,7 +182,7 @@ class Service:
         poll_ms = int(self.settings.poll_interval * 1000)
         with self._fire_lock:
             try:
-                fired = self.dispatcher.fire_due(self.stopping)
+                fired = self.dispatcher.fire_due(self.stopping, self.waker.nudged_while_firing)
             except (redis.RedisError, KafkaException) as e:
                 return now_ms() + self._paused(e)
             self._fire_backoff.reset()

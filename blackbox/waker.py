@@ -67,6 +67,11 @@ class Waker:
         self._wake.set()
         return True
 
+    def nudged_while_firing(self) -> int | None:
+        """The earliest due time nudged since the current `fire` began, if it runs."""
+        with self._lock:
+            return self._nudged_ms if self._firing else None
+
     def wake(self) -> None:
         """Wake now (shutting down)."""
         self._wake.set()

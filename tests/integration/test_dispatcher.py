@@ -28,6 +28,22 @@ REPORT_WAIT_S = 20.0
 
 
 @pytest.fixture
+def store(redis_server: RedisServer) -> Iterator[RedisStore]:
+    client = redis.Redis.from_url(redis_server.url)
+    yield RedisStore(client, Keys(unique("ns")), grace_seconds=60)
+    client.close()
+
+
+def _two_due(store: RedisStore, second_in_ms: int) -> tuple[Schedule, Schedule]:
+    """One schedule due now, another `second_in_ms` from now."""
+    now = now_ms()
+    first = Schedule("in:0:0", "orders", b"a", now - 1)
+    second = Schedule("in:0:1", "orders", b"b", now + second_in_ms)
+    store.apply([IntakeSlice("in", 0, 1, [(0, first), (1, second)])], now)
+    return first, second
+
+
+@pytest.fixture
 def silent_producer() -> Iterator[Producer]:
     """A producer whose broker accepts connections and never answers: no report comes."""
     with socket.socket() as silent:
@@ -41,17 +57,12 @@ def silent_producer() -> Iterator[Producer]:
 
 
 def test_a_broker_slow_to_acknowledge_does_not_hold_back_the_next_due_time(
-    redis_server: RedisServer, silent_producer: Producer
+    store: RedisStore, silent_producer: Producer
 ) -> None:
     """Guarantee 6 (on time): with one batch sent and unacknowledged, fire_due returns in
     time for the next due message instead of waiting out the report deadline; the batch
     stays in flight, to be settled on a later run."""
-    client = redis.Redis.from_url(redis_server.url)
-    store = RedisStore(client, Keys(unique("ns")), grace_seconds=60)
-    now = now_ms()
-    first = Schedule("in:0:0", "orders", b"a", now - 1)
-    second = Schedule("in:0:1", "orders", b"b", now + 1000)
-    store.apply([IntakeSlice("in", 0, 1, [(0, first), (1, second)])], now)
+    _, second = _two_due(store, 1000)
     dispatcher = Dispatcher(store, Outbox(silent_producer, REPORT_WAIT_S), POLICY, Metrics())
 
     started = time.monotonic()
@@ -61,4 +72,33 @@ def test_a_broker_slow_to_acknowledge_does_not_hold_back_the_next_due_time(
     assert fired.next_due_ms == second.due_ms
     assert waited_s < REPORT_WAIT_S / 4  # back by the next due time, not the report deadline
     assert store.counts() == (1, 1)  # the first is still in flight, unsettled
-    client.close()
+
+
+def test_a_nudge_ends_the_wait_for_reports(store: RedisStore, silent_producer: Producer) -> None:
+    """Guarantee 6: a schedule due now, stored while the dispatcher waits for reports with
+    the next due time a minute away, is not held back by the wait."""
+    _two_due(store, 60_000)
+    dispatcher = Dispatcher(store, Outbox(silent_producer, REPORT_WAIT_S), POLICY, Metrics())
+    arrives_ms = now_ms() + 300
+
+    started = time.monotonic()
+    dispatcher.fire_due(threading.Event(), lambda: arrives_ms if now_ms() >= arrives_ms else None)
+
+    assert time.monotonic() - started < REPORT_WAIT_S / 4
+    assert store.counts() == (1, 1)
+
+
+def test_reports_missing_past_their_deadline_are_retried_though_nothing_is_due(
+    store: RedisStore, silent_producer: Producer
+) -> None:
+    """Guarantee 1: waiting only until the next due time never outlasts a batch's report
+    deadline; what got no report goes back to due, counted as an attempt."""
+    first, _ = _two_due(store, 60_000)
+    dispatcher = Dispatcher(store, Outbox(silent_producer, 1.0), POLICY, Metrics())
+
+    started = time.monotonic()
+    dispatcher.fire_due(threading.Event())
+
+    assert time.monotonic() - started < REPORT_WAIT_S / 4
+    assert store.counts() == (2, 0)
+    assert store.client.hget(store.keys.attempts, first.id) == b"1"

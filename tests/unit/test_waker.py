@@ -70,3 +70,23 @@ def test_a_nudge_while_firing_is_kept_for_the_next_wake_up() -> None:
     waker.wake()
     thread.join(5)
     assert not thread.is_alive()
+
+
+def test_a_nudge_while_firing_is_told_to_the_running_fire() -> None:
+    """The dispatcher, waiting for reports inside `fire`, can see a sooner due time."""
+    seen: list[int | None] = []
+    waker: Waker
+
+    def fire() -> int:
+        seen.append(waker.nudged_while_firing())
+        waker.nudge(1_234)
+        seen.append(waker.nudged_while_firing())
+        stop.set()
+        return now_ms()
+
+    stop = threading.Event()
+    waker = Waker(fire, stop)
+    waker.run()
+
+    assert seen == [None, 1_234]
+    assert waker.nudged_while_firing() is None  # not firing any more
