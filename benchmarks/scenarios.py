@@ -13,7 +13,6 @@ Lateness is measured by a consumer outside the service (benchmarks.collect).
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 import time
@@ -34,7 +33,7 @@ from benchmarks.collect import (
     summary,
 )
 from benchmarks.histograms import between, scrape
-from benchmarks.stack import Stack, local_stack, service_process
+from benchmarks.stack import Stack, cpu_seconds, local_stack, service_process
 from blackbox import kafka
 from blackbox.clock import now_ms
 from blackbox.keys import Keys
@@ -184,13 +183,6 @@ def redis_cpu_seconds(client: redis.Redis) -> float:
     """CPU time the Redis server has used so far (its polling by the benchmark included)."""
     cpu = client.info("cpu")
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time a process has used so far (all its threads)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def s4_capacity(count: int = 1_000_000, payload_bytes: int = 100, claims: int = 20) -> Result:

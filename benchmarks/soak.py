@@ -22,7 +22,6 @@ pending data only; lateness should not drift beyond what the probes show of the 
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import subprocess
 import sys
@@ -47,7 +46,7 @@ from benchmarks.collect import (
     summary,
 )
 from benchmarks.histograms import Histograms, between, scrape
-from benchmarks.stack import Stack, local_stack, start_service
+from benchmarks.stack import Stack, cpu_seconds, local_stack, start_service
 from blackbox import kafka
 from blackbox.keys import Keys
 
@@ -113,13 +112,6 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _cpu_s(pid: int) -> float:
-    """User and system CPU seconds a process has used."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @dataclass
 class _Readings:
     """Cumulative counters read at one instant: a minute's share is the difference."""
@@ -137,7 +129,7 @@ class _Sampler:
         self.before = self._read()
 
     def _read(self) -> _Readings:
-        cpu = {name: _cpu_s(pid) for name, pid in self.pids.items()}
+        cpu = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         return _Readings(time.monotonic(), cpu, scrape(self.port))
 
     def sample(self, minute: int, sent: int) -> Sample:

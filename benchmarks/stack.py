@@ -70,3 +70,10 @@ def service_process(stack: Stack) -> Iterator[subprocess.Popen[bytes]]:
     finally:
         process.terminate()
         process.wait(15)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
