@@ -177,8 +177,9 @@ class Dispatcher:
         if next_due_ms is None:
             return self.settle_all(stop)
         delivered = 0
-        while self._unsettled and self._await_reports(self._unsettled[0], next_due_ms, stop,
-                                                      nudged):  # fmt: skip
+        while self._unsettled:
+            if not self._await_reports(self._unsettled[0], next_due_ms, stop, nudged):
+                break
             delivered += self._complete(self._unsettled.popleft(), stop)
         return delivered
 
