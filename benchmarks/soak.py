@@ -15,8 +15,10 @@ Run by hand or on demand, not in CI. Prints one row per minute (service RSS, Red
 pending, records sent) and a JSON summary: what was sent, accepted, delivered (read back
 from every target topic), lost and duplicated, and per minute the memory and the lateness
 of what the collector saw live, beside the lateness of probes produced straight to the
-target topics once a second (the local broker's own floor). Memory should follow the
-pending data only; lateness should not drift beyond what the probes show of the broker.
+target topics once a second (the local broker's own floor), and per minute the service's
+own lateness histograms and each process's CPU. Memory should follow the pending data only;
+the service's part of the lateness (send minus due) should not drift. The local broker's does:
+`python -m benchmarks.broker_drift` shows it without blackbox.
 """
 
 from __future__ import annotations
