@@ -41,6 +41,9 @@ from blackbox.store import Applied, Cancellation, IntakeSlice, RedisStore, Write
 log = structlog.get_logger("blackbox.intake")
 # How long a stopping intake waits for its last answers before committing.
 FINAL_ANSWER_SECONDS = 3.0
+# Records parsed before their part is sent to Redis: small enough that Redis applies one
+# part while the next is parsed, large enough that a script call carries many.
+PART_RECORDS = 100
 
 _OUTCOMES = {
     Applied.SCHEDULED: Outcome.SCHEDULED,
@@ -57,22 +60,39 @@ class DeadLetterUnavailable(BlackboxError):
 
 @dataclass(slots=True)
 class _Batch:
-    """The records of one poll: requests by partition, dead letters, last offsets."""
+    """The records of one poll, parsed part by part: the requests not yet sent to Redis (by
+    partition) and those sent (in order), dead letters, refusals, last offsets."""
 
-    writes: dict[tuple[str, int], list[tuple[int, Write]]] = field(default_factory=dict)
+    unsent: dict[tuple[str, int], list[tuple[int, Write]]] = field(default_factory=dict)
+    sent: list[tuple[Coordinates, Write]] = field(default_factory=list)
     last_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     dead: list[DeadLetter] = field(default_factory=list)
+    dead_sent: int = 0
     refusals: list[Event] = field(default_factory=list)
 
     def saw(self, topic: str, partition: int, offset: int) -> None:
-        self.writes.setdefault((topic, partition), [])
+        self.unsent.setdefault((topic, partition), [])
         self.last_offsets[(topic, partition)] = offset
 
-    def slices(self) -> list[IntakeSlice]:
-        return [
+    def new_dead(self) -> list[DeadLetter]:
+        """The dead letters of the records parsed since the last call."""
+        new, self.dead_sent = self.dead[self.dead_sent :], len(self.dead)
+        return new
+
+    def take_slices(self) -> list[IntakeSlice]:
+        """The requests parsed since the last call, by partition, each slice moving its
+        partition's watermark past every record parsed so far (refused ones too)."""
+        slices = [
             IntakeSlice(topic, partition, self.last_offsets[(topic, partition)], items)
-            for (topic, partition), items in self.writes.items()
+            for (topic, partition), items in self.unsent.items()
         ]
+        self.sent += [
+            (Coordinates(part.topic, part.partition, offset), write)
+            for part in slices
+            for offset, write in part.items
+        ]
+        self.unsent = {}
+        return slices
 
     def next_offsets(self) -> list[TopicPartition]:
         """Per partition, the offset to commit: one past the last record handled."""
@@ -80,12 +100,7 @@ class _Batch:
 
     def applied(self, codes: Sequence[Applied]) -> Iterator[tuple[Coordinates, Write, Applied]]:
         """Each request with where it came from and what applying it did."""
-        items = (
-            (Coordinates(topic, partition, offset), write)
-            for (topic, partition), writes in self.writes.items()
-            for offset, write in writes
-        )
-        for (coordinates, write), code in zip(items, codes, strict=True):
+        for (coordinates, write), code in zip(self.sent, codes, strict=True):
             yield coordinates, write, code
 
 
@@ -169,15 +184,20 @@ class Intake:
     def handle(self, records: Sequence[Message], stop: threading.Event) -> None:
         """Dead-letter bad records, apply the rest, answer each, then store the offsets.
 
-        Dead letters go first: the Redis write moves the partition watermark past every
-        record of the batch, so it must come only once all of them are handled.
+        The batch is parsed and sent to Redis part by part: Redis applies one part while
+        the next is parsed. A part's dead letters go first: its Redis write moves the
+        partition watermark past every record parsed so far, so it must come only once
+        all of them are handled.
         """
         now = now_ms()
         batch = _Batch()
-        for message in records:
-            self._sort(message, now, batch)
-        self._send_dead_letters(batch.dead, stop)
-        codes = self.store.apply(batch.slices(), now)
+        with self.store.applying(now) as applying:
+            for start in range(0, len(records), PART_RECORDS):
+                for message in records[start : start + PART_RECORDS]:
+                    self._sort(message, now, batch)
+                self._send_dead_letters(batch.new_dead(), stop)
+                applying.send(batch.take_slices())
+            codes = applying.codes()
         events, earliest = list(batch.refusals), None
         counts = Counter(codes)
         for coordinates, write, code in batch.applied(codes):
@@ -215,7 +235,7 @@ class Intake:
             log.warning("dead_lettered", reason=e.reason.value, detail=e.detail,
                         topic=topic, partition=partition, offset=offset)  # fmt: skip
             return
-        batch.writes[(topic, partition)].append((offset, write))
+        batch.unsent[(topic, partition)].append((offset, write))
 
     def _write(self, request: Request, message: Message, now: int, origin: str) -> Write:
         """What to apply in Redis for a valid request; the caller's policy may still refuse."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -65,11 +66,11 @@ class IntakeSlice:
     def field(self) -> str:
         return f"{self.topic}:{self.partition}"
 
-    def chunks(self) -> Iterator[tuple[Sequence[tuple[int, Write]], int, int]]:
+    def chunks(self, previous: int = -1) -> Iterator[tuple[Sequence[tuple[int, Write]], int, int]]:
         """Bounded chunks in offset order, each with the watermark the chunk before it
-        leaves (-1 for the first: no condition) and the watermark it may move to."""
+        leaves (for the first, `previous`: -1 sets no condition) and the watermark it may
+        move to."""
         parts = list(_chunks(self.items)) or [()]
-        previous = -1
         for index, chunk in enumerate(parts):
             mark = self.last_offset if index == len(parts) - 1 else chunk[-1][0]
             yield chunk, previous, mark
@@ -110,6 +111,63 @@ def _chunks(items: Sequence[Any], size: int = SCRIPT_CHUNK) -> Iterator[Sequence
         yield items[start : start + size]
 
 
+class Applying:
+    """Intake script calls in flight on one connection: Redis runs each part while the
+    intake parses the next, and every reply is read at the end.
+
+    One connection keeps the calls in the order they were sent, and a partition's first
+    chunk in a part waits for the watermark its previous part leaves (see intake.lua), so
+    a later call never moves a watermark past one that failed.
+
+    Calls are packed with hiredis directly: redis-py's pipeline checks each argument in
+    Python (six or more per request) and its Script adds a SCRIPT EXISTS round trip. An
+    error reply (NOSCRIPT after a Redis restart: that call ran nothing, and the chunks
+    after it refuse to run) leaves replies unread: the connection is dropped.
+    """
+
+    def __init__(self, store: RedisStore, connection: Any, now_ms: int) -> None:
+        self._store = store
+        self._connection = connection
+        self._now_ms = now_ms
+        self._calls: list[list[Any]] = []
+        self._marks: dict[str, int] = {}  # per partition: the watermark of the last call
+        self.unread = 0
+
+    def send(self, slices: Sequence[IntakeSlice]) -> None:
+        """Send the slices' script calls; Redis runs them while the caller goes on."""
+        calls = []
+        for part in slices:
+            for chunk, after, mark in part.chunks(self._marks.get(part.field, -1)):
+                calls.append(self._store._intake_call(part, chunk, after, mark, self._now_ms))
+                self._marks[part.field] = mark
+        self.send_calls(calls)
+
+    def send_calls(self, calls: list[list[Any]]) -> None:
+        packed = [hiredis.pack_command(("EVALSHA", *call)) for call in calls]
+        self._connection.send_packed_command(packed)
+        self._calls += calls
+        self.unread += len(calls)
+
+    def codes(self) -> list[Applied]:
+        """What each request sent did, in the order sent; the script is loaded again and
+        every call resent if Redis lost its script cache (a restart)."""
+        try:
+            replies = self.replies()
+        except redis.exceptions.NoScriptError:
+            self._connection.disconnect()
+            self.unread = 0
+            self._store.client.script_load(self._store._intake.script)
+            replies = self._store._run_intake(self._calls)
+        return [_APPLIED[code] for codes in replies for code in codes]
+
+    def replies(self) -> list[list[int]]:
+        replies = []
+        while self.unread:
+            replies.append(self._connection.read_response())
+            self.unread -= 1
+        return replies
+
+
 class RedisStore:
     """The due and in-flight sets of one namespace, and the payloads they point to."""
 
@@ -140,14 +198,25 @@ class RedisStore:
         chunk is one atomic script call that also moves its partition's watermark, so a
         partial failure leaves Redis consistent.
         """
-        calls = [self._intake_call(part, chunk, after, mark, now_ms)
-                 for part in slices for chunk, after, mark in part.chunks()]  # fmt: skip
+        with self.applying(now_ms) as applying:
+            applying.send(slices)
+            return applying.codes()
+
+    @contextmanager
+    def applying(self, now_ms: int) -> Iterator[Applying]:
+        """Intake slices sent part by part on one connection, their codes read at the end."""
+        pool = self.client.connection_pool
+        connection = pool.get_connection()
+        applying = Applying(self, connection, now_ms)
         try:
-            replies = self._run_intake(calls)
-        except redis.exceptions.NoScriptError:  # Redis restarted and lost its script cache
-            self.client.script_load(self._intake.script)
-            replies = self._run_intake(calls)
-        return [_APPLIED[code] for codes in replies for code in codes]
+            yield applying
+        except BaseException:
+            connection.disconnect()  # type: ignore[no-untyped-call]
+            raise
+        finally:
+            if applying.unread:  # replies left on the wire would answer the next user
+                connection.disconnect()  # type: ignore[no-untyped-call]
+            pool.release(connection)
 
     def _intake_call(
         self,
@@ -169,25 +238,10 @@ class RedisStore:
         return [self._intake.sha, len(keys), *keys, *args]
 
     def _run_intake(self, calls: list[list[Any]]) -> list[list[int]]:
-        """Send every chunk's EVALSHA at once, then read the replies in order.
-
-        Packed with hiredis directly: redis-py's pipeline checks each argument in Python
-        (six or more per request) and its Script adds a SCRIPT EXISTS round trip. An error
-        reply (NOSCRIPT after a Redis restart: that call ran nothing, and the chunks after
-        it refuse to run) or a broken connection leaves replies unread, so the connection
-        is dropped and the error raised.
-        """
-        packed = [hiredis.pack_command(("EVALSHA", *call)) for call in calls]
-        pool = self.client.connection_pool
-        connection = pool.get_connection()
-        try:
-            connection.send_packed_command(packed)  # type: ignore[no-untyped-call]
-            return [connection.read_response() for _ in packed]
-        except BaseException:
-            connection.disconnect()  # type: ignore[no-untyped-call]
-            raise
-        finally:
-            pool.release(connection)
+        """Send chunks' EVALSHA calls at once on a connection of their own, read the replies."""
+        with self.applying(0) as applying:
+            applying.send_calls(calls)
+            return applying.replies()
 
     def _args(self, offset: int, write: Write, now_ms: int) -> tuple[Any, ...]:
         if isinstance(write, Cancellation):

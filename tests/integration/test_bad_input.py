@@ -5,7 +5,10 @@ from __future__ import annotations
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
+from blackbox import kafka
 from blackbox.errors import DeadLetterReason
+from blackbox.intake import PART_RECORDS
+from blackbox.settings import Settings
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import envelope, produce, unique, wait_until
 
@@ -76,3 +79,29 @@ def test_bad_caller_header_is_dead_lettered(
     (dead,) = reader(settings.dlq_topic).wait_count(1)
 
     assert dead.header("blackbox-dlq-reason") == DeadLetterReason.INVALID_HEADER.value
+
+
+def test_a_poll_of_several_parts_dead_letters_and_schedules_each_record_once(
+    env: dict[str, str], start_service: ServiceFactory, reader: ReaderFactory
+) -> None:
+    """Guarantees 1 and 4: a poll larger than one part is sent to Redis part by part while
+    the next part is parsed; bad records in any part are dead-lettered, every good one
+    fires once, and the offsets are committed past all of them."""
+    settings = Settings.from_env(env)
+    bootstrap = settings.kafka["bootstrap.servers"]
+    kafka.ensure_topics(settings.kafka, settings.own_topics)
+    target, count = unique("parts"), 2 * PART_RECORDS + 50
+    bad = set(range(0, count, 60))  # in the first, second and third part
+    values = [b"{not json" if n in bad else envelope(target, n, 0) for n in range(count)]
+    produce(bootstrap, settings.intake_topic, values)  # before the start: one poll takes all
+
+    start_service()
+    dead = reader(settings.dlq_topic).wait_count(len(bad))
+    good = reader(target).wait_count(count - len(bad))
+
+    assert [int(d.header("blackbox-dlq-offset")) for d in dead] == sorted(bad)
+    assert sorted(int(g.value or b"") for g in good) == sorted(set(range(count)) - bad)
+    wait_until(
+        lambda: _committed(bootstrap, settings.group_id, settings.intake_topic) == count,
+        what="intake offsets committed",
+    )

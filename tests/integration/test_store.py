@@ -238,3 +238,39 @@ def test_a_namespace_beyond_ascii_keeps_ids_whole(redis_server: RedisServer) -> 
     assert loaded.payload is not None
     assert Schedule.decode(loaded.id, loaded.payload).value == b"v"
     client.close()
+
+
+def _plain(offsets: range, due_ms: int, partition: int = 0) -> list[tuple[int, Write]]:
+    return [(o, Schedule(f"in:{partition}:{o}", "orders", b"v", due_ms)) for o in offsets]
+
+
+def test_parts_sent_in_one_session_answer_in_the_order_sent(store: RedisStore) -> None:
+    """Guarantee 2: intake sends a batch part by part, Redis applying one while the next is
+    parsed; every request is applied once and answered in the order it was sent."""
+    due = now_ms() + 60_000
+    with store.applying(now_ms()) as applying:
+        applying.send([IntakeSlice("in", 0, 9, _plain(range(10), due)),
+                       IntakeSlice("in", 1, 4, _plain(range(5), due, partition=1))])  # fmt: skip
+        applying.send([IntakeSlice("in", 0, 19, _plain(range(5, 20), due))])  # 5-9 re-read
+        codes = applying.codes()
+
+    assert codes == [Applied.SCHEDULED] * 15 + [Applied.REPLAYED] * 5 + [Applied.SCHEDULED] * 10
+    assert store.counts() == (25, 0)
+    assert store.client.hmget(store.keys.intake_marks, ["in:0", "in:1"]) == [b"19", b"4"]
+
+
+def test_a_part_whose_predecessor_failed_moves_no_watermark(store: RedisStore) -> None:
+    """Guarantee 1: if an earlier part's script call failed, a later part of the same
+    partition must not move the watermark past it, or the retry would skip its records as
+    re-reads. The later part here holds only refused records: a bare watermark move."""
+    store.client.set(store.keys.due, "not a sorted set")  # the first part's ZADD fails
+    with (
+        pytest.raises(redis.ResponseError, match="WRONGTYPE"),
+        store.applying(now_ms()) as applying,
+    ):
+        applying.send([IntakeSlice("in", 0, 9, _plain(range(10), now_ms()))])
+        applying.send([IntakeSlice("in", 0, 19, [])])
+        applying.codes()
+
+    assert store.client.hget(store.keys.intake_marks, "in:0") is None
+    assert store.client.ping()  # the connection left with unread replies was replaced
