@@ -7,6 +7,7 @@ flushes the producers and commits offsets.
 
 from __future__ import annotations
 
+import gc
 import signal
 import threading
 import time
@@ -262,6 +263,10 @@ class Service:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         self.start()
+        # What start-up built lives as long as the process: leave it out of the cyclic
+        # collector's full passes, which otherwise walk every imported module's objects
+        # again and again while intake churns (S3: ~30 -> ~20 us of CPU per record).
+        gc.freeze()
         while not self.stopping.wait(0.5):
             pass
         self.stop()
