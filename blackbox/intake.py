@@ -39,6 +39,8 @@ from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.store import Applied, Cancellation, IntakeSlice, RedisStore, Write
 
 log = structlog.get_logger("blackbox.intake")
+# How long one poll waits for a record; also how soon intake sees a stop.
+POLL_SECONDS = 0.5
 # How long a stopping intake waits for its last answers before committing.
 FINAL_ANSWER_SECONDS = 3.0
 # Records parsed before their part is sent to Redis: small enough that Redis applies one
@@ -165,8 +167,7 @@ class Intake:
 
     def poll_once(self, stop: threading.Event) -> None:
         """Consume one batch and handle it, backing off and rewinding if a dependency fails."""
-        messages = self.consumer.consume(self.config.batch, timeout=0.5)
-        records = [m for m in messages if self._is_record(m)]
+        records = [m for m in self._consume() if self._is_record(m)]
         if not records:
             self._settle(stop)
             return
@@ -180,6 +181,16 @@ class Intake:
             log.warning("intake_paused", dependency=dependency, error=str(e), retry_in_s=delay)
             self._rewind(records)
             stop.wait(delay)
+
+    def _consume(self) -> list[Message]:
+        """Up to a batch of what the consumer has fetched, waiting for the first record only:
+        a record is handled as it arrives, a backlog in full batches. (consume(n, t) would
+        hold the first record until n arrived or t passed: a countdown 0 fired up to t late.)
+        """
+        first = self.consumer.poll(POLL_SECONDS)
+        if first is None or self.config.batch == 1:
+            return [] if first is None else [first]
+        return [first, *self.consumer.consume(self.config.batch - 1, timeout=0)]
 
     def handle(self, records: Sequence[Message], stop: threading.Event) -> None:
         """Dead-letter bad records, apply the rest, answer each, then store the offsets.
