@@ -2,6 +2,10 @@
 consumer in its own process from each record's arrival and its `blackbox-due-ms` header.
 
     python -m benchmarks.lateness --messages 1000 --min-countdown 2 --max-countdown 10
+    python -m benchmarks.lateness --messages 200 --max-countdown 0 --rate 20   # immediate
+
+With --rate the messages are sent one by one at that pace instead of all at once; with
+countdown 0 that measures the intake path too (due is the record's own timestamp).
 
 Prints one JSON line, then a table.
 """
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+import time
 import uuid
 
 import orjson
@@ -26,6 +31,7 @@ def main() -> int:
     parser.add_argument("--min-countdown", type=float, default=2.0)
     parser.add_argument("--max-countdown", type=float, default=10.0)
     parser.add_argument("--poll-interval", default="1.0", help="BLACKBOX_POLL_INTERVAL")
+    parser.add_argument("--rate", type=float, default=0.0, help="messages/s (0: all at once)")
     args = parser.parse_args()
     with local_stack(BLACKBOX_POLL_INTERVAL=args.poll_interval) as stack, service_process(stack):
         producer = new_producer(stack)
@@ -33,7 +39,10 @@ def main() -> int:
         target = f"bench-{uuid.uuid4().hex[:8]}"
         collector = collector_for(stack, target, args.messages, args.max_countdown + 60)
         rng = random.Random(1)
+        start = time.monotonic()
         for n in range(args.messages):
+            if args.rate:  # message n leaves at start + n / rate
+                producer.poll(max(0.0, start + n / args.rate - time.monotonic()))
             countdown = rng.uniform(args.min_countdown, args.max_countdown)
             send(producer, stack.settings.intake_topic, target, {"n": n}, countdown)
         producer.flush(30)
@@ -41,7 +50,8 @@ def main() -> int:
     result = {
         "benchmark": "lateness", "messages": args.messages,
         "countdown_s": [args.min_countdown, args.max_countdown],
-        "poll_interval_s": float(args.poll_interval), "delivered": len(got.copies),
+        "poll_interval_s": float(args.poll_interval), "rate_per_s": args.rate or None,
+        "delivered": len(got.copies),
         "lost": args.messages - len(got.copies), "duplicated": got.duplicated(),
         "lateness_ms": summary(got.lateness_ms()),
     }  # fmt: skip
