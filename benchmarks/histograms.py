@@ -32,12 +32,18 @@ def scrape(port: int) -> Histograms:
 
 
 def between(now: Reading, before: Reading = NOTHING) -> dict[str, float | None]:
-    """What was observed between two readings: count, mean (ms), and the bucket bound (ms)
-    under which 99% fell (None past the last bound)."""
+    """What was observed between two readings: count, mean (ms), and the bucket bounds (ms)
+    under which half and 99% fell (None past the last bound)."""
     counts = {le: n - before[0].get(le, 0.0) for le, n in now[0].items()}
     total = counts.get(float("inf"), 0.0)
     if total == 0:
-        return {"count": 0, "mean": None, "p99_under": None}
-    bound = min(le for le, n in counts.items() if n >= 0.99 * total)
+        return {"count": 0, "mean": None, "p50_under": None, "p99_under": None}
     return {"count": int(total), "mean": round(1000 * (now[1] - before[1]) / total, 2),
-            "p99_under": None if bound == float("inf") else 1000 * bound}  # fmt: skip
+            "p50_under": _bound(counts, 0.5 * total),
+            "p99_under": _bound(counts, 0.99 * total)}  # fmt: skip
+
+
+def _bound(counts: dict[float, float], reached: float) -> float | None:
+    """The lowest bucket bound (ms) with at least `reached` observations at or under it."""
+    bound = min(le for le, n in counts.items() if n >= reached)
+    return None if bound == float("inf") else 1000 * bound

@@ -10,8 +10,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from blackbox.errors import DeadLetterReason
 
+# From 0.1 ms: firing at the due instant is measured below a millisecond, late outliers to
+# a minute.
 LATENESS_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    0.0001, 0.00025, 0.0005, 0.001, 0.0015, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
 
 
