@@ -36,8 +36,10 @@ from blackbox.schedule import Schedule, split_scoped
 from blackbox.store import Claim, Loaded, RedisStore
 
 log = structlog.get_logger("blackbox.dispatcher")
-# Batches sent and not yet settled, at most; past it the oldest is awaited.
-MAX_UNSETTLED = 4
+# Messages sent and not yet settled, at most; past it the oldest batch is awaited. Counted
+# in messages, not batches: steady firing sends batches of one, and a broker slow to
+# acknowledge them must not hold back the next due message.
+MAX_UNSETTLED_MESSAGES = 10_000
 # A run waits for delivery reports until this many ms before the next due time, no later.
 SETTLE_AHEAD_MS = 50
 # While it waits, it looks this often for a sooner due time (a nudge).
@@ -144,6 +146,7 @@ class Dispatcher:
         self.policy = policy
         self.metrics = metrics
         self._unsettled: deque[_Sent] = deque()
+        self._unsettled_messages = 0
 
     def fire_due(self, stop: threading.Event, nudged: Nudged = lambda: None) -> Fired:
         """Send everything due now, batch after batch, until a claim comes back short;
@@ -156,6 +159,7 @@ class Dispatcher:
             fired.next_due_ms = claim.next_due_ms
             if claim.ids:
                 self._unsettled.append(self._send(claim))
+                self._unsettled_messages += len(claim.ids)
             fired.delivered += self._settle_reported(stop)
             if len(claim.ids) < self.policy.batch_limit:
                 break
@@ -166,7 +170,7 @@ class Dispatcher:
         """Wait for the reports of every batch sent and settle each; how many were delivered."""
         delivered = 0
         while self._unsettled:
-            delivered += self._complete(self._unsettled.popleft(), stop)
+            delivered += self._complete(self._oldest(), stop)
         return delivered
 
     def _settle_before(self, next_due_ms: int | None, stop: threading.Event, nudged: Nudged) -> int:
@@ -180,8 +184,13 @@ class Dispatcher:
         while self._unsettled:
             if not self._await_reports(self._unsettled[0], next_due_ms, stop, nudged):
                 break
-            delivered += self._complete(self._unsettled.popleft(), stop)
+            delivered += self._complete(self._oldest(), stop)
         return delivered
+
+    def _oldest(self) -> _Sent:
+        sent = self._unsettled.popleft()
+        self._unsettled_messages -= len(sent.claim.ids)
+        return sent
 
     def _await_reports(
         self, sent: _Sent, next_due_ms: int, stop: threading.Event, nudged: Nudged
@@ -205,9 +214,9 @@ class Dispatcher:
         self.outbox.producer.poll(0)
         delivered = 0
         while self._unsettled and (
-            self._unsettled[0].reported or len(self._unsettled) > MAX_UNSETTLED
+            self._unsettled[0].reported or self._unsettled_messages > MAX_UNSETTLED_MESSAGES
         ):
-            delivered += self._complete(self._unsettled.popleft(), stop)
+            delivered += self._complete(self._oldest(), stop)
         return delivered
 
     def reclaim_expired(self) -> int:
