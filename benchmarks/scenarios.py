@@ -32,8 +32,9 @@ from benchmarks.collect import (
     probe,
     summary,
 )
+from benchmarks.floor import intake_floor
 from benchmarks.histograms import between, scrape
-from benchmarks.stack import Stack, cpu_seconds, local_stack, service_process
+from benchmarks.stack import Stack, cpu_seconds, local_stack, redis_cpu_seconds, service_process
 from blackbox import kafka
 from blackbox.clock import now_ms
 from blackbox.keys import Keys
@@ -173,16 +174,13 @@ def s3_intake(count: int = 100_000) -> Result:
             elapsed, cpu = time.monotonic() - first, cpu_seconds(process.pid) - cpu_first
             redis_cpu = redis_cpu_seconds(client) - redis_first
         client.close()
+        floor = intake_floor(stack, count)
     return {"scenario": "S3 intake", "messages": count, "stored": stored,
             "seconds": round(elapsed, 3), "records_per_s": round(count / elapsed),
             "service_cpu_us_per_record": round(cpu / count * 1e6, 1),
-            "redis_cpu_us_per_record": round(redis_cpu / count * 1e6, 1)}  # fmt: skip
-
-
-def redis_cpu_seconds(client: redis.Redis) -> float:
-    """CPU time the Redis server has used so far (its polling by the benchmark included)."""
-    cpu = client.info("cpu")
-    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+            "redis_cpu_us_per_record": round(redis_cpu / count * 1e6, 1),
+            "floor": floor,
+            "share_of_floor": round(count / elapsed / floor["records_per_s"], 2)}  # fmt: skip
 
 
 def s4_capacity(count: int = 1_000_000, payload_bytes: int = 100, claims: int = 20) -> Result:

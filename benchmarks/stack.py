@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis
+
 from blackbox import kafka
 from blackbox.localstack import RedisServer, TansuBroker, free_port, scratch_dir
 from blackbox.settings import Settings
@@ -77,3 +79,9 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_cpu_seconds(client: redis.Redis) -> float:
+    """CPU time the Redis server has used so far (its polling by the benchmark included)."""
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
