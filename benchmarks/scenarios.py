@@ -76,10 +76,13 @@ def collector_for(stack: Stack, topic: str, count: int, timeout: float) -> Colle
     return CollectorProcess(stack.broker.bootstrap, topic, count, timeout)
 
 
-def service_send_lateness(stack: Stack) -> dict[str, float | None]:
-    """The service's own part of the lateness (until handed to its producer), from its
-    metrics: tells a late scheduler from a slow broker."""
-    return between(scrape(stack.settings.http_port or 0)["send"])
+def service_lateness(stack: Stack) -> dict[str, dict[str, float | None]]:
+    """The service's own part of the lateness from its metrics: until a message was handed
+    to its producer (`send`: tells a late scheduler from a slow broker), and until the
+    broker acknowledged it (`ack`: everything but the receiving consumer's fetch)."""
+    return {
+        name: between(reading) for name, reading in scrape(stack.settings.http_port or 0).items()
+    }
 
 
 def s1_burst(count: int = 20_000, ahead_s: float = 10.0) -> Result:
@@ -93,7 +96,7 @@ def s1_burst(count: int = 20_000, ahead_s: float = 10.0) -> Result:
             send(producer, stack.settings.intake_topic, target, n, (due - now_ms()) / 1000)
         producer.flush(30)
         got = collector.result(timeout=ahead_s + 70)
-        sending = service_send_lateness(stack)
+        service = service_lateness(stack)
     arrivals = [arrived for arrived, _ in got.first_copies()]
     instant = min((d for _, d in got.first_copies()), default=due)
     span_s = (max(arrivals) - min(arrivals)) / 1000 if arrivals else 0
@@ -102,7 +105,8 @@ def s1_burst(count: int = 20_000, ahead_s: float = 10.0) -> Result:
         "lost": count - len(got.copies), "duplicated": got.duplicated(),
         "last_after_due_ms": max(arrivals) - instant if arrivals else None,
         "fire_rate_per_s": round(len(arrivals) / span_s) if span_s else None,
-        "lateness_ms": summary(got.lateness_ms()), "service_send_lateness_ms": sending,
+        "lateness_ms": summary(got.lateness_ms()),
+        "service_send_lateness_ms": service["send"], "service_ack_lateness_ms": service["ack"],
     }  # fmt: skip
 
 
@@ -145,12 +149,13 @@ def s2_steady(rate: int = 1000, seconds: int = 20) -> Result:
         producer.flush(30)
         prober.flush(30)
         got, probes = collector.result(timeout=seconds + 70).without_probes()
-        sending = service_send_lateness(stack)
+        service = service_lateness(stack)
     return {
         "scenario": "S2 steady", "rate_per_s": rate, "seconds": seconds, "messages": count,
         "target_topics": len(targets), "delivered": len(got.copies),
         "lost": count - len(got.copies), "duplicated": got.duplicated(),
-        "lateness_ms": summary(got.lateness_ms()), "service_send_lateness_ms": sending,
+        "lateness_ms": summary(got.lateness_ms()),
+        "service_send_lateness_ms": service["send"], "service_ack_lateness_ms": service["ack"],
         "broker_probe_ms": summary(probes),
     }  # fmt: skip
 
