@@ -36,10 +36,11 @@ from blackbox.schedule import Schedule, split_scoped
 from blackbox.store import Claim, Loaded, RedisStore
 
 log = structlog.get_logger("blackbox.dispatcher")
-# Messages sent and not yet settled, at most; past it the oldest batch is awaited. Counted
-# in messages, not batches: steady firing sends batches of one, and a broker slow to
-# acknowledge them must not hold back the next due message.
-MAX_UNSETTLED_MESSAGES = 10_000
+# Messages sent and not yet settled, at most, in full claims; past it the oldest batch is
+# awaited. Counted in messages, not batches: steady firing sends batches of one, and a
+# broker slow to acknowledge them must not hold back the next due message. It bounds what
+# a crash can deliver twice (acknowledged, not yet settled) and the payloads held.
+MAX_UNSETTLED_CLAIMS = 4
 # A run waits for delivery reports until this many ms before the next due time, no later.
 SETTLE_AHEAD_MS = 50
 # While it waits, it looks this often for a sooner due time (a nudge).
@@ -214,7 +215,8 @@ class Dispatcher:
         self.outbox.producer.poll(0)
         delivered = 0
         while self._unsettled and (
-            self._unsettled[0].reported or self._unsettled_messages > MAX_UNSETTLED_MESSAGES
+            self._unsettled[0].reported
+            or self._unsettled_messages > MAX_UNSETTLED_CLAIMS * self.policy.batch_limit
         ):
             delivered += self._complete(self._oldest(), stop)
         return delivered
