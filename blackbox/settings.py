@@ -122,7 +122,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("BLACKBOX_BATCH_LIMIT", "batch_limit", _batch, "1000",
         "most ids claimed by one claim (at most 10,000)"),
     Var("BLACKBOX_INTAKE_BATCH", "intake_batch", _batch, "500",
-        "most intake records handled per Redis round trip"),
+        "most intake records handled per poll (sent to Redis in parts of 100)"),
     Var("BLACKBOX_LEASE_SECONDS", "lease_seconds", _positive_float, "30",
         "how long a claimed id is held before another replica may fire it"),
     Var("BLACKBOX_DELIVERY_TIMEOUT", "delivery_timeout", _timeout, "10",
