@@ -51,9 +51,9 @@ _APPLIED = tuple(Applied)
 
 @dataclass(frozen=True, slots=True)
 class IntakeSlice:
-    """The requests one intake batch took from one partition, by offset.
+    """The requests one part of an intake poll took from one partition, by offset.
 
-    `last_offset` is the highest offset of the batch in that partition, dead-lettered
+    `last_offset` is the highest offset parsed so far in that partition, dead-lettered
     records included: every record up to it has been handled once this slice is stored.
     """
 
@@ -113,16 +113,16 @@ def _chunks(items: Sequence[Any], size: int = SCRIPT_CHUNK) -> Iterator[Sequence
 
 class Applying:
     """Intake script calls in flight on one connection: Redis runs each part while the
-    intake parses the next, and every reply is read at the end.
+    intake parses the next, and every reply is read at the end. The store's session
+    object: made by `RedisStore.applying`, which owns the connection.
 
     One connection keeps the calls in the order they were sent, and a partition's first
     chunk in a part waits for the watermark its previous part leaves (see intake.lua), so
     a later call never moves a watermark past one that failed.
 
     Calls are packed with hiredis directly: redis-py's pipeline checks each argument in
-    Python (six or more per request) and its Script adds a SCRIPT EXISTS round trip. An
-    error reply (NOSCRIPT after a Redis restart: that call ran nothing, and the chunks
-    after it refuse to run) leaves replies unread: the connection is dropped.
+    Python (six or more per request) and its Script adds a SCRIPT EXISTS round trip. They
+    are sent without redis-py's health check: its PING would read a reply of ours.
     """
 
     def __init__(self, store: RedisStore, connection: Any, now_ms: int) -> None:
@@ -131,7 +131,12 @@ class Applying:
         self._now_ms = now_ms
         self._calls: list[list[Any]] = []
         self._marks: dict[str, int] = {}  # per partition: the watermark of the last call
-        self.unread = 0
+        self._unread = 0
+
+    @property
+    def unread(self) -> int:
+        """Replies not read yet: a connection released with any would answer its next user."""
+        return self._unread
 
     def send(self, slices: Sequence[IntakeSlice]) -> None:
         """Send the slices' script calls; Redis runs them while the caller goes on."""
@@ -143,29 +148,36 @@ class Applying:
         self.send_calls(calls)
 
     def send_calls(self, calls: list[list[Any]]) -> None:
+        """Send prepared EVALSHA arguments (script SHA, key count, keys, arguments)."""
         packed = [hiredis.pack_command(("EVALSHA", *call)) for call in calls]
-        self._connection.send_packed_command(packed)
+        self._connection.send_packed_command(packed, check_health=False)
         self._calls += calls
-        self.unread += len(calls)
+        self._unread += len(calls)
 
     def codes(self) -> list[Applied]:
-        """What each request sent did, in the order sent; the script is loaded again and
-        every call resent if Redis lost its script cache (a restart)."""
+        """What each request sent did, in the order sent. If Redis lost its script cache (a
+        restart), the call that met it ran nothing and the chunks after it in its partition
+        refuse to run: the script is loaded again and the calls resent from that one on."""
+        replies: list[list[int]] = []
         try:
-            replies = self.replies()
+            self._read_into(replies)
         except redis.exceptions.NoScriptError:
-            self._connection.disconnect()
-            self.unread = 0
+            self._connection.disconnect()  # the replies after it are left unread
+            self._unread = 0
             self._store.client.script_load(self._store._intake.script)
-            replies = self._store._run_intake(self._calls)
+            replies += self._store._run_intake(self._calls[len(replies) :])
         return [_APPLIED[code] for codes in replies for code in codes]
 
     def replies(self) -> list[list[int]]:
-        replies = []
-        while self.unread:
-            replies.append(self._connection.read_response())
-            self.unread -= 1
+        """The raw replies of the calls sent, in order."""
+        replies: list[list[int]] = []
+        self._read_into(replies)
         return replies
+
+    def _read_into(self, replies: list[list[int]]) -> None:
+        while self._unread:
+            replies.append(self._connection.read_response())
+            self._unread -= 1
 
 
 class RedisStore:
@@ -203,12 +215,14 @@ class RedisStore:
             return applying.codes()
 
     @contextmanager
-    def applying(self, now_ms: int) -> Iterator[Applying]:
-        """Intake slices sent part by part on one connection, their codes read at the end."""
+    def applying(self, now_ms: int = 0) -> Iterator[Applying]:
+        """Intake slices sent part by part on one connection, their codes read at the end
+        (`now_ms` sets the payloads' TTLs)."""
         pool = self.client.connection_pool
         connection = pool.get_connection()
         applying = Applying(self, connection, now_ms)
         try:
+            connection.check_health()  # type: ignore[no-untyped-call]  # while none of ours is unread
             yield applying
         except BaseException:
             connection.disconnect()  # type: ignore[no-untyped-call]
@@ -239,7 +253,7 @@ class RedisStore:
 
     def _run_intake(self, calls: list[list[Any]]) -> list[list[int]]:
         """Send chunks' EVALSHA calls at once on a connection of their own, read the replies."""
-        with self.applying(0) as applying:
+        with self.applying() as applying:
             applying.send_calls(calls)
             return applying.replies()
 

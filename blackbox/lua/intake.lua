@@ -12,7 +12,8 @@
 -- ARGV[3]      how long an ended-marker is kept, seconds
 -- ARGV[4]      length in bytes of the namespace's hash tag: a payload key is the tag, then
 --              the id
--- ARGV[5]      the watermark the chunk before this one leaves (-1 for a first chunk)
+-- ARGV[5]      the watermark the chunk before this one leaves (-1 for the first chunk of
+--              its partition in an intake session: no condition)
 -- ARGV[5i+1..5i+5]  per request: intake offset (ascending), op, due ms, payload TTL s,
 --              encoded payload. op "n": a new id derived from the record (SET NX);
 --              "u": a caller's id, stored or replaced; "c": cancel a caller's id (due,

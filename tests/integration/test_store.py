@@ -13,7 +13,7 @@ from blackbox.keys import Keys
 from blackbox.localstack import RedisServer
 from blackbox.schedule import Schedule, scoped_id
 from blackbox.store import SCRIPT_CHUNK, Applied, Cancellation, IntakeSlice, RedisStore, Write
-from tests.kafkatools import unique
+from tests.kafkatools import unique, wait_until
 
 ID = scoped_id(b"svc", "order-1")
 
@@ -274,3 +274,39 @@ def test_a_part_whose_predecessor_failed_moves_no_watermark(store: RedisStore) -
 
     assert store.client.hget(store.keys.intake_marks, "in:0") is None
     assert store.client.ping()  # the connection left with unread replies was replaced
+
+
+def test_a_health_check_falling_due_between_parts_reads_no_reply_of_ours(
+    redis_server: RedisServer,
+) -> None:
+    """Guarantee 5: redis-py PINGs a connection idle past its health-check interval before
+    sending on it; between two parts that PING would read the first part's reply, fail,
+    and pause intake for nothing. The session checks once, before it sends anything."""
+    client = redis.Redis.from_url(redis_server.url, health_check_interval=10)
+    store = RedisStore(client, Keys(unique("ns")), grace_seconds=60)
+    due = now_ms() + 60_000
+    with store.applying(now_ms()) as applying:
+        applying.send([IntakeSlice("in", 0, 9, _plain(range(10), due))])
+        applying._connection.next_health_check = 0  # as if a dead letter waited 10 s
+        applying.send([IntakeSlice("in", 0, 19, _plain(range(10, 20), due))])
+        codes = applying.codes()
+
+    assert codes == [Applied.SCHEDULED] * 20
+    client.close()
+
+
+def test_a_script_cache_lost_mid_session_resends_only_what_did_not_run(store: RedisStore) -> None:
+    """Guarantee 5: when Redis loses its scripts between two parts (a restart), the part
+    that met NOSCRIPT is sent again; the part that had run keeps its codes, so its
+    requests are still answered as scheduled rather than as re-reads."""
+    due = now_ms() + 60_000
+    store.apply([IntakeSlice("other", 0, 0, [])], now_ms())  # the script is loaded
+    with store.applying(now_ms()) as applying:
+        applying.send([IntakeSlice("in", 0, 9, _plain(range(10), due))])
+        wait_until(lambda: store.counts() == (10, 0), what="the first part applied")
+        store.client.script_flush()
+        applying.send([IntakeSlice("in", 0, 19, _plain(range(10, 20), due))])
+        codes = applying.codes()
+
+    assert codes == [Applied.SCHEDULED] * 20
+    assert store.counts() == (20, 0)
