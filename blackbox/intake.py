@@ -63,23 +63,30 @@ class DeadLetterUnavailable(BlackboxError):
 @dataclass(slots=True)
 class _Batch:
     """The records of one poll, parsed part by part: the requests not yet sent to Redis (by
-    partition) and those sent (in order), dead letters, refusals, last offsets."""
+    partition) and those sent (in order), dead letters with the refusal answering each
+    (the first `landed` acknowledged by the dead-letter topic), last offsets."""
 
     unsent: dict[tuple[str, int], list[tuple[int, Write]]] = field(default_factory=dict)
     sent: list[tuple[Coordinates, Write]] = field(default_factory=list)
     last_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     dead: list[DeadLetter] = field(default_factory=list)
-    dead_sent: int = 0
     refusals: list[Event] = field(default_factory=list)
+    landed: int = 0
 
     def saw(self, topic: str, partition: int, offset: int) -> None:
         self.unsent.setdefault((topic, partition), [])
         self.last_offsets[(topic, partition)] = offset
 
-    def new_dead(self) -> list[DeadLetter]:
-        """The dead letters of the records parsed since the last call."""
-        new, self.dead_sent = self.dead[self.dead_sent :], len(self.dead)
-        return new
+    def refuse(self, letter: DeadLetter, refusal: Event) -> None:
+        self.dead.append(letter)
+        self.refusals.append(refusal)
+
+    def unlanded(self) -> list[DeadLetter]:
+        """The dead letters the dead-letter topic has not acknowledged yet."""
+        return self.dead[self.landed :]
+
+    def all_landed(self) -> None:
+        self.landed = len(self.dead)
 
     def take_slices(self) -> list[IntakeSlice]:
         """The requests parsed since the last call, by partition, each slice moving its
@@ -193,38 +200,57 @@ class Intake:
         return [first, *self.consumer.consume(self.config.batch - 1, timeout=0)]
 
     def handle(self, records: Sequence[Message], stop: threading.Event) -> None:
-        """Dead-letter bad records, apply the rest, answer each, then store the offsets.
-
-        The batch is parsed and sent to Redis part by part: Redis applies one part while
-        the next is parsed. A part's dead letters go first: its Redis write moves the
-        partition watermark past every record parsed so far, so it must come only once
-        all of them are handled.
-        """
+        """Dead-letter bad records, apply the rest, answer each, then store the offsets."""
         now = now_ms()
         batch = _Batch()
+        codes = self._apply_in_parts(records, now, batch, stop)
+        self._answer(batch, codes, now, stop, batch.next_offsets())
+
+    def _apply_in_parts(
+        self, records: Sequence[Message], now: int, batch: _Batch, stop: threading.Event
+    ) -> list[Applied]:
+        """Parse the records and send them to Redis part by part: Redis applies one part
+        while the next is parsed. A part's dead letters go first: its Redis write moves
+        the partition watermark past every record parsed so far.
+
+        If the dead-letter topic refuses, the parts sent before are answered before the
+        error goes up: re-read after the rewind, they are skipped as applied already.
+        """
         with self.store.applying(now) as applying:
             for start in range(0, len(records), PART_RECORDS):
                 for message in records[start : start + PART_RECORDS]:
                     self._sort(message, now, batch)
-                self._send_dead_letters(batch.new_dead(), stop)
+                try:
+                    self._send_dead_letters(batch.unlanded(), stop)
+                except DeadLetterUnavailable:
+                    self._answer(batch, applying.codes(), now, stop, offsets=[])
+                    raise
+                batch.all_landed()
                 applying.send(batch.take_slices())
-            codes = applying.codes()
-        events, earliest = list(batch.refusals), None
-        counts = Counter(codes)
+            return applying.codes()
+
+    def _answer(
+        self, batch: _Batch, codes: Sequence[Applied], now: int, stop: threading.Event,
+        offsets: list[TopicPartition],
+    ) -> None:  # fmt: skip
+        """Count what applying did, wake the dispatcher for the soonest due time, and answer
+        each request applied and each refusal dead-lettered; `offsets` are stored for
+        commit once the answers land."""
+        events, earliest = batch.refusals[: batch.landed], None
         for coordinates, write, code in batch.applied(codes):
             if code is Applied.REPLAYED:
                 continue
             events.append(_event(coordinates, write, code))
             if isinstance(write, Schedule) and code in (Applied.SCHEDULED, Applied.UPDATED):
                 earliest = write.due_ms if earliest is None else min(earliest, write.due_ms)
-        for code, count in counts.items():
+        for code, count in Counter(codes).items():
             self.metrics.intake_records.labels(outcome=_label(code)).inc(count)
-        self.metrics.intake_records.labels(outcome="dead_lettered").inc(len(batch.dead))
+        self.metrics.intake_records.labels(outcome="dead_lettered").inc(batch.landed)
+        if earliest is not None:  # before waiting for the last poll's answers
+            self.on_scheduled(earliest)
         self._settle(stop)
         answers = [e.record(self.config.events_topic, now) for e in events]
-        self._answering = _Answering(self.outbox.submit(answers), answers, batch.next_offsets())
-        if earliest is not None:
-            self.on_scheduled(earliest)
+        self._answering = _Answering(self.outbox.submit(answers), answers, offsets)
 
     def _sort(self, message: Message, now: int, batch: _Batch) -> None:
         topic, partition, offset = (
@@ -239,9 +265,9 @@ class Intake:
             request = envelope.parse(message.value(), headers, self.config.limits, message.key())
             write = self._write(request, message, now, intake_id(topic, partition, offset))
         except InvalidEnvelope as e:
-            batch.dead.append(deadletter.from_intake(message, e.reason, e.detail))
-            batch.refusals.append(
-                _refusal(Coordinates(topic, partition, offset), headers, request, e)
+            batch.refuse(
+                deadletter.from_intake(message, e.reason, e.detail),
+                _refusal(Coordinates(topic, partition, offset), headers, request, e),
             )
             log.warning("dead_lettered", reason=e.reason.value, detail=e.detail,
                         topic=topic, partition=partition, offset=offset)  # fmt: skip
@@ -284,6 +310,8 @@ class Intake:
         if unsent:
             self.metrics.events_dropped.inc(len(unsent))
             log.error("events_lost_on_stop", count=len(unsent))
+        if not answering.offsets:  # answers to a poll that is read again
+            return
         try:
             self.consumer.store_offsets(offsets=answering.offsets)
         except KafkaException as e:  # revoked meanwhile: its new owner re-reads and skips

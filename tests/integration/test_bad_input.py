@@ -8,6 +8,7 @@ from confluent_kafka import Consumer, TopicPartition
 from blackbox import kafka
 from blackbox.errors import DeadLetterReason
 from blackbox.intake import PART_RECORDS
+from blackbox.service import Service
 from blackbox.settings import Settings
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import envelope, produce, unique, wait_until
@@ -105,3 +106,38 @@ def test_a_poll_of_several_parts_dead_letters_and_schedules_each_record_once(
         lambda: _committed(bootstrap, settings.group_id, settings.intake_topic) == count,
         what="intake offsets committed",
     )
+
+
+def test_a_dead_letter_topic_refusing_mid_poll_loses_no_answer(
+    env: dict[str, str], reader: ReaderFactory
+) -> None:
+    """Guarantees 1 and 5: when the dead-letter topic refuses a record of a later part, the
+    parts before it were applied already (a re-read skips them): they are answered before
+    intake rewinds, and once the topic accepts, every record is answered once."""
+    settings = Settings.from_env({
+        **env, "KAFKA_PRODUCER_ALLOW_AUTO_CREATE_TOPICS": "false",
+        "KAFKA_PRODUCER_TOPIC_METADATA_PROPAGATION_MAX_MS": "500",
+    })  # fmt: skip
+    bootstrap = settings.kafka["bootstrap.servers"]
+    target, count, bad = unique("mid"), PART_RECORDS + 50, PART_RECORDS + 20
+    kafka.ensure_topics(settings.kafka, [settings.intake_topic, settings.events_topic, target])
+    values = [b"{not json" if n == bad else envelope(target, n, 0) for n in range(count)]
+    produce(bootstrap, settings.intake_topic, values)  # before the start: one poll takes all
+    events = reader(settings.events_topic)
+
+    service = Service(settings)
+    service.start()
+    try:
+        events.wait_count(PART_RECORDS)  # the first part, answered while intake is paused
+        assert service.metrics.value("blackbox_dependency_errors_total", {"dependency": "kafka"})
+        kafka.ensure_topics(settings.kafka, [settings.dlq_topic])
+        (dead,) = reader(settings.dlq_topic).wait_count(1)
+        answered = events.wait_count(count)
+        reader(target).wait_count(count - 1)
+    finally:
+        service.stop()
+
+    assert int(dead.header("blackbox-dlq-offset")) == bad
+    outcomes = [orjson.loads(e.value or b"") for e in answered]
+    assert sorted(o["intake"]["offset"] for o in outcomes) == list(range(count))  # each once
+    assert [o["intake"]["offset"] for o in outcomes if o["outcome"] == "dead_lettered"] == [bad]
