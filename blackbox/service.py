@@ -262,11 +262,12 @@ class Service:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        self.start()
-        # What start-up built lives as long as the process: leave it out of the cyclic
+        # What was built so far lives as long as the process: leave it out of the cyclic
         # collector's full passes, which otherwise walk every imported module's objects
         # again and again while intake churns (S3: ~30 -> ~20 us of CPU per record).
+        # Before the threads start, so nothing they are busy with is frozen.
         gc.freeze()
+        self.start()
         while not self.stopping.wait(0.5):
             pass
         self.stop()
