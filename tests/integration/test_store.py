@@ -310,3 +310,20 @@ def test_a_script_cache_lost_mid_session_resends_only_what_did_not_run(store: Re
 
     assert codes == [Applied.SCHEDULED] * 20
     assert store.counts() == (20, 0)
+
+
+def test_a_claim_larger_than_one_lease_chunk_leases_every_id_with_its_payload(
+    store: RedisStore,
+) -> None:
+    """Guarantee 3: the claim leases ids 1,000 at a time; a claim of 2,500 (the batch limit
+    goes up to 10,000) moves every one to in flight, each with its own payload."""
+    due = now_ms() - 1
+    items = [(o, Schedule(f"in:0:{o}", "orders", str(o).encode(), due)) for o in range(2500)]
+    store.apply([IntakeSlice("in", 0, 2499, items)], now_ms())
+
+    claim = store.claim_due(now_ms(), 2500, lease_ms=30_000)
+
+    assert len(claim.ids) == 2500 and store.counts() == (0, 2500)
+    values = {i.id: Schedule.decode(i.id, i.payload or b"").value for i in claim.loaded}
+    assert values == {f"in:0:{o}": str(o).encode() for o in range(2500)}
+    assert store.ack(claim.ids, claim.token) == 2500
