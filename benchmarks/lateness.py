@@ -2,7 +2,7 @@
 consumer in its own process from each record's arrival and its `blackbox-due-ms` header.
 
     python -m benchmarks.lateness --messages 1000 --min-countdown 2 --max-countdown 10
-    python -m benchmarks.lateness --messages 200 --max-countdown 0 --rate 20   # immediate
+    python -m benchmarks.lateness --messages 200 --min-countdown 0 --max-countdown 0 --rate 20
 
 With --rate the messages are sent one by one at that pace instead of all at once; with
 countdown 0 that measures the intake path too (due is the record's own timestamp).
@@ -41,8 +41,9 @@ def main() -> int:
         rng = random.Random(1)
         start = time.monotonic()
         for n in range(args.messages):
-            if args.rate:  # message n leaves at start + n / rate
-                producer.poll(max(0.0, start + n / args.rate - time.monotonic()))
+            if args.rate:  # message n leaves at start + n / rate; poll() would return early
+                time.sleep(max(0.0, start + n / args.rate - time.monotonic()))
+                producer.poll(0)
             countdown = rng.uniform(args.min_countdown, args.max_countdown)
             send(producer, stack.settings.intake_topic, target, {"n": n}, countdown)
         producer.flush(30)
