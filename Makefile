@@ -9,8 +9,13 @@ APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
 setup: system-packages $(STAMP)
 
+# Redis, and Java with Maven for the local Apache Kafka broker (its jars come from Maven Central).
 system-packages:
-	@command -v redis-server >/dev/null || { apt-get update -qq && $(APT_INSTALL) redis-server; }
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v java >/dev/null || missing="$$missing default-jre-headless"; \
+	command -v mvn >/dev/null || missing="$$missing maven"; \
+	if [ -n "$$missing" ]; then apt-get update -qq && $(APT_INSTALL) $$missing; fi
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { apt-get update -qq && $(APT_INSTALL) python3-venv && rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }

@@ -20,9 +20,9 @@ from confluent_kafka import KafkaException
 from blackbox import client, envelope, kafka, logs
 from blackbox.answers import Answers
 from blackbox.envelope import CALLER_HEADER
-from blackbox.errors import InvalidEnvelope, SettingsError
+from blackbox.errors import InvalidEnvelope, SettingsError, StackError
 from blackbox.events import Outcome
-from blackbox.localstack import RedisServer, StackError, TansuBroker, port_open, scratch_dir
+from blackbox.localstack import RedisServer, TansuBroker, port_open, scratch_dir
 from blackbox.progress import Progress
 from blackbox.service import Service, limits_of
 from blackbox.settings import Settings, describe

@@ -54,3 +54,8 @@ class SettingsError(BlackboxError):
 
 class CorruptSchedule(BlackboxError):
     """A stored schedule could not be decoded (written by something other than blackbox)."""
+
+
+class StackError(BlackboxError):
+    """A server of the local stack (Redis, a broker, Maven's jars) could not be had; the
+    message names the cause and the way out."""

@@ -1,25 +1,31 @@
-"""The embedded local stack: a redis-server and a Tansu Kafka-protocol broker on loopback.
+"""The embedded local stack: a redis-server and an Apache Kafka broker (or the light Tansu
+Kafka-protocol broker) on loopback.
 
-Used by `blackbox dev` (and so `make run`) and by the test fixtures. Each server is a
-child process on a port of its own; `stop()` ends it, `kill()` ends it hard.
+Used by `blackbox dev` (and so `make run`), the test fixtures and the benchmarks. Each server
+is a child process on a port of its own; `stop()` ends it, `kill()` ends it hard, and
+`start()` again runs it on the same data.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import IO
 
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from blackbox import maven
+from blackbox.errors import StackError
+
 LOOPBACK = "127.0.0.1"
-
-
-class StackError(RuntimeError):
-    """A local server could not be started."""
 
 
 def free_port() -> int:
@@ -51,6 +57,8 @@ def wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 
 class _Server:
     """A child process serving on one loopback port."""
 
+    start_timeout = 15.0  # seconds until the port must listen
+
     def __init__(self, port: int, log_path: Path) -> None:
         self.port = port
         self.log_path = log_path
@@ -64,7 +72,7 @@ class _Server:
         self._close_log()
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT)
-        wait_for_port(self.port, self.process)
+        wait_for_port(self.port, self.process, self.start_timeout)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Ask the server to exit (SIGTERM), killing it if it does not in time."""
@@ -136,6 +144,132 @@ class TansuBroker(_Server):
     def command(self) -> list[str]:
         url = f"tcp://{LOOPBACK}:{self.port}"
         return [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url]
+
+
+class KafkaBroker(_Server):
+    """An Apache Kafka broker and KRaft controller in one JVM, its log in `data_dir`.
+
+    The jars come from Maven Central once (see `maven`). The data folder is formatted on
+    the first start only, so a broker stopped or killed starts again with its topics,
+    records and committed offsets. The controller port must stay the same for one folder.
+    """
+
+    start_timeout = 90.0  # a JVM on a busy 2-core machine
+
+    def __init__(
+        self, port: int, data_dir: Path, controller_port: int | None = None, heap: str = "512m"
+    ) -> None:
+        super().__init__(port, data_dir / "kafka.log")
+        self.data_dir = data_dir
+        self.controller_port = controller_port or free_port()
+        self.heap = heap
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / "server.properties"
+
+    def start(self) -> None:
+        self._prepare()
+        super().start()
+        wait_for_metadata(self.bootstrap, self.start_timeout)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """A controlled shutdown: Kafka may take a few seconds to close its logs."""
+        super().stop(timeout)
+
+    def command(self) -> list[str]:
+        java = shutil.which("java")
+        if java is None:
+            raise StackError(
+                "the local Apache Kafka broker needs Java 17 or later: apt-get install "
+                "default-jre-headless (or run with --broker tansu)"
+            )
+        jars = maven.classpath("kafka", maven.KAFKA_BROKER)
+        return [java, f"-Xmx{self.heap}", "-Xms128m", "-XX:+UseG1GC",
+                "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+                "-cp", f"{jars}/*", "kafka.Kafka", str(self.config_path)]  # fmt: skip
+
+    def _prepare(self) -> None:
+        """Write the configuration; format the log folder if this is its first start."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(broker_properties(self.port, self.controller_port,
+                                                      self.data_dir / "kafka-data"))  # fmt: skip
+        (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
+        if not (self.data_dir / "kafka-data" / "meta.properties").exists():
+            self._format()
+
+    def _format(self) -> None:
+        command = self.command()
+        java = command[: command.index("kafka.Kafka")]
+        storage = [*java, "kafka.tools.StorageTool", "format", "--standalone",
+                   "-t", cluster_id(), "-c", str(self.config_path)]  # fmt: skip
+        done = subprocess.run(storage, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise StackError(f"formatting the Kafka log folder failed: {done.stdout}{done.stderr}")
+
+
+def broker_properties(port: int, controller_port: int, log_dir: Path) -> str:
+    """One combined broker and controller on loopback; every replication factor 1, and the
+    group settings Kafka's own tests use so a consumer joins at once."""
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.bootstrap.servers": f"{LOOPBACK}:{controller_port}",
+        "listeners": f"PLAINTEXT://{LOOPBACK}:{port},CONTROLLER://{LOOPBACK}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(log_dir),
+        "num.partitions": "1",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+    }
+    return "".join(f"{name}={value}\n" for name, value in settings.items())
+
+
+def cluster_id() -> str:
+    """A new Kafka cluster id: 16 random bytes, URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def wait_for_metadata(bootstrap: str, timeout: float) -> None:
+    """Until the broker answers a metadata request naming itself (its port listens a
+    moment before it has joined its own controller)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if admin.list_topics(timeout=2).brokers:
+                return
+        except KafkaException:  # not answering yet: try again until the deadline
+            pass
+        time.sleep(0.1)
+    raise StackError(f"the Kafka broker at {bootstrap} gave no metadata within {timeout} s")
+
+
+_LOG4J2 = """\
+# The broker's own log: warnings and errors, and the line saying it started.
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.out.ref = out
+logger.server.name = kafka.server.KafkaRaftServer
+logger.server.level = info
+"""
 
 
 def scratch_dir(prefix: str) -> Path:

@@ -1,4 +1,7 @@
-"""Fixtures starting a real redis-server and a real Tansu broker on free ports."""
+"""Fixtures starting a real redis-server and a real Apache Kafka broker on free ports.
+
+One broker serves the whole test session (a JVM takes seconds to start); each test is kept
+apart by topics, a consumer group and a Redis namespace of its own."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import pytest
 import redis
 
 from blackbox.keys import Keys
-from blackbox.localstack import RedisServer, TansuBroker, free_port
+from blackbox.localstack import KafkaBroker, RedisServer, free_port
 from blackbox.service import Service
 from blackbox.settings import Settings
 from tests.kafkatools import TopicReader, unique
@@ -18,8 +21,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBroker]:
-    server = TansuBroker(free_port(), tmp_path_factory.mktemp("tansu") / "tansu.log")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    server = KafkaBroker(free_port(), tmp_path_factory.mktemp("kafka"))
     server.start()
     yield server
     server.stop()
@@ -38,6 +41,7 @@ def service_env(redis_url: str, bootstrap: str, **overrides: str) -> dict[str, s
     env = {
         "REDIS_URL": redis_url,
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        # A replica killed mid-test hands its partitions on after this.
         "KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000",
         "KAFKA_CONSUMER_HEARTBEAT_INTERVAL_MS": "500",
         "BLACKBOX_INTAKE_TOPIC": unique("intake"),
@@ -55,12 +59,12 @@ def service_env(redis_url: str, bootstrap: str, **overrides: str) -> dict[str, s
 
 
 @pytest.fixture
-def broker_bootstrap(broker: TansuBroker) -> str:
+def broker_bootstrap(broker: KafkaBroker) -> str:
     return broker.bootstrap
 
 
 @pytest.fixture
-def env(redis_server: RedisServer, broker: TansuBroker) -> dict[str, str]:
+def env(redis_server: RedisServer, broker: KafkaBroker) -> dict[str, str]:
     return service_env(redis_server.url, broker.bootstrap)
 
 
@@ -103,7 +107,7 @@ ReaderFactory = Callable[..., TopicReader]
 
 
 @pytest.fixture
-def reader(broker: TansuBroker) -> Iterator[ReaderFactory]:
+def reader(broker: KafkaBroker) -> Iterator[ReaderFactory]:
     readers: list[TopicReader] = []
 
     def make(topic: str) -> TopicReader:

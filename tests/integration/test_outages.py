@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer
 
 from blackbox import kafka
-from blackbox.localstack import RedisServer, TansuBroker, free_port
+from blackbox.localstack import KafkaBroker, RedisServer, free_port
 from blackbox.service import Service
 from blackbox.settings import Settings
 from tests.integration.conftest import service_env
@@ -37,21 +37,21 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[TansuBroker]:
-    server = TansuBroker(free_port(), tmp_path / "tansu.log")
+def own_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
+    server = KafkaBroker(free_port(), tmp_path / "kafka")
     server.start()
     yield server
     _resume(server)
     server.stop()
 
 
-def _pause(server: RedisServer | TansuBroker) -> None:
+def _pause(server: RedisServer | KafkaBroker) -> None:
     """SIGSTOP: the process keeps its port and its data but answers nothing."""
     assert server.process is not None
     os.kill(server.process.pid, signal.SIGSTOP)
 
 
-def _resume(server: RedisServer | TansuBroker) -> None:
+def _resume(server: RedisServer | KafkaBroker) -> None:
     if server.process is not None and server.process.poll() is None:
         os.kill(server.process.pid, signal.SIGCONT)
 
@@ -91,7 +91,7 @@ class _SteadySender(threading.Thread):
             self.acknowledged += 1
 
 
-def _run_outage(server: RedisServer | TansuBroker, redis_url: str, bootstrap: str) -> None:
+def _run_outage(server: RedisServer | KafkaBroker, redis_url: str, bootstrap: str) -> None:
     env = service_env(redis_url, bootstrap, BLACKBOX_HEALTH_INTERVAL="0.3")
     settings = Settings.from_env(env)
     target = unique("outage")
@@ -121,14 +121,14 @@ def _run_outage(server: RedisServer | TansuBroker, redis_url: str, bootstrap: st
 
 
 def test_redis_away_reports_not_ready_resumes_and_loses_nothing(
-    own_redis: RedisServer, broker: TansuBroker
+    own_redis: RedisServer, broker: KafkaBroker
 ) -> None:
     """Guarantee 5: with Redis unreachable, intake and firing back off and resume by themselves."""
     _run_outage(own_redis, own_redis.url, broker.bootstrap)
 
 
 def test_broker_away_reports_not_ready_resumes_and_loses_nothing(
-    own_broker: TansuBroker, redis_server: RedisServer
+    own_broker: KafkaBroker, redis_server: RedisServer
 ) -> None:
     """Guarantee 5: with the broker unreachable, nothing is committed or acked until it is back."""
     _run_outage(own_broker, redis_server.url, own_broker.bootstrap)
