@@ -31,6 +31,7 @@ from blackbox.deadletter import DeadLetter
 from blackbox.envelope import Cancel, Limits, Request
 from blackbox.errors import BlackboxError, InvalidEnvelope
 from blackbox.events import Coordinates, Event, Outcome
+from blackbox.incarnations import Incarnations
 from blackbox.kafka import lasting_reason
 from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox, Record, Reports
@@ -66,6 +67,7 @@ class _Batch:
     partition) and those sent (in order), dead letters with the refusal answering each
     (the first `landed` acknowledged by the dead-letter topic), last offsets."""
 
+    tags: dict[str, str] = field(default_factory=dict)  # topic -> its incarnation's tag
     unsent: dict[tuple[str, int], list[tuple[int, Write]]] = field(default_factory=dict)
     sent: list[tuple[Coordinates, Write]] = field(default_factory=list)
     last_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -92,7 +94,9 @@ class _Batch:
         """The requests parsed since the last call, by partition, each slice moving its
         partition's watermark past every record parsed so far (refused ones too)."""
         slices = [
-            IntakeSlice(topic, partition, self.last_offsets[(topic, partition)], items)
+            IntakeSlice(
+                topic, partition, self.last_offsets[(topic, partition)], items, self.tags[topic]
+            )
             for (topic, partition), items in self.unsent.items()
         ]
         self.sent += [
@@ -146,9 +150,11 @@ class Intake:
         config: IntakeConfig,
         metrics: Metrics,
         *,
+        incarnations: Incarnations,
         on_scheduled: Callable[[int], None] = lambda _due_ms: None,
     ) -> None:
         self.on_scheduled = on_scheduled
+        self.incarnations = incarnations
         self.consumer = consumer
         self.store = store
         self.outbox = outbox
@@ -160,7 +166,7 @@ class Intake:
     def run(self, stop: threading.Event) -> None:
         """Consume until `stop` is set, then close the consumer (committing what was stored)."""
         self.consumer.subscribe(
-            [self.config.topic], on_assign=_log_assigned, on_revoke=_log_revoked
+            [self.config.topic], on_assign=self._assigned, on_revoke=_log_revoked
         )
         log.info("intake_started", topic=self.config.topic)
         try:
@@ -174,7 +180,7 @@ class Intake:
 
     def poll_once(self, stop: threading.Event) -> None:
         """Consume one batch and handle it, backing off and rewinding if a dependency fails."""
-        records = [m for m in self._consume() if self._is_record(m)]
+        records = self._admitted([m for m in self._consume() if self._is_record(m)])
         if not records:
             self._settle(stop)
             return
@@ -199,10 +205,20 @@ class Intake:
             return [] if first is None else [first]
         return [first, *self.consumer.consume(self.config.batch - 1, timeout=0)]
 
+    def _admitted(self, records: list[Message]) -> list[Message]:
+        """The records up to the first of a restarted topic; the rest are read again."""
+        count = self.incarnations.admit(records)
+        if count < len(records):
+            first = records[count]
+            log.warning("intake_topic_restarted", topic=first.topic(),
+                        partition=first.partition(), offset=first.offset())  # fmt: skip
+            self._rewind(records[count:])
+        return records[:count]
+
     def handle(self, records: Sequence[Message], stop: threading.Event) -> None:
         """Dead-letter bad records, apply the rest, answer each, then store the offsets."""
         now = now_ms()
-        batch = _Batch()
+        batch = _Batch(self.incarnations.tags({m.topic() or "" for m in records}))
         codes = self._apply_in_parts(records, now, batch, stop)
         self._answer(batch, codes, now, stop, batch.next_offsets())
 
@@ -263,7 +279,8 @@ class Intake:
         headers = envelope.normalize_headers(message.headers())
         try:
             request = envelope.parse(message.value(), headers, self.config.limits, message.key())
-            write = self._write(request, message, now, intake_id(topic, partition, offset))
+            origin = intake_id(topic, partition, offset, batch.tags[topic])
+            write = self._write(request, message, now, origin)
         except InvalidEnvelope as e:
             batch.refuse(
                 deadletter.from_intake(message, e.reason, e.detail),
@@ -359,6 +376,7 @@ class Intake:
             tp = (m.topic() or "", m.partition() or 0)
             first[tp] = min(first.get(tp, m.offset() or 0), m.offset() or 0)
         for (topic, partition), offset in first.items():
+            self.incarnations.rewound(topic, partition, offset)
             try:
                 self.consumer.seek(TopicPartition(topic, partition, offset))
             except (
@@ -366,9 +384,10 @@ class Intake:
             ) as e:  # the partition was revoked meanwhile: its new owner reads it
                 log.info("intake_rewind_skipped", topic=topic, partition=partition, error=str(e))
 
-
-def _log_assigned(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
-    log.info("intake_assigned", partitions=sorted(p.partition for p in partitions))
+    def _assigned(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """New partitions: their topic may have been created again since intake last read it."""
+        self.incarnations.forget((p.topic, p.partition) for p in partitions)
+        log.info("intake_assigned", partitions=sorted(p.partition for p in partitions))
 
 
 def _log_revoked(_consumer: Consumer, partitions: list[TopicPartition]) -> None:

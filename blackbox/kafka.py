@@ -7,11 +7,11 @@ then the operator's KAFKA_* properties, then the few properties our guarantees r
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from blackbox.errors import DeadLetterReason, SettingsError
@@ -113,3 +113,18 @@ def ensure_topics(
         except KafkaException as e:
             if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
+
+
+def topic_id_lookup(
+    config: Mapping[str, Any], timeout: float = 10.0
+) -> Callable[[Sequence[str]], dict[str, str]]:
+    """A function naming the id of each given topic (raises KafkaException if it cannot;
+    a broker that knows no topic ids gives the zero id)."""
+    admin = AdminClient(dict(config))
+
+    def lookup(names: Sequence[str]) -> dict[str, str]:
+        collection = TopicCollection(list(names))
+        futures = admin.describe_topics(collection, request_timeout=timeout)
+        return {name: str(future.result(timeout).topic_id) for name, future in futures.items()}
+
+    return lookup

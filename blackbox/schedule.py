@@ -190,9 +190,11 @@ class _Reader:
         return tuple(read)
 
 
-def intake_id(topic: str, partition: int, offset: int) -> str:
-    """The id of a schedule taken from an intake record: stable across re-reads."""
-    return f"{topic}:{partition}:{offset}"
+def intake_id(topic: str, partition: int, offset: int, incarnation: str = "") -> str:
+    """The id of a schedule taken from an intake record: stable across re-reads, and
+    distinct for a topic created again under the same name (its `incarnation` tag)."""
+    origin = f"{topic}:{partition}:{offset}"
+    return f"{origin}:{incarnation}" if incarnation else origin
 
 
 def scoped_id(caller: bytes | None, schedule_id: str) -> str:

@@ -28,6 +28,7 @@ from blackbox.endpoints import Endpoints
 from blackbox.envelope import Limits
 from blackbox.errors import SettingsError
 from blackbox.health import Health
+from blackbox.incarnations import Incarnations
 from blackbox.intake import Intake, IntakeConfig
 from blackbox.keys import Keys
 from blackbox.metrics import Metrics
@@ -111,6 +112,7 @@ class Service:
         )
         self.intake = Intake(
             kafka.new_consumer(settings), self.store, self._intake_outbox, config, self.metrics,
+            incarnations=Incarnations(kafka.topic_id_lookup(settings.kafka)),
             on_scheduled=self._scheduled,
         )  # fmt: skip
         stall_seconds = max(60.0, 10 * settings.poll_interval)

@@ -55,16 +55,21 @@ class IntakeSlice:
 
     `last_offset` is the highest offset parsed so far in that partition, dead-lettered
     records included: every record up to it has been handled once this slice is stored.
+    `incarnation` tags the topic's id (see incarnations.py): a topic created again under the
+    same name has a watermark of its own. Empty where the broker gives topics no id.
     """
 
     topic: str
     partition: int
     last_offset: int
     items: Sequence[tuple[int, Write]]
+    incarnation: str = ""
 
     @property
     def field(self) -> str:
-        return f"{self.topic}:{self.partition}"
+        """The watermark's field: "topic:partition", then ":tag" of the incarnation."""
+        where = f"{self.topic}:{self.partition}"
+        return f"{where}:{self.incarnation}" if self.incarnation else where
 
     def chunks(self, previous: int = -1) -> Iterator[tuple[Sequence[tuple[int, Write]], int, int]]:
         """Bounded chunks in offset order, each with the watermark the chunk before it

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import orjson
 
+from blackbox import kafka
+from blackbox.incarnations import tag_of
 from blackbox.keys import Keys
 from blackbox.service import Service
 from blackbox.store import RedisStore
@@ -37,7 +39,9 @@ def test_message_arrives_after_its_countdown_and_not_before(
     assert record.received_ms >= due_ms
     assert record.header("CALLER_SERVICE") == "billing"
     assert record.header("blackbox-attempt") == "1"
-    assert record.header("blackbox-id") == f"{service.settings.intake_topic}:0:0"
+    intake = service.settings.intake_topic
+    topic_id = kafka.topic_id_lookup(service.settings.kafka)([intake])[intake]
+    assert record.header("blackbox-id") == f"{intake}:0:0:{tag_of(topic_id)}"
     assert service.metrics.value("blackbox_lateness_seconds_count") == 1
     assert service.metrics.value("blackbox_send_lateness_seconds_count") == 1
     sent_late = service.metrics.value("blackbox_send_lateness_seconds_sum")

@@ -8,6 +8,7 @@ from typing import Any, cast
 from confluent_kafka import Consumer
 
 from blackbox.envelope import Limits
+from blackbox.incarnations import Incarnations
 from blackbox.intake import POLL_SECONDS, Intake, IntakeConfig, _Batch
 from blackbox.metrics import Metrics
 from blackbox.policy import open_policy
@@ -37,7 +38,10 @@ def _intake(consumer: _Consumer, batch: int) -> Intake:
     limits = Limits(max_value_bytes=1024, forbidden_topics=frozenset())
     config = IntakeConfig("in", batch, "dlq", "events", limits, open_policy(3600, 1024))
     unused: Any = None  # neither the store nor the outbox is reached
-    return Intake(cast(Consumer, consumer), unused, unused, config, Metrics())
+    incarnations = Incarnations(lambda names: {})
+    return Intake(
+        cast(Consumer, consumer), unused, unused, config, Metrics(), incarnations=incarnations
+    )
 
 
 def test_a_poll_waits_for_the_first_record_only_and_drains_what_was_fetched() -> None:
@@ -74,7 +78,7 @@ def _schedule(offset: int) -> Schedule:
 def test_each_part_moves_the_watermark_past_every_record_parsed_refused_ones_too() -> None:
     """Guarantee 1: a part's slice carries the last offset parsed, even a refused record's,
     so a re-read skips it; the requests sent keep their order across parts."""
-    batch = _Batch()
+    batch = _Batch({"in": "EhQ/z1Nx"})
     for offset in range(5):
         batch.saw("in", 0, offset)
         if offset not in (2, 4):  # 2 and 4 were refused (dead-lettered)
@@ -86,6 +90,7 @@ def test_each_part_moves_the_watermark_past_every_record_parsed_refused_ones_too
     (second,) = batch.take_slices()
 
     assert (first.last_offset, [o for o, _ in first.items]) == (4, [0, 1, 3])
+    assert first.field == second.field == "in:0:EhQ/z1Nx"
     assert (second.last_offset, [o for o, _ in second.items]) == (6, [5, 6])
     assert [c.offset for c, _ in batch.sent] == [0, 1, 3, 5, 6]
     assert batch.take_slices() == []
