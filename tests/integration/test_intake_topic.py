@@ -12,7 +12,7 @@ from blackbox import kafka
 from blackbox.incarnations import tag_of
 from blackbox.service import Service
 from tests.integration.conftest import ReaderFactory, ServiceFactory
-from tests.kafkatools import envelope, produce, unique, wait_until
+from tests.kafkatools import Received, envelope, produce, unique, wait_until
 
 
 def _recreate(service: Service) -> None:
@@ -50,8 +50,8 @@ def _tag(service: Service) -> str:
     return found[-1]
 
 
-def _values(records: list[object]) -> list[int]:
-    return sorted(orjson.loads(r.value or b"") for r in records)  # type: ignore[attr-defined]
+def _values(records: list[Received]) -> list[int]:
+    return sorted(orjson.loads(r.value or b"") for r in records)
 
 
 def test_a_recreated_intake_topic_has_every_record_delivered(
