@@ -9,12 +9,14 @@ APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
 setup: system-packages $(STAMP)
 
-# Redis, and Java with Maven for the local Apache Kafka broker (its jars come from Maven Central).
+# Redis, Java with Maven for the local Apache Kafka broker (its jars come from Maven Central),
+# and kcat, the third-party client the end-to-end test speaks to it with.
 system-packages:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v java >/dev/null || missing="$$missing default-jre-headless"; \
 	command -v mvn >/dev/null || missing="$$missing maven"; \
+	command -v kcat >/dev/null || missing="$$missing kcat"; \
 	if [ -n "$$missing" ]; then apt-get update -qq && $(APT_INSTALL) $$missing; fi
 
 $(STAMP): pyproject.toml

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,10 +19,10 @@ from confluent_kafka import KafkaException
 
 from blackbox import client, envelope, kafka, logs
 from blackbox.answers import Answers
+from blackbox.devstack import BROKERS, DevOptions, DevStack
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import InvalidEnvelope, SettingsError, StackError
 from blackbox.events import Outcome
-from blackbox.localstack import RedisServer, TansuBroker, port_open, scratch_dir
 from blackbox.progress import Progress
 from blackbox.service import Service, limits_of
 from blackbox.settings import Settings, describe
@@ -64,8 +64,14 @@ def _parser() -> argparse.ArgumentParser:
     run.set_defaults(command=cmd_run)
     dev = commands.add_parser("dev", help="start a local Redis and broker, then run the service",
                               epilog=epilog, formatter_class=raw)  # fmt: skip
+    dev.add_argument("--broker", choices=BROKERS, default="kafka",
+                     help="Apache Kafka, or the light Tansu broker (keeps nothing)")  # fmt: skip
     dev.add_argument("--redis-port", type=int, default=6379)
-    dev.add_argument("--kafka-port", type=int, default=9092)
+    dev.add_argument("--kafka-port", type=int, default=9092,
+                     help="the broker's port; Kafka's controller takes the next one")  # fmt: skip
+    dev.add_argument("--state-dir", type=Path, default=None,
+                     help="Kafka's and Redis's data (~/.local/state/blackbox/dev)")  # fmt: skip
+    dev.add_argument("--fresh", action="store_true", help="delete the kept state and start empty")
     dev.set_defaults(command=cmd_dev)
     topics = commands.add_parser(
         "create-topics", help="create the intake, dead-letter and events topics"
@@ -252,42 +258,17 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
-    """The embedded local stack: reuse what already listens on a port, start the rest."""
-    data = scratch_dir("blackbox-dev-")
-    started = _start_unless_listening(
-        [RedisServer(args.redis_port, data), TansuBroker(args.kafka_port, data / "tansu.log")]
-    )
+def cmd_dev(args: argparse.Namespace, _settings: Settings) -> int:
+    """The local stack: Redis and Apache Kafka (or Tansu) started here, then the service."""
+    options = DevOptions(args.broker, args.redis_port, args.kafka_port, args.state_dir,
+                         args.fresh)  # fmt: skip
+    stack = DevStack(options)
+    stack.start()
     try:
-        local = _local_settings(settings, args.redis_port, args.kafka_port)
+        local = Settings.from_env(stack.environment())
         kafka.ensure_topics(local.kafka, local.own_topics)
         log.info("local_stack_ready", redis=local.redis_url, kafka=local.kafka["bootstrap.servers"],
-                 logs=str(data))  # fmt: skip
+                 broker=args.broker, state=str(stack.state))  # fmt: skip
         return Service(local).run_until_signalled()
     finally:
-        for server in reversed(started):
-            server.stop()
-
-
-def _start_unless_listening(
-    servers: list[RedisServer | TansuBroker],
-) -> list[RedisServer | TansuBroker]:
-    started = []
-    for server in servers:
-        if port_open(server.port):
-            log.info("local_server_reused", server=type(server).__name__, port=server.port)
-            continue
-        server.start()
-        started.append(server)
-    return started
-
-
-def _local_settings(settings: Settings, redis_port: int, kafka_port: int) -> Settings:
-    environ: Mapping[str, str] = {
-        # Tansu hands out partitions after session.timeout.ms / 2: keep the wait short.
-        "KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000",
-        **os.environ,
-        "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-        "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{kafka_port}",
-    }
-    return Settings.from_env(environ)
+        stack.stop()

@@ -1,0 +1,120 @@
+"""The stack `blackbox dev` (and so `make run`) runs: Redis and a Kafka broker on loopback.
+
+Apache Kafka by default, its data and Redis's (append-only) kept together in one state
+folder, so stopping and starting again keeps topics, committed offsets and pending
+schedules alike. Never one without the other: a Redis watermark ahead of a new topic's
+offsets would take new records for re-reads. `fresh` starts both empty. The light Tansu
+broker keeps nothing on disk, so with it Redis keeps nothing either.
+
+An address given in the environment (REDIS_URL, KAFKA_BOOTSTRAP_SERVERS) is used as it is
+and nothing is started for it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from blackbox.errors import StackError
+from blackbox.localstack import (
+    LOOPBACK,
+    KafkaBroker,
+    RedisServer,
+    TansuBroker,
+    port_open,
+    scratch_dir,
+)
+
+BROKERS = ("kafka", "tansu")
+Server = RedisServer | KafkaBroker | TansuBroker
+
+
+def state_root(environ: Mapping[str, str] = os.environ) -> Path:
+    """$XDG_STATE_HOME/blackbox/dev, else ~/.local/state/blackbox/dev."""
+    base = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "blackbox" / "dev"
+
+
+@dataclass(frozen=True)
+class DevOptions:
+    broker: str = "kafka"
+    redis_port: int = 6379
+    kafka_port: int = 9092
+    state_dir: Path | None = None
+    fresh: bool = False
+
+
+class DevStack:
+    """The servers to start for `blackbox dev`, and the environment that points at them."""
+
+    def __init__(self, options: DevOptions, environ: Mapping[str, str] = os.environ) -> None:
+        self.options = options
+        self.environ = environ
+        self.state = self._state_folder()
+        self.servers: list[Server] = []
+        if "REDIS_URL" not in environ:
+            self.servers.append(self._redis())
+        if "KAFKA_BOOTSTRAP_SERVERS" not in environ:
+            self.servers.append(self._broker())
+
+    def _state_folder(self) -> Path:
+        if self.options.broker == "tansu":  # a broker that keeps nothing: nor does Redis
+            return scratch_dir("blackbox-dev-")
+        state = self.options.state_dir or state_root(self.environ)
+        if self.options.fresh and state.exists():
+            shutil.rmtree(state)
+        return state
+
+    def _redis(self) -> RedisServer:
+        folder = self.state / "redis"
+        folder.mkdir(parents=True, exist_ok=True)
+        keeps = None if self.options.broker == "tansu" else "everysec"
+        return RedisServer(self.options.redis_port, folder, appendfsync=keeps)
+
+    def _broker(self) -> KafkaBroker | TansuBroker:
+        port = self.options.kafka_port
+        if self.options.broker == "tansu":
+            return TansuBroker(port, self.state / "tansu.log")
+        return KafkaBroker(port, self.state / "kafka", controller_port=port + 1, heap="1g")
+
+    def environment(self) -> dict[str, str]:
+        """The environment the service runs with: the operator's, pointed at this stack."""
+        local = {"REDIS_URL": f"redis://{LOOPBACK}:{self.options.redis_port}/0",
+                 "KAFKA_BOOTSTRAP_SERVERS": f"{LOOPBACK}:{self.options.kafka_port}"}  # fmt: skip
+        return {**local, **self.environ}
+
+    def start(self) -> None:
+        """Start every server, or none: a port in use stops it all with one clear error."""
+        for server in self.servers:
+            _refuse_taken_ports(server)
+        try:
+            for server in self.servers:
+                server.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for server in reversed(self.servers):
+            server.stop()
+
+
+def _refuse_taken_ports(server: Server) -> None:
+    ports = [server.port]
+    if isinstance(server, KafkaBroker):
+        ports.append(server.controller_port)
+    for port in ports:
+        if port_open(port):
+            raise StackError(_taken(server, port))
+
+
+def _taken(server: Server, port: int) -> str:
+    if isinstance(server, RedisServer):
+        return (f"port {port} is in use (another Redis?): stop it, pick --redis-port, or "
+                f"set REDIS_URL=redis://{LOOPBACK}:{port}/0 to use it")  # fmt: skip
+    return (f"port {port} is in use (another Kafka?): stop it, pick --kafka-port (the "
+            f"controller takes the port after it), or set KAFKA_BOOTSTRAP_SERVERS to use "
+            f"an existing Kafka, or run with --broker tansu on another port")  # fmt: skip

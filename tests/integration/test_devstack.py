@@ -1,0 +1,81 @@
+"""`blackbox dev` (what `make run` starts): Apache Kafka and Redis with kept state, as a user
+runs it, spoken to by a third-party Kafka client."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import orjson
+import pytest
+
+from blackbox.localstack import free_port, port_open
+from tests.kafkatools import TopicReader, unique, wait_until
+from tests.process import BlackboxProcess
+
+
+def _dev(state: Path, log: Path, kafka_port: int, redis_port: int) -> BlackboxProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "KAFKA_BOOTSTRAP_SERVERS")}
+    env.update(BLACKBOX_HTTP_PORT="0", BLACKBOX_LOG_FORMAT="json", BLACKBOX_POLL_INTERVAL="0.2")
+    return BlackboxProcess(env, log, "dev", "--kafka-port", str(kafka_port),
+                           "--redis-port", str(redis_port), "--state-dir", str(state))  # fmt: skip
+
+
+def _kcat_send(bootstrap: str, value: dict[str, object]) -> None:
+    """Produce one envelope to the intake topic with Debian's kcat (librdkafka's CLI)."""
+    kcat = shutil.which("kcat")
+    assert kcat is not None, "kcat is installed by make setup"
+    subprocess.run([kcat, "-P", "-b", bootstrap, "-t", "blackbox", "-H", "CALLER_SERVICE=e2e"],
+                   input=orjson.dumps(value), check=True, timeout=30)  # fmt: skip
+
+
+def _started(process: BlackboxProcess) -> bool:
+    assert process.process.poll() is None, process.output()
+    return "local_stack_ready" in process.output()
+
+
+@pytest.fixture
+def ports() -> tuple[int, int]:
+    """A Kafka port whose next port (the controller's) is free too, and a Redis port."""
+    for _ in range(50):
+        kafka_port = free_port()
+        if not port_open(kafka_port + 1):
+            return kafka_port, free_port()
+    raise AssertionError("no two free ports in a row")
+
+
+def test_dev_keeps_topics_offsets_and_pending_schedules_across_a_restart(
+    tmp_path: Path, ports: tuple[int, int]
+) -> None:
+    """`make run` starts Apache Kafka; a kcat producer schedules through it; a schedule
+    pending at a stop fires after the next start, from the same state folder, once."""
+    kafka_port, redis_port = ports
+    bootstrap, state = f"127.0.0.1:{kafka_port}", tmp_path / "state"
+    now_target, later_target = unique("now"), unique("later")
+    dev = _dev(state, tmp_path / "dev1.log", kafka_port, redis_port)
+    try:
+        wait_until(lambda: _started(dev), timeout=120, what="the local stack")
+        _kcat_send(bootstrap, {"topic": now_target, "message": 1, "countdown": 0})
+        _kcat_send(bootstrap, {"topic": later_target, "message": 2, "countdown": 12})
+        events = TopicReader(bootstrap, "blackbox.events")
+        events.wait_count(2, timeout=30)
+        events.close()
+        TopicReader(bootstrap, now_target).wait_count(1, timeout=30)
+    finally:
+        assert dev.terminate(30) == 0
+
+    again = _dev(state, tmp_path / "dev2.log", kafka_port, redis_port)
+    try:
+        wait_until(lambda: _started(again), timeout=120, what="the local stack again")
+        later = TopicReader(bootstrap, later_target)
+        (record,) = later.wait_count(1, timeout=40)
+        later.poll(1.0)
+        assert [orjson.loads(r.value or b"") for r in later.records] == [2]
+        assert record.header("CALLER_SERVICE") == "e2e"
+        later.close()
+    finally:
+        assert again.terminate(30) == 0
+    assert (state / "kafka" / "kafka-data" / "meta.properties").exists()
+    assert (state / "redis" / "appendonlydir").exists()

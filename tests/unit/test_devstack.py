@@ -1,0 +1,91 @@
+"""What `blackbox dev` starts, and how it refuses a port in use (no server is started)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from blackbox.devstack import DevOptions, DevStack, state_root
+from blackbox.errors import StackError
+from blackbox.localstack import KafkaBroker, RedisServer, TansuBroker, free_port
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A loopback port something listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+def test_kafka_and_redis_keep_their_data_together_in_the_state_folder(tmp_path: Path) -> None:
+    """Both are kept or neither: Redis append-only beside Kafka's log folder."""
+    stack = DevStack(DevOptions(state_dir=tmp_path / "s"), environ={})
+    redis, broker = stack.servers
+
+    assert isinstance(redis, RedisServer) and redis.appendfsync == "everysec"
+    assert redis.data_dir == tmp_path / "s" / "redis"
+    assert isinstance(broker, KafkaBroker) and broker.data_dir == tmp_path / "s" / "kafka"
+    assert (broker.port, broker.controller_port) == (9092, 9093)
+
+
+def test_fresh_deletes_the_kept_state(tmp_path: Path) -> None:
+    """--fresh starts empty: the old topics and schedules are gone together."""
+    (tmp_path / "s" / "kafka").mkdir(parents=True)
+    (tmp_path / "s" / "kafka" / "meta.properties").write_text("old")
+
+    DevStack(DevOptions(state_dir=tmp_path / "s", fresh=True), environ={})
+
+    assert not (tmp_path / "s" / "kafka" / "meta.properties").exists()
+
+
+def test_tansu_keeps_nothing_so_redis_keeps_nothing(tmp_path: Path) -> None:
+    """Tansu loses its topics at a stop: a kept Redis watermark would skip new records."""
+    stack = DevStack(DevOptions(broker="tansu", state_dir=tmp_path / "s"), environ={})
+    redis, broker = stack.servers
+
+    assert isinstance(broker, TansuBroker)
+    assert isinstance(redis, RedisServer) and redis.appendfsync is None
+    assert not (tmp_path / "s").exists()
+
+
+def test_addresses_in_the_environment_are_used_and_nothing_is_started(tmp_path: Path) -> None:
+    """KAFKA_BOOTSTRAP_SERVERS names an existing Kafka: no broker of ours is started."""
+    environ = {"KAFKA_BOOTSTRAP_SERVERS": "kafka.example:9092"}
+    stack = DevStack(DevOptions(state_dir=tmp_path), environ=environ)
+
+    assert [type(s) for s in stack.servers] == [RedisServer]
+    assert stack.environment()["KAFKA_BOOTSTRAP_SERVERS"] == "kafka.example:9092"
+    assert stack.environment()["REDIS_URL"] == "redis://127.0.0.1:6379/0"
+
+
+def test_state_folder_follows_xdg_state_home() -> None:
+    """The kept state lives where the user's state belongs, never in the repository."""
+    assert state_root({"XDG_STATE_HOME": "/srv/state"}) == Path("/srv/state/blackbox/dev")
+
+
+def test_a_port_in_use_is_one_clear_error_naming_the_way_out(
+    tmp_path: Path, taken_port: int
+) -> None:
+    """Nothing is started when a port is taken, and the message says what to do."""
+    stack = DevStack(DevOptions(kafka_port=taken_port, redis_port=free_port(),
+                                state_dir=tmp_path), environ={})  # fmt: skip
+
+    with pytest.raises(StackError, match=f"port {taken_port} is in use") as caught:
+        stack.start()
+
+    assert "KAFKA_BOOTSTRAP_SERVERS" in str(caught.value)
+    assert "--broker tansu" in str(caught.value)
+    assert all(s.process is None for s in stack.servers)
+
+
+def test_a_redis_port_in_use_names_redis_url(tmp_path: Path, taken_port: int) -> None:
+    """A Redis already listening is named with the variable that would use it."""
+    stack = DevStack(DevOptions(redis_port=taken_port, state_dir=tmp_path), environ={})
+
+    with pytest.raises(StackError, match=f"REDIS_URL=redis://127.0.0.1:{taken_port}/0"):
+        stack.start()
