@@ -3,6 +3,7 @@
     python -m benchmarks.chaos               # full size: 20 kills, 10,000 hostile records
     python -m benchmarks.chaos crash --kills 5 --messages 2000
     python -m benchmarks.chaos redis-away broker-away --outage 30
+    python -m benchmarks.chaos broker-kill
 
 Each scenario prints a JSON line and a table. The integration tests run shortened versions.
 """
@@ -19,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 
 import orjson
 import redis
@@ -55,7 +57,13 @@ class _Sender(threading.Thread):
             self.accepted += 1
 
     def run(self) -> None:
-        producer = Producer({"bootstrap.servers": self.stack.broker.bootstrap, "linger.ms": 5})
+        producer = Producer(
+            {
+                "bootstrap.servers": self.stack.broker.bootstrap,
+                "linger.ms": 5,
+                "enable.idempotence": True,
+            }
+        )  # a retry writes nothing twice
         rng, start = random.Random(3), time.monotonic()
         for n in range(self.count):
             lag = start + n * self.seconds / self.count - time.monotonic()
@@ -149,6 +157,36 @@ def redis_restart(appendfsync: str, messages: int = 3000, outage_s: float = 3.0)
         "scenario": f"redis restart, appendfsync {appendfsync}", "sent": messages,
         "accepted": sender.accepted, **got.tally(sender.accepted),
         "service_alive": alive,
+    }  # fmt: skip
+
+
+def broker_restart(messages: int = 3000, down_s: float = 3.0) -> Result:
+    """The Kafka broker killed hard (SIGKILL) mid-run and started again on the same data:
+    intake, firing and the dead-letter and events producers all lose their broker at once."""
+    with local_stack(**CHAOS_SETTINGS) as stack:
+        target = f"broker-{uuid.uuid4().hex[:8]}"
+        kafka.ensure_topics(stack.settings.kafka, [target])
+        collector = CollectorProcess(stack.broker.bootstrap, target, messages, timeout=600)
+        process = start_service(stack)
+        sender = _Sender(stack, target, messages, seconds=6 * down_s)
+        sender.start()
+        time.sleep(down_s)  # the chaos schedule: let load build up, then kill the broker
+        stack.broker.kill()
+        killed = time.monotonic()
+        time.sleep(down_s)  # the outage itself
+        stack.broker.start()
+        back_after = time.monotonic() - killed
+        sender.join()
+        got = collector.result(timeout=600)
+        alive = process.poll() is None
+        process.terminate()
+        process.wait(15)
+    duplicated = {k: c for k, c in got.copies.items() if len(c) > 1}
+    return {
+        "scenario": "broker killed and restarted", "sent": messages,
+        "accepted": sender.accepted, **got.tally(sender.accepted),
+        "broker_back_after_s": round(back_after, 1), "service_alive": alive,
+        "duplicates_consistent": all(len({d for _, d in c}) == 1 for c in duplicated.values()),
     }  # fmt: skip
 
 
@@ -264,7 +302,8 @@ def _tally(letters: dict[int, str]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-SCENARIOS = ("crash", "redis-always", "redis-everysec", "redis-away", "broker-away", "hostile")
+SCENARIOS = ("crash", "redis-always", "redis-everysec", "redis-away", "broker-away",
+             "broker-kill", "hostile")  # fmt: skip
 
 
 _MUST_BE_ZERO = ("lost", "wrong_reason", "messages_under_two_ids")
@@ -280,11 +319,12 @@ def main() -> int:
     args = parser.parse_args()
     if set(args.names) - set(SCENARIOS):
         parser.error(f"choose scenarios from {', '.join(SCENARIOS)}")
-    runs = {"crash": lambda: crash(args.messages, args.kills),
+    runs: dict[str, Callable[[], Result]] = {"crash": lambda: crash(args.messages, args.kills),
             "redis-always": lambda: redis_restart("always"),
             "redis-everysec": lambda: redis_restart("everysec"),
             "redis-away": lambda: outage("redis", outage_s=args.outage),
             "broker-away": lambda: outage("broker", outage_s=args.outage),
+            "broker-kill": broker_restart,
             "hostile": lambda: hostile_input(args.bad)}  # fmt: skip
     failed = False
     for name in args.names:

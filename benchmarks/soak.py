@@ -69,7 +69,13 @@ class _SteadySender(threading.Thread):
             self.accepted += 1
 
     def run(self) -> None:
-        producer = Producer({"bootstrap.servers": self.stack.broker.bootstrap, "linger.ms": 5})
+        producer = Producer(
+            {
+                "bootstrap.servers": self.stack.broker.bootstrap,
+                "linger.ms": 5,
+                "enable.idempotence": True,
+            }
+        )  # a retry writes nothing twice
         prober = new_prober(self.stack.broker.bootstrap)
         rng, start = random.Random(5), time.monotonic()
         while self.sent < self.count:

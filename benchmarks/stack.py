@@ -1,4 +1,8 @@
-"""A local stack for benchmarks: Redis, Tansu and `blackbox run` as separate processes."""
+"""A local stack for benchmarks: Redis, a broker and `blackbox run` as separate processes.
+
+The broker is Apache Kafka; BLACKBOX_BENCH_BROKER=tansu runs the same benchmark on the light
+Tansu broker instead, for a side-by-side figure.
+"""
 
 from __future__ import annotations
 
@@ -13,14 +17,14 @@ from pathlib import Path
 import redis
 
 from blackbox import kafka
-from blackbox.localstack import RedisServer, TansuBroker, free_port, scratch_dir
+from blackbox.localstack import KafkaBroker, RedisServer, TansuBroker, free_port, scratch_dir
 from blackbox.settings import Settings
 
 
 @dataclass(frozen=True)
 class Stack:
     redis: RedisServer
-    broker: TansuBroker
+    broker: KafkaBroker | TansuBroker
     env: dict[str, str]
     settings: Settings
     work: Path
@@ -31,13 +35,13 @@ def local_stack(appendfsync: str | None = None, **overrides: str) -> Iterator[St
     """Start Redis and the broker on free ports, with the intake and DLQ topics created."""
     work = scratch_dir("blackbox-bench-")
     redis = RedisServer(free_port(), work, appendfsync=appendfsync)
-    broker = TansuBroker(free_port(), work / "tansu.log")
+    broker = new_broker(work)
     redis.start()
     broker.start()
     env = {
         "REDIS_URL": redis.url,
         "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-        "KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000",
+        "KAFKA_CONSUMER_SESSION_TIMEOUT_MS": "6000",  # a killed replica's partitions move on
         "BLACKBOX_LOG_FORMAT": "json",
         "BLACKBOX_LOG_LEVEL": "warning",
         "BLACKBOX_HTTP_PORT": str(free_port()),  # known ahead: benchmarks read /metrics
@@ -50,6 +54,20 @@ def local_stack(appendfsync: str | None = None, **overrides: str) -> Iterator[St
     finally:
         broker.stop()
         redis.stop()
+
+
+def broker_name() -> str:
+    """The broker benchmarks run on: "kafka" (Apache Kafka) unless BLACKBOX_BENCH_BROKER says."""
+    name = os.environ.get("BLACKBOX_BENCH_BROKER", "kafka")
+    if name not in ("kafka", "tansu"):
+        raise SystemExit(f"BLACKBOX_BENCH_BROKER={name!r}: choose kafka or tansu")
+    return name
+
+
+def new_broker(work: Path) -> KafkaBroker | TansuBroker:
+    if broker_name() == "tansu":
+        return TansuBroker(free_port(), work / "tansu.log")
+    return KafkaBroker(free_port(), work / "kafka", heap="1g")
 
 
 def start_service(stack: Stack) -> subprocess.Popen[bytes]:

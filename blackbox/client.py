@@ -81,6 +81,16 @@ def _deliver_at(at: datetime | float) -> str | float:
     return float(at)
 
 
+# A producer retrying after a broker failure may write a request twice unless idempotent:
+# two intake records, two schedules. The caller's own settings come after these.
+_PRODUCER_DEFAULTS = {"enable.idempotence": "true", "acks": "all"}
+
+
+def producer_config(given: Mapping[str, str]) -> dict[str, str]:
+    """The client's producer settings: idempotent with acks=all unless `given` says else."""
+    return {**_PRODUCER_DEFAULTS, **given}
+
+
 class Client:
     """Schedules and cancels through the intake topic, as one CALLER_SERVICE."""
 
@@ -91,7 +101,9 @@ class Client:
         caller: str | None = None,
         intake_topic: str = DEFAULT_INTAKE_TOPIC,
     ) -> None:
-        self.producer = producer if isinstance(producer, Producer) else Producer(dict(producer))
+        self.producer = (
+            producer if isinstance(producer, Producer) else Producer(producer_config(producer))
+        )
         self.intake_topic = intake_topic
         self.caller = caller
         self.failures: list[KafkaError] = []

@@ -49,7 +49,9 @@ def produce(
     key: bytes | None = None,
 ) -> int:
     """Produce every value and wait until the broker acknowledged all of them."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
+    )  # a retry writes nothing twice
     failures: list[KafkaError] = []
 
     def report(error: KafkaError | None, _message: object) -> None:

@@ -72,7 +72,9 @@ class _SteadySender(threading.Thread):
 
     def __init__(self, bootstrap: str, intake: str, target: str) -> None:
         super().__init__(daemon=True)
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        self.producer = Producer(
+            {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
+        )  # a retry writes nothing twice
         self.intake, self.target = intake, target
         self.produced = self.acknowledged = 0
         self.stop = threading.Event()

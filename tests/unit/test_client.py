@@ -192,3 +192,12 @@ def test_any_client_envelope_round_trips_through_the_parser(
     assert request.key == (None if key is None else key.encode())
     assert request.headers == tuple((n, v.encode()) for n, v in headers.items())
     assert request.schedule_id == schedule_id
+
+
+def test_the_clients_producer_is_idempotent_unless_told_otherwise() -> None:
+    """Guarantee 2: a producer retry after a broker failure must not write a request twice
+    (two intake records would be two schedules under two ids)."""
+    config = client.producer_config({"bootstrap.servers": "k:9092"})
+
+    assert config == {"bootstrap.servers": "k:9092", "enable.idempotence": "true", "acks": "all"}
+    assert client.producer_config({"acks": "1"})["acks"] == "1"
