@@ -90,7 +90,7 @@ def summary(values: Sequence[float]) -> dict[str, float | None]:
 class Window:
     """A topic read live only between two wall-clock times (epoch seconds).
 
-    A long run rotates its target topics so that none grows large: the local broker's
+    A long run on Tansu rotates its target topics so that none grows large: that broker's
     fetches cost more the longer a partition's log, and a reader polling every few ms
     stalls it past about 8,000 record batches.
     """
@@ -136,8 +136,6 @@ class Collector:
         self.consumer = Consumer({
             "bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
             "fetch.wait.max.ms": 5, "auto.offset.reset": "earliest", "enable.auto.commit": False,
-            # Tansu reports the last stable offset short of the log end: read past it.
-            "isolation.level": "read_uncommitted",
         })  # fmt: skip
         self.assigned = 0
         self.deliveries = Deliveries()
