@@ -1,11 +1,12 @@
-# The targets CI runs are exactly these: `make test` (lint, types, unit and integration tests).
+# The targets CI runs are exactly these: `make test` (lint, types, Dockerfile lint, unit,
+# integration and deployment tests).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
-.PHONY: setup system-packages run test lint unit integration bench chaos soak clean
+.PHONY: setup system-packages run test lint unit integration deploy bench chaos soak clean
 
 setup: system-packages $(STAMP)
 
@@ -32,12 +33,16 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/hadolint Dockerfile
 
 unit: setup
 	$(BIN)/pytest tests/unit
 
 integration: setup
 	$(BIN)/pytest tests/integration
+
+deploy: setup
+	$(BIN)/pytest tests/deploy
 
 test: lint
 	$(BIN)/pytest

@@ -1,0 +1,35 @@
+# blackbox: multi-stage build; the final image holds the virtualenv and no build tools.
+#   docker build -t blackbox .
+#   docker run --rm -e KAFKA_BOOTSTRAP_SERVERS=kafka:9092 -e REDIS_URL=redis://redis:6379/0 blackbox
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/blackbox
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY blackbox ./blackbox
+# Every runtime dependency ships manylinux wheels, so no compiler is needed even here.
+RUN /opt/blackbox/bin/pip install --no-compile . \
+    && /opt/blackbox/bin/pip uninstall --yes pip
+
+FROM ${PYTHON_IMAGE}
+RUN groupadd --system --gid 10001 blackbox \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /tmp \
+       --shell /usr/sbin/nologin blackbox
+COPY --from=build /opt/blackbox /opt/blackbox
+# No bytecode files: the root filesystem may be read-only; /tmp is the only place written.
+ENV PATH=/opt/blackbox/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
+    BLACKBOX_LOG_FORMAT=json \
+    BLACKBOX_HTTP_PORT=8080
+WORKDIR /tmp
+USER 10001:10001
+EXPOSE 8080
+# /live: 200 while the firing clock ticks and no worker thread died.
+HEALTHCHECK --interval=15s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/live' % os.environ.get('BLACKBOX_HTTP_PORT', '8080'), timeout=2)"]
+ENTRYPOINT ["blackbox"]
+CMD ["run"]
