@@ -1,0 +1,73 @@
+{{/*
+The alert rules, as a Prometheus rule file's `groups`. The PrometheusRule uses them, and
+docker-compose's Prometheus loads the same rules from compose/alerts.yml (a test keeps that
+file equal to these rendered with the default values and release name "blackbox").
+*/}}
+{{- define "blackbox.alertGroups" -}}
+{{- $a := .Values.metrics.prometheusRule.alerts }}
+{{- $job := include "blackbox.fullname" . }}
+groups:
+  - name: blackbox
+    rules:
+      - alert: BlackboxDispatcherStalled
+        expr: |
+          (blackbox_ready == 0)
+            and on (job, instance)
+          (min by (job, instance) (blackbox_up) == 1)
+        for: {{ $a.stalledFor }}
+        labels:
+          severity: critical
+        annotations:
+          summary: "blackbox {{ "{{" }} $labels.instance {{ "}}" }} is not ready although Redis and Kafka answer"
+          description: "Its firing clock stopped (no tick for 60 s) or a worker thread died: /live fails and Kubernetes restarts it. Messages due meanwhile fire late."
+      - alert: BlackboxDependencyDown
+        expr: blackbox_up == 0
+        for: {{ $a.dependencyDownFor }}
+        labels:
+          severity: critical
+        annotations:
+          summary: "blackbox {{ "{{" }} $labels.instance {{ "}}" }} cannot reach {{ "{{" }} $labels.dependency {{ "}}" }}"
+          description: "Intake is paused and firing backs off until {{ "{{" }} $labels.dependency {{ "}}" }} answers again; nothing is lost, due messages fire late."
+      - alert: BlackboxLatenessHigh
+        expr: |
+          histogram_quantile(0.99,
+            sum by (job, le) (rate(blackbox_lateness_seconds_bucket[5m]))
+          ) > {{ $a.latenessP99Seconds }}
+        for: {{ $a.latenessFor }}
+        labels:
+          severity: warning
+        annotations:
+          summary: "blackbox delivers late: p99 of acknowledgement - due time is {{ "{{" }} $value | humanizeDuration {{ "}}" }}"
+          description: "Compare blackbox_send_lateness_seconds (the service's own part): if it is low too, the broker acknowledges slowly; if high, the replicas cannot keep up."
+      - alert: BlackboxOverdueBacklogGrowing
+        expr: |
+          (
+            1 - (
+              sum by (job) (rate(blackbox_send_lateness_seconds_bucket{le="30.0"}[10m]))
+                /
+              sum by (job) (rate(blackbox_send_lateness_seconds_count[10m]))
+            )
+          ) > {{ $a.overdueShare }}
+        for: {{ $a.overdueFor }}
+        labels:
+          severity: warning
+        annotations:
+          summary: "blackbox fires most messages more than 30 s after their due time"
+          description: "{{ "{{" }} $value | humanizePercentage {{ "}}" }} of the messages fired in 10 minutes left more than 30 s late: due messages pile up faster than the replicas fire them."
+      - alert: BlackboxDeadLettersRising
+        expr: sum by (job, reason) (rate(blackbox_dead_letters_total[5m])) * 60 > {{ $a.deadLettersPerMinute }}
+        for: {{ $a.deadLettersFor }}
+        labels:
+          severity: warning
+        annotations:
+          summary: "blackbox dead-letters {{ "{{" }} $value | humanize {{ "}}" }} records a minute ({{ "{{" }} $labels.reason {{ "}}" }})"
+          description: "Records go to the dead-letter topic with reason {{ "{{" }} $labels.reason {{ "}}" }}; its blackbox-dlq-detail header says why."
+      - alert: BlackboxTargetDown
+        expr: up{job="{{ $job }}"} == 0
+        for: {{ $a.targetDownFor }}
+        labels:
+          severity: critical
+        annotations:
+          summary: "Prometheus cannot scrape blackbox {{ "{{" }} $labels.instance {{ "}}" }}"
+          description: "The replica is down or its /metrics port unreachable."
+{{- end }}

@@ -1,0 +1,87 @@
+{{/* The chart's name, 63 characters at most. */}}
+{{- define "blackbox.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's base name for every object. */}}
+{{- define "blackbox.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "blackbox.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "blackbox.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "blackbox.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "blackbox.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels of one role's pods: the shared ones plus the role. Call with (dict "root" $ "role" NAME). */}}
+{{- define "blackbox.roleSelectorLabels" -}}
+{{ include "blackbox.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .role }}
+{{- end }}
+
+{{/* One role's Deployment name: the release's for the `run` role, suffixed otherwise. */}}
+{{- define "blackbox.roleName" -}}
+{{- if eq .role "run" }}{{ include "blackbox.fullname" .root }}{{ else }}{{ printf "%s-%s" (include "blackbox.fullname" .root) .role | trunc 63 | trimSuffix "-" }}{{ end }}
+{{- end }}
+
+{{- define "blackbox.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "blackbox.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "blackbox.secretName" -}}
+{{- default (include "blackbox.fullname" .) .Values.secret.existingSecret }}
+{{- end }}
+
+{{- define "blackbox.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+An environment value as text. Numbers arrive as floats (YAML and JSON values both): whole
+ones are written without a fraction or exponent, so 315576000 stays "315576000".
+*/}}
+{{- define "blackbox.envValue" -}}
+{{- if kindIs "float64" . }}
+{{- if eq . (floor .) }}{{ int64 . }}{{ else }}{{ . }}{{ end }}
+{{- else }}
+{{- . }}
+{{- end }}
+{{- end }}
+
+{{/* The HTTP port of /live, /ready and /metrics, as a number. */}}
+{{- define "blackbox.httpPort" -}}
+{{- include "blackbox.envValue" .Values.config.BLACKBOX_HTTP_PORT }}
+{{- end }}
+
+{{- define "blackbox.policyPath" -}}
+/etc/blackbox/policy.yaml
+{{- end }}
+
+{{/* Fails rendering when SIGTERM's drain could outlast the grace period. */}}
+{{- define "blackbox.checkGracePeriod" -}}
+{{- $timeout := include "blackbox.envValue" .Values.config.BLACKBOX_DELIVERY_TIMEOUT | float64 }}
+{{- $least := addf (mulf 2 $timeout) 12 }}
+{{- if lt (float64 .Values.terminationGracePeriodSeconds) $least }}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must be at least 2 x BLACKBOX_DELIVERY_TIMEOUT + 12 = %v s, the longest drain on SIGTERM" .Values.terminationGracePeriodSeconds $least) }}
+{{- end }}
+{{- end }}
