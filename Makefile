@@ -8,7 +8,9 @@ APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
 .PHONY: setup system-packages run test lint unit integration deploy bench chaos soak clean
 
-setup: system-packages $(STAMP)
+PROMTOOL := $(BIN)/promtool
+
+setup: system-packages $(STAMP) $(PROMTOOL)
 
 # Redis, Java with Maven for the local Apache Kafka broker (its jars come from Maven Central),
 # and kcat, the third-party client the end-to-end test speaks to it with.
@@ -25,6 +27,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	@touch $(STAMP)
+
+# promtool checks and unit-tests the alert rules. Debian ships it only inside the prometheus
+# package, whose install would also start a Prometheus server: take the one binary from it.
+$(PROMTOOL): | $(STAMP)
+	@rm -rf $(VENV)/.promtool && mkdir -p $(VENV)/.promtool
+	@cd $(VENV)/.promtool && { apt-get download -qq prometheus 2>/dev/null \
+		|| { apt-get update -qq && apt-get download -qq prometheus; }; }
+	dpkg-deb --fsys-tarfile $(VENV)/.promtool/prometheus_*.deb | tar -xO ./usr/bin/promtool > $@.part
+	@chmod +x $@.part && mv $@.part $@ && rm -rf $(VENV)/.promtool
 
 run: setup
 	$(BIN)/blackbox dev
