@@ -9,8 +9,9 @@ RUN python -m venv /opt/blackbox
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY blackbox ./blackbox
-# Every runtime dependency ships manylinux wheels, so no compiler is needed even here.
-RUN /opt/blackbox/bin/pip install --no-compile . \
+# Every runtime dependency ships manylinux wheels, so no compiler is needed even here. The
+# bytecode is compiled now: at run time the root filesystem may be read-only.
+RUN /opt/blackbox/bin/pip install . \
     && /opt/blackbox/bin/pip uninstall --yes pip
 
 FROM ${PYTHON_IMAGE}
@@ -18,7 +19,7 @@ RUN groupadd --system --gid 10001 blackbox \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /tmp \
        --shell /usr/sbin/nologin blackbox
 COPY --from=build /opt/blackbox /opt/blackbox
-# No bytecode files: the root filesystem may be read-only; /tmp is the only place written.
+# No new bytecode files at run time: /tmp is the only place written.
 ENV PATH=/opt/blackbox/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
