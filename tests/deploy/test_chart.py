@@ -50,12 +50,24 @@ MONITORING = {
         "dashboard": {"enabled": True},
     }
 }
+TWO_ROLES = {
+    "run": {"enabled": False, "args": ["run"]},
+    "intake": {"enabled": True, "args": ["run", "--role", "intake"], "replicas": 3},
+    "dispatch": {
+        "enabled": True,
+        "args": ["run", "--role", "dispatch"],
+        "replicas": 2,
+        "autoscaling": {"enabled": True, "maxReplicas": 4},
+        "podDisruptionBudget": {"minAvailable": 1},
+    },
+}
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "three replicas": {"roles": {"run": {"enabled": True, "args": ["run"], "replicas": 3}}},
     "existing secret": EXISTING,
     "monitoring": MONITORING,
     "autoscaling": {"autoscaling": {"enabled": True}},
+    "two roles": {"roles": TWO_ROLES},
     "everything": {
         **MONITORING,
         "autoscaling": {"enabled": True},
@@ -242,6 +254,22 @@ def test_grace_period_shorter_than_the_drain_is_refused() -> None:
     render({"terminationGracePeriodSeconds": 20, "config": {"BLACKBOX_DELIVERY_TIMEOUT": "4"}})
 
 
+def test_a_release_without_any_role_is_refused() -> None:
+    """Rendering fails when every role is disabled, rather than installing nothing."""
+    with pytest.raises(helm_python.HelmRenderError, match="enable at least one role"):
+        render({"roles": {"run": {"enabled": False, "args": ["run"]}}})
+
+
+@pytest.mark.parametrize("values", [{}, {"roles": TWO_ROLES}], ids=["one role", "two roles"])
+def test_notes_tell_how_to_send_a_first_message(values: dict[str, Any]) -> None:
+    """NOTES.txt sends a first message through a Deployment the release really has."""
+    notes = render(values)["blackbox/templates/NOTES.txt"]
+    names = {d["metadata"]["name"] for d in of_kind(manifests(values), "Deployment")}
+    used = set(re.findall(r"exec deploy/(\S+) -- \\\n\s+blackbox send --topic", notes))
+    assert used
+    assert used <= names
+
+
 def test_defaults_one_replica_disruption_budget_no_autoscaler() -> None:
     """By default: one Deployment, a PodDisruptionBudget on the same pods, no HPA, no hooks."""
     docs = manifests()
@@ -274,19 +302,19 @@ def test_existing_secret_replaces_the_charts() -> None:
 
 
 def test_a_second_role_is_a_values_change() -> None:
-    """Two roles render two Deployments (and budgets) with disjoint pods and their own
-    arguments; the Service still reaches both."""
-    roles = {
-        "run": {"enabled": False, "args": ["run"]},
-        "intake": {"enabled": True, "args": ["run", "--role", "intake"], "replicas": 3},
-        "dispatch": {"enabled": True, "args": ["run", "--role", "dispatch"], "replicas": 2},
-    }
-    docs = manifests({"roles": roles})
+    """Two roles render two Deployments with disjoint pods, their own arguments, replicas,
+    autoscaler and budget; the Service still reaches both."""
+    docs = manifests({"roles": TWO_ROLES})
     deployments = {d["metadata"]["name"]: d for d in of_kind(docs, "Deployment")}
     assert set(deployments) == {"bb-blackbox-intake", "bb-blackbox-dispatch"}
     assert container(deployments["bb-blackbox-intake"])["args"] == ["run", "--role", "intake"]
-    assert deployments["bb-blackbox-dispatch"]["spec"]["replicas"] == 2
-    assert len(of_kind(docs, "PodDisruptionBudget")) == 2
+    assert deployments["bb-blackbox-intake"]["spec"]["replicas"] == 3
+    (hpa,) = of_kind(docs, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "bb-blackbox-dispatch"
+    assert "replicas" not in deployments["bb-blackbox-dispatch"]["spec"]
+    budgets = {b["metadata"]["name"]: b["spec"] for b in of_kind(docs, "PodDisruptionBudget")}
+    assert budgets["bb-blackbox-dispatch"]["minAvailable"] == 1
+    assert budgets["bb-blackbox-intake"]["maxUnavailable"] == 1
     (service,) = of_kind(docs, "Service")
     for deployment in deployments.values():
         labels = deployment["spec"]["template"]["metadata"]["labels"]

@@ -85,3 +85,12 @@ ones are written without a fraction or exponent, so 315576000 stays "315576000".
 {{- fail (printf "terminationGracePeriodSeconds (%v) must be at least 2 x BLACKBOX_DELIVERY_TIMEOUT + 12 = %v s, the longest drain on SIGTERM" .Values.terminationGracePeriodSeconds $least) }}
 {{- end }}
 {{- end }}
+
+{{/* Fails rendering when no role is enabled: the release would run nothing. */}}
+{{- define "blackbox.checkRoles" -}}
+{{- $enabled := list }}
+{{- range $role, $spec := .Values.roles }}{{ if $spec.enabled }}{{ $enabled = append $enabled $role }}{{ end }}{{ end }}
+{{- if not $enabled }}
+{{- fail "roles: enable at least one role (roles.run.enabled=true runs intake and firing)" }}
+{{- end }}
+{{- end }}
