@@ -141,14 +141,17 @@ def test_settings_default_as_in_the_code() -> None:
 
 
 def test_schema_and_values_name_the_same_settings() -> None:
-    """values.yaml's `config` and the schema's list of settings agree, and every BLACKBOX_*
-    variable of the code is in one of `config` or `secret.values`."""
+    """values.yaml's `config` and the schema's list of settings agree, every BLACKBOX_*
+    variable of the code is in one of `config` or `secret.values`, and neither names a
+    variable the code does not read."""
     schema = json.loads((CHART / "values.schema.json").read_text())
     config = default_values()["config"]
     assert set(schema["properties"]["config"]["properties"]) == set(config)
     code = {var.name for var in VARIABLES if var.name.startswith("BLACKBOX_")}
     assert code <= set(config) | set(_secret_names())
     assert set(config) <= code
+    every = {var.name for var in VARIABLES}
+    assert [n for n in _secret_names() if n not in every and not n.startswith("KAFKA_")] == []
 
 
 def test_rendered_environment_loads_as_settings() -> None:
