@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
@@ -98,12 +99,20 @@ class _Server:
 
 
 class RedisServer(_Server):
-    """A redis-server with its data in `data_dir`, optionally append-only."""
+    """A redis-server with its data in `data_dir`, optionally append-only; `config` adds
+    directives (`{"maxmemory": "4mb"}`)."""
 
-    def __init__(self, port: int, data_dir: Path, appendfsync: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        data_dir: Path,
+        appendfsync: str | None = None,
+        config: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(port, data_dir / "redis.log")
         self.data_dir = data_dir
         self.appendfsync = appendfsync
+        self.config = dict(config or {})
 
     @property
     def url(self) -> str:
@@ -116,8 +125,9 @@ class RedisServer(_Server):
         persistence = ["--appendonly", "no"]
         if self.appendfsync is not None:
             persistence = ["--appendonly", "yes", "--appendfsync", self.appendfsync]
+        extra = [a for name, value in self.config.items() for a in (f"--{name}", value)]
         return [binary, "--port", str(self.port), "--bind", LOOPBACK, "--save", "",
-                "--dir", str(self.data_dir), "--daemonize", "no", *persistence]  # fmt: skip
+                "--dir", str(self.data_dir), "--daemonize", "no", *persistence, *extra]  # fmt: skip
 
 
 def tansu_binary() -> str:

@@ -1,4 +1,8 @@
+#!lua flags=allow-oom
 -- Forget delivered (or dead-lettered) ids still held under the caller's lease.
+--
+-- Runs on a Redis over `maxmemory` (allow-oom): deleting delivered payloads is what frees a
+-- full Redis (a caller's id leaves a marker far smaller than its payload).
 --
 -- KEYS[1]      in-flight sorted set (id -> lease expiry epoch ms)
 -- KEYS[2]      due sorted set (id -> due epoch ms)

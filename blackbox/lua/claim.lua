@@ -1,5 +1,9 @@
+#!lua flags=allow-oom
 -- Move due ids into the in-flight set under a lease and read what firing them needs, in
 -- one atomic step (one round trip per batch fired).
+--
+-- Runs on a Redis over `maxmemory` (allow-oom): it moves ids between the two sets, memory
+-- stays level, and firing is what frees a full Redis.
 --
 -- KEYS[1]  due sorted set (id -> due epoch ms)
 -- KEYS[2]  in-flight sorted set (id -> lease expiry epoch ms)

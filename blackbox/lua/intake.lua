@@ -1,5 +1,10 @@
+#!lua
 -- Apply the requests of one intake partition that were not applied yet (schedule, update,
 -- cancel), and move that partition's watermark past them, in one atomic step.
+--
+-- Refused whole, before it runs, by a Redis over `maxmemory` (a shebang without allow-oom):
+-- intake pauses and is read again once firing has freed memory, so nothing half-applied.
+-- Cancels wait with it: they sit in the intake topic behind the records before them.
 --
 -- KEYS[1]      due sorted set (id -> due epoch ms)
 -- KEYS[2]      in-flight sorted set (id -> lease expiry epoch ms)

@@ -1,4 +1,8 @@
+#!lua flags=allow-oom
 -- Return in-flight ids whose lease expired (their replica died or stalled) to the due set.
+--
+-- Runs on a Redis over `maxmemory` (allow-oom): it moves ids back to due (an attempts field
+-- is the only growth), so the leases of a dead replica return on a full Redis too.
 --
 -- KEYS[1]  in-flight sorted set (id -> lease expiry epoch ms)
 -- KEYS[2]  due sorted set (id -> due epoch ms)

@@ -1,5 +1,8 @@
+#!lua flags=allow-oom
 -- Hand claimed ids back to due, untouched, when their payload turned out not yet due (a
 -- guard: every script keeps a payload's due time at or before its due score).
+--
+-- Runs on a Redis over `maxmemory` (allow-oom): it moves ids back to due, memory stays level.
 --
 -- KEYS[1]        in-flight sorted set (id -> lease expiry epoch ms)
 -- KEYS[2]        due sorted set (id -> due epoch ms)

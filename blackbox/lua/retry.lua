@@ -1,4 +1,8 @@
+#!lua flags=allow-oom
 -- Give ids whose delivery failed back to the due set at a later time, counting the attempt.
+--
+-- Runs on a Redis over `maxmemory` (allow-oom): it moves ids back to due (an attempts field
+-- is the only growth), so a failed delivery on a full Redis is retried, not stuck in flight.
 --
 -- KEYS[1]     in-flight sorted set (id -> lease expiry epoch ms)
 -- KEYS[2]     due sorted set (id -> due epoch ms)

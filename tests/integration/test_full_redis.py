@@ -1,0 +1,126 @@
+"""The Lua scripts on a real Redis over `maxmemory` (noeviction): intake is refused whole,
+while every script that moves or frees what is pending still runs, so firing drains it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from blackbox.clock import now_ms
+from blackbox.keys import Keys
+from blackbox.localstack import RedisServer, free_port
+from blackbox.schedule import Schedule, intake_id
+from blackbox.store import IntakeSlice, RedisStore
+from tests.kafkatools import unique
+
+FULL_AT = {"maxmemory": "2mb", "maxmemory-policy": "noeviction"}
+PART = 200
+OVER_BYTES = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def small_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(free_port(), tmp_path_factory.mktemp("redis-small"), config=FULL_AT)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def store(small_redis: RedisServer) -> Iterator[RedisStore]:
+    client = redis.Redis.from_url(small_redis.url)
+    client.flushall()
+    client.config_set("maxmemory", FULL_AT["maxmemory"])
+    yield RedisStore(client, Keys(unique("ns")), grace_seconds=60)
+    client.flushall()
+    client.close()
+
+
+class Filler:
+    """Schedules due ones on one intake partition, part after part."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self.store, self.offset = store, -1
+
+    def part(self, count: int = PART) -> None:
+        now = now_ms()
+        items = []
+        for _ in range(count):
+            self.offset += 1
+            schedule = Schedule(intake_id("in", 0, self.offset), "t", b"x" * 100, now - 1)
+            items.append((self.offset, schedule))
+        self.store.apply([IntakeSlice("in", 0, self.offset, items)], now)
+
+    def until_full(self) -> int:
+        """Fill until Redis refuses a part for memory, then set `maxmemory` below what is
+        used (a part's own request counts while it runs: without this, a small call right
+        after may pass); return how many are pending."""
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            for _ in range(1000):
+                self.part()
+        used = int(self.store.client.info("memory")["used_memory"])
+        self.store.client.config_set("maxmemory", used - OVER_BYTES)
+        return _pending(self.store)
+
+
+def _pending(store: RedisStore) -> int:
+    return sum(store.counts())
+
+
+def _marks(store: RedisStore) -> dict[bytes | str, bytes | str]:
+    return store.client.hgetall(store.keys.intake_marks)
+
+
+def test_intake_is_refused_whole_on_a_full_redis(store: RedisStore) -> None:
+    """Guarantee 1 on a full Redis: the refused part changes nothing (no payload, no due
+    entry, no watermark move), so intake re-reads it later and loses none."""
+    filler = Filler(store)
+    pending = filler.until_full()
+    marks = _marks(store)
+
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        filler.part()
+
+    assert _pending(store) == pending
+    assert _marks(store) == marks
+    assert store.client.dbsize() == pending + 2  # the payloads, the due set, the watermarks
+
+
+def test_claim_release_retry_reclaim_and_ack_run_on_a_full_redis(store: RedisStore) -> None:
+    """The scripts that move what is pending or free it are not refused for memory: a full
+    Redis can still fire, give back, retry and take back leases (issue: firing stalled)."""
+    pending = Filler(store).until_full()
+    lease_ms = 30_000
+
+    claim = store.claim_due(now_ms(), 40, lease_ms)
+    assert len(claim.ids) == 40
+    assert store.release([(i, now_ms() - 1) for i in claim.ids[:10]], claim.token) == 10
+    assert store.retry(claim.ids[10:20], claim.token, now_ms() - 1) == 10
+    assert store.ack(claim.ids[20:], claim.token) == 20
+
+    expired = store.claim_due(now_ms(), 10, lease_ms=-1)
+    assert store.reclaim(now_ms(), 100) == len(expired.ids) == 10
+    assert store.counts() == (pending - 20, 0)
+
+
+def test_acks_free_a_full_redis_and_intake_resumes(store: RedisStore) -> None:
+    """Firing drains a full Redis: as delivered payloads are acked, memory frees and the
+    intake script is accepted again, with nothing lost in between."""
+    filler = Filler(store)
+    pending = filler.until_full()
+
+    acked, resumed = 0, False
+    while not resumed and acked < pending:
+        claim = store.claim_due(now_ms(), 100, 30_000)
+        acked += store.ack(claim.ids, claim.token)
+        try:
+            filler.part(count=1)
+        except redis.exceptions.OutOfMemoryError:
+            continue
+        resumed = True
+
+    assert resumed
+    assert 0 < acked < pending
+    assert _pending(store) == pending - acked + 1
