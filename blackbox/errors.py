@@ -59,3 +59,12 @@ class CorruptSchedule(BlackboxError):
 class StackError(BlackboxError):
     """A server of the local stack (Redis, a broker, Maven's jars) could not be had; the
     message names the cause and the way out."""
+
+
+class EvictingRedis(SettingsError):
+    """Redis may evict keys under memory pressure (its `maxmemory-policy` is not
+    `noeviction`): an evicted payload is a lost schedule."""
+
+
+class RedisFull(BlackboxError):
+    """Redis refuses writes for memory (over `maxmemory`): intake waits, firing drains it."""

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from shlex import split
 from typing import IO
 
 from confluent_kafka import KafkaException
@@ -100,7 +101,7 @@ class _Server:
 
 class RedisServer(_Server):
     """A redis-server with its data in `data_dir`, optionally append-only; `config` adds
-    directives (`{"maxmemory": "4mb"}`)."""
+    directives, their values split as a shell would (`{"rename-command": "CONFIG ''"}`)."""
 
     def __init__(
         self,
@@ -125,7 +126,7 @@ class RedisServer(_Server):
         persistence = ["--appendonly", "no"]
         if self.appendfsync is not None:
             persistence = ["--appendonly", "yes", "--appendfsync", self.appendfsync]
-        extra = [a for name, value in self.config.items() for a in (f"--{name}", value)]
+        extra = [a for name, value in self.config.items() for a in (f"--{name}", *split(value))]
         return [binary, "--port", str(self.port), "--bind", LOOPBACK, "--save", "",
                 "--dir", str(self.data_dir), "--daemonize", "no", *persistence, *extra]  # fmt: skip
 

@@ -20,13 +20,13 @@ import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 from confluent_kafka import KafkaException, Producer
 
-from blackbox import kafka, policy
+from blackbox import kafka, memory, policy
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
 from blackbox.dispatcher import Dispatcher, RetryPolicy
 from blackbox.endpoints import Endpoints
 from blackbox.envelope import Limits
-from blackbox.errors import SettingsError
+from blackbox.errors import EvictingRedis, SettingsError
 from blackbox.health import Health
 from blackbox.incarnations import Incarnations
 from blackbox.intake import Intake, IntakeConfig
@@ -41,6 +41,8 @@ from blackbox.waker import NudgeListener, Waker
 log = structlog.get_logger("blackbox.service")
 
 STOP_TIMEOUT_SECONDS = 8.0
+# The process's exit codes (the `blackbox` command documents them).
+EXIT_FAILED, EXIT_SETTINGS = 1, 2
 
 
 def redis_client(url: str) -> redis.Redis:
@@ -86,6 +88,12 @@ class Service:
         self.redis = redis_client(settings.redis_url)
         keys = Keys(settings.namespace)
         self.store = RedisStore(self.redis, keys, settings.grace_seconds, settings.fired_retention)
+        self._probe_client = redis.Redis.from_url(
+            settings.redis_url, socket_timeout=2, socket_connect_timeout=2
+        )
+        self.room = memory.Room(self._probe_client, keys, self.metrics)
+        self._policy_read = False
+        self.exit_code = 0
         wait = settings.delivery_timeout + 1.0
 
         def renew() -> Producer:
@@ -113,7 +121,7 @@ class Service:
         self.intake = Intake(
             kafka.new_consumer(settings), self.store, self._intake_outbox, config, self.metrics,
             incarnations=Incarnations(kafka.topic_id_lookup(settings.kafka)),
-            on_scheduled=self._scheduled,
+            on_scheduled=self._scheduled, on_refused_for_memory=self.room.intake_refused,
         )  # fmt: skip
         stall_seconds = max(60.0, 10 * settings.poll_interval)
         self.health = Health(self._probes(), self.metrics, stall_seconds)
@@ -131,7 +139,11 @@ class Service:
         self._scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
         self._fire_lock = threading.Lock()
         self._fire_backoff = Backoff(base=settings.poll_interval, cap=30.0)
-        self.failed = False
+
+    @property
+    def failed(self) -> bool:
+        """The service stopped for a failure (a crashed thread, an evicting Redis)."""
+        return self.exit_code != 0
 
     def _endpoints(self, settings: Settings) -> Endpoints:
         try:
@@ -143,14 +155,12 @@ class Service:
             ) from e
 
     def _probes(self) -> dict[str, Callable[[], None]]:
-        probe_client = redis.Redis.from_url(
-            self.settings.redis_url, socket_timeout=2, socket_connect_timeout=2
-        )
-        self._probe_client = probe_client
         outbox, topic = self._dispatch_outbox, self.settings.intake_topic
 
         def redis_probe() -> None:
-            probe_client.ping()
+            if not self._policy_read:
+                self._read_policy_or_stop()
+            self.room.probe()
 
         def kafka_probe() -> None:
             outbox.producer.list_topics(topic, timeout=2)
@@ -158,7 +168,9 @@ class Service:
         return {"redis": redis_probe, "kafka": kafka_probe}
 
     def start(self) -> None:
+        """Start serving; EvictingRedis (a SettingsError) if Redis may evict schedules."""
         log.info("service_starting", settings=repr(self.settings))
+        self._check_eviction()
         if self.endpoints is not None:
             self.endpoints.start()
         for thread in self._threads:
@@ -168,6 +180,27 @@ class Service:
             next_run_time=datetime.now(UTC), misfire_grace_time=None,
         )  # fmt: skip
         self._scheduler.start()
+
+    def _check_eviction(self) -> None:
+        """Read Redis's eviction policy now if Redis answers; if not, the first probe that
+        reaches it does (and stops the service on an evicting Redis)."""
+        try:
+            self._read_policy()
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            log.warning("eviction_policy_unchecked", error=str(e), retry="at each probe")
+
+    def _read_policy(self) -> None:
+        memory.check_eviction(self._probe_client, self.settings.accept_eviction)
+        self._policy_read = True
+
+    def _read_policy_or_stop(self) -> None:
+        try:
+            self._read_policy()
+        except EvictingRedis as e:
+            log.error("evicting_redis", error=str(e))
+            self.exit_code = EXIT_SETTINGS
+            self.stopping.set()
+            raise
 
     def tick(self) -> None:
         """The poll-interval safety net: return expired leases, and fire if the waker is idle."""
@@ -230,7 +263,7 @@ class Service:
                 loop()
             except Exception:
                 log.exception("thread_crashed", thread=threading.current_thread().name)
-                self.failed = True
+                self.exit_code = EXIT_FAILED
                 self.health.mark_crashed()
                 self.stopping.set()
 
@@ -273,4 +306,4 @@ class Service:
         while not self.stopping.wait(0.5):
             pass
         self.stop()
-        return 1 if self.failed else 0
+        return self.exit_code

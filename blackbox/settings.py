@@ -86,6 +86,16 @@ def _port(text: str) -> int | None:
     return value
 
 
+_TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
+
+
+def _flag(text: str) -> bool:
+    word = text.lower()
+    if word not in _TRUE + _FALSE:
+        raise ValueError("must be true or false")
+    return word in _TRUE
+
+
 def _choice(*options: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in options:
@@ -108,6 +118,8 @@ class Var:
 
 VARIABLES: tuple[Var, ...] = (
     Var("REDIS_URL", "redis_url", str, "redis://localhost:6379/0", "Redis to keep schedules in"),
+    Var("BLACKBOX_ACCEPT_EVICTION", "accept_eviction", _flag, "false",
+        "true: start on a Redis whose maxmemory-policy evicts keys (it may delete schedules)"),
     Var("BLACKBOX_NAMESPACE", "namespace", _namespace, "bb",
         "Redis key hash tag; one per deployment"),
     Var("BLACKBOX_INTAKE_TOPIC", "intake_topic", _topic, "blackbox", "topic schedules arrive on"),
@@ -159,6 +171,7 @@ class Settings:
     """Everything the service is tuned by. Build it with `Settings.from_env`."""
 
     redis_url: str
+    accept_eviction: bool
     namespace: str
     intake_topic: str
     group_id: str

@@ -14,6 +14,7 @@ def test_defaults_from_an_empty_environment() -> None:
     loaded = Settings.from_env({})
     assert loaded == Settings(
         redis_url="redis://localhost:6379/0",
+        accept_eviction=False,
         namespace="bb",
         intake_topic="blackbox",
         group_id="blackbox",
@@ -98,6 +99,8 @@ def test_values_are_read_typed_and_stripped() -> None:
         ("BLACKBOX_INTAKE_TOPIC", "__consumer_offsets"),
         ("BLACKBOX_DLQ_TOPIC", "  "),
         ("BLACKBOX_DLQ_TOPIC", "__dlq"),
+        ("BLACKBOX_ACCEPT_EVICTION", "maybe"),
+        ("BLACKBOX_ACCEPT_EVICTION", ""),
     ],
 )
 def test_bad_variable_is_named(name: str, value: str) -> None:
@@ -107,6 +110,15 @@ def test_bad_variable_is_named(name: str, value: str) -> None:
     message = str(caught.value)
     assert message.startswith(f"{name}={value.strip()!r} is invalid: ")
     assert isinstance(caught.value.__cause__, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("value", "accepted"),
+    [("true", True), ("YES", True), ("1", True), ("false", False), ("no", False), ("0", False)],
+)
+def test_accepting_eviction_is_an_explicit_flag(value: str, accepted: bool) -> None:
+    """Running on an evicting Redis takes a deliberate true/false, nothing looser."""
+    assert Settings.from_env({"BLACKBOX_ACCEPT_EVICTION": value}).accept_eviction is accepted
 
 
 def test_empty_namespace_is_refused() -> None:

@@ -1,0 +1,91 @@
+"""Redis memory: the eviction policy checked at start, and the room left for intake.
+
+A payload evicted by Redis is a schedule lost, so the service refuses to start on a Redis
+whose `maxmemory-policy` is not `noeviction` unless BLACKBOX_ACCEPT_EVICTION says the risk
+is accepted. A Redis over `maxmemory` refuses the intake script (it waits, unread records
+stay in the intake topic) while the firing scripts still run and free it: the readiness
+probe reports it `full` until it has room again, and exports its memory and what is
+pending.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import redis
+import structlog
+
+from blackbox.errors import EvictingRedis, RedisFull
+from blackbox.keys import Keys
+from blackbox.metrics import Metrics
+
+log = structlog.get_logger("blackbox.memory")
+
+SAFE_POLICY = "noeviction"
+POLICY = "maxmemory-policy"
+
+
+def eviction_policy(client: redis.Redis) -> str | None:
+    """Redis's `maxmemory-policy`, or None where CONFIG is renamed away or not allowed
+    (managed Redis); logs a warning then."""
+    try:
+        policy = client.config_get(POLICY).get(POLICY)
+    except redis.ResponseError as e:
+        log.warning("eviction_policy_unknown", error=str(e), setting=POLICY, needed=SAFE_POLICY)
+        return None
+    if policy is None:
+        log.warning("eviction_policy_unknown", error="not reported", setting=POLICY,
+                    needed=SAFE_POLICY)  # fmt: skip
+    return None if policy is None else str(policy)
+
+
+def check_eviction(client: redis.Redis, accept: bool) -> None:
+    """Raise EvictingRedis if Redis may evict keys, unless `accept`; log what was found."""
+    policy = eviction_policy(client)
+    if policy is None or policy == SAFE_POLICY:
+        return
+    if accept:
+        log.warning("eviction_accepted", setting=POLICY, policy=policy)
+        return
+    raise EvictingRedis(
+        f"Redis {POLICY} is {policy}: under memory pressure it deletes keys, and a deleted "
+        f"payload is a lost schedule. Set it to {SAFE_POLICY} (CONFIG SET {POLICY} "
+        f"{SAFE_POLICY}, and in redis.conf or your provider's parameter group), or set "
+        "BLACKBOX_ACCEPT_EVICTION=true to run with that risk."
+    )
+
+
+class Room:
+    """Whether Redis has room for intake, and the gauges of its memory and of what is
+    pending. Redis's probe in the readiness check."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, metrics: Metrics) -> None:
+        self.client = client
+        self.keys = keys
+        self.metrics = metrics
+        text = resources.files("blackbox").joinpath("lua", "room.lua").read_text("utf-8")
+        self._room = client.register_script(text)
+        self._intake_refused = False
+
+    def intake_refused(self, refused: bool) -> None:
+        """Intake's last write was refused for memory (True), or went through (False)."""
+        self._intake_refused = refused
+
+    def probe(self) -> None:
+        """Export Redis's memory and the pending counts; raise RedisFull if Redis has no
+        room for intake (a write would be refused, or intake's last one was)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.info("memory")
+        pipe.zcard(self.keys.due)
+        pipe.zcard(self.keys.in_flight)
+        memory, due, in_flight = pipe.execute()
+        self.metrics.redis_used_memory.set(int(memory["used_memory"]))
+        self.metrics.redis_maxmemory.set(int(memory["maxmemory"]))
+        self.metrics.pending.labels(state="due").set(due)
+        self.metrics.pending.labels(state="in_flight").set(in_flight)
+        try:
+            self._room(keys=[self.keys.due])
+        except redis.exceptions.OutOfMemoryError as e:
+            raise RedisFull(str(e)) from e
+        if self._intake_refused:
+            raise RedisFull("intake's last write was refused for memory")
