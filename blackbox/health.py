@@ -1,10 +1,13 @@
 """Health: whether this replica can do its work, from probes of Redis and the broker.
 
-A thread probes each dependency every few seconds (Redis PING; a metadata request for the
-intake topic). The replica is ready while both answer, its firing clock ticks and no worker
-thread has died; it is live while the clock ticks (a tick completed within `stall_seconds`)
-and no worker thread has died. Every change is logged once and exported as
-`blackbox_up{dependency}` and `blackbox_ready`.
+A thread probes each dependency every few seconds (Redis: its memory, and whether it has
+room for intake; Kafka: a metadata request for the intake topic). A dependency is `up`,
+`full` (it answers but refuses intake's writes for memory: firing still drains it) or down
+with the error. The replica is ready while every dependency is up, its firing clock ticks
+and no worker thread has died; it is live while the clock ticks (a tick completed within
+`stall_seconds`) and no worker thread has died. Every change is logged once
+(`dependency_up`, `dependency_full`, `dependency_down`) and exported as
+`blackbox_up{dependency}` (1 while it answers, full or not) and `blackbox_ready`.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from collections.abc import Callable, Mapping
 import structlog
 from prometheus_client import Gauge
 
+from blackbox.errors import RedisFull
 from blackbox.metrics import Metrics
 
 log = structlog.get_logger("blackbox.health")
 
 Probe = Callable[[], None]
+UP, FULL, DOWN = "up", "full", "down"
 
 
 class Health:
@@ -32,7 +37,7 @@ class Health:
         self.probes = dict(probes)
         self.stall_seconds = stall_seconds
         self._last_beat = time.monotonic()
-        self.up = dict.fromkeys(self.probes, False)
+        self.states = dict.fromkeys(self.probes, DOWN)
         self.errors: dict[str, str] = {}
         self.crashed = False
         self._up_gauge = Gauge("blackbox_up", "1 while a dependency answers its probe.",
@@ -42,7 +47,7 @@ class Health:
 
     @property
     def ready(self) -> bool:
-        return all(self.up.values()) and self.live
+        return all(state == UP for state in self.states.values()) and self.live
 
     @property
     def live(self) -> bool:
@@ -64,7 +69,8 @@ class Health:
             "live": self.live,
             "clock": "stalled" if self.stalled else "ticking",
             "dependencies": {
-                name: "up" if up else self.errors.get(name, "down") for name, up in self.up.items()
+                name: self.errors.get(name, DOWN) if state == DOWN else state
+                for name, state in self.states.items()
             },
         }
 
@@ -74,10 +80,12 @@ class Health:
         for name, probe in self.probes.items():
             try:
                 probe()
+            except RedisFull as e:
+                self._mark(name, FULL, error=str(e))
             except Exception as e:  # noqa: BLE001 - any failure means "not answering"
-                self._mark(name, up=False, error=f"{type(e).__name__}: {e}")
+                self._mark(name, DOWN, error=f"{type(e).__name__}: {e}")
             else:
-                self._mark(name, up=True)
+                self._mark(name, UP)
         self._ready_gauge.set(1 if self.ready else 0)
         if self.ready != was_ready:
             log.info("ready" if self.ready else "not_ready", **self.report())
@@ -92,11 +100,11 @@ class Health:
             self.probe_all()
             stop.wait(interval)
 
-    def _mark(self, name: str, *, up: bool, error: str = "") -> None:
-        if self.up[name] != up:
-            level = log.info if up else log.warning
-            level("dependency_up" if up else "dependency_down", dependency=name, error=error)
-        self.up[name] = up
+    def _mark(self, name: str, state: str, error: str = "") -> None:
+        if self.states[name] != state:
+            level = log.info if state == UP else log.warning
+            level(f"dependency_{state}", dependency=name, error=error)
+        self.states[name] = state
         if error:
             self.errors[name] = error[:300]
-        self._up_gauge.labels(dependency=name).set(1 if up else 0)
+        self._up_gauge.labels(dependency=name).set(0 if state == DOWN else 1)

@@ -152,9 +152,11 @@ class Intake:
         *,
         incarnations: Incarnations,
         on_scheduled: Callable[[int], None] = lambda _due_ms: None,
+        on_refused_for_memory: Callable[[bool], None] = lambda _refused: None,
     ) -> None:
         self.on_scheduled = on_scheduled
         self.incarnations = incarnations
+        self.on_refused_for_memory = on_refused_for_memory
         self.consumer = consumer
         self.store = store
         self.outbox = outbox
@@ -187,7 +189,10 @@ class Intake:
         try:
             self.handle(records, stop)
             self.backoff.reset()
+            self.on_refused_for_memory(False)
         except (redis.RedisError, KafkaException, DeadLetterUnavailable) as e:
+            # A full Redis refuses intake's writes until firing has freed room.
+            self.on_refused_for_memory(isinstance(e, redis.exceptions.OutOfMemoryError))
             dependency = "redis" if isinstance(e, redis.RedisError) else "kafka"
             self.metrics.dependency_errors.labels(dependency=dependency).inc()
             delay = self.backoff.next()

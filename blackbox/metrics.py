@@ -6,7 +6,7 @@ tests and several services in one process do not share counts.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from blackbox.errors import DeadLetterReason
 
@@ -68,6 +68,22 @@ class Metrics:
         self.events_dropped = Counter(
             "blackbox_events_dropped",
             "Answers that never reached the events topic (refused, or pending at stop); logged.",
+            registry=self.registry,
+        )
+        self.redis_used_memory = Gauge(
+            "blackbox_redis_used_memory_bytes",
+            "Memory Redis uses (INFO used_memory), read by the readiness probe.",
+            registry=self.registry,
+        )
+        self.redis_maxmemory = Gauge(
+            "blackbox_redis_maxmemory_bytes",
+            "Redis's maxmemory: past it intake waits while firing drains; 0 means no limit.",
+            registry=self.registry,
+        )
+        self.pending = Gauge(
+            "blackbox_pending_messages",
+            "Schedules in Redis, by state (due: in the set by due time; in_flight: leased).",
+            ["state"],
             registry=self.registry,
         )
         for reason in DeadLetterReason:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from structlog.testing import capture_logs
+
+from blackbox.errors import RedisFull
 from blackbox.health import Health
 from blackbox.metrics import Metrics
 
@@ -63,3 +66,31 @@ def test_a_stopped_firing_clock_makes_it_not_live() -> None:
     assert (ticking.live, ticking.ready) == (True, True)
     assert (stalled.live, stalled.ready) == (False, False)
     assert stalled.report()["clock"] == "stalled"
+
+
+def test_a_full_redis_makes_it_not_ready_says_full_and_logs_each_change_once() -> None:
+    """A Redis refusing intake's writes for memory answers, but is not ready for intake:
+    /ready says `full`, and the log tells each change once, not at every probe."""
+    state = {"full": True}
+
+    def redis_probe() -> None:
+        if state["full"]:
+            raise RedisFull("command not allowed when used memory > 'maxmemory'")
+
+    metrics = Metrics()
+    health = Health({"redis": redis_probe, "kafka": _answering}, metrics)
+    with capture_logs() as logs:
+        health.probe_all()
+        health.probe_all()
+        report = health.report()
+        state["full"] = False
+        health.probe_all()
+        health.probe_all()
+
+    assert report["ready"] is False
+    assert report["dependencies"] == {"redis": "full", "kafka": "up"}
+    assert metrics.value("blackbox_up", {"dependency": "redis"}) == 1  # it answers
+    events = [e["event"] for e in logs if e["event"].startswith("dependency_")]
+    assert events == ["dependency_full", "dependency_up", "dependency_up"]
+    assert [e["dependency"] for e in logs if e["event"] == "dependency_up"] == ["kafka", "redis"]
+    assert health.ready
