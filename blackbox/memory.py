@@ -65,11 +65,11 @@ class Room:
         self.metrics = metrics
         text = resources.files("blackbox").joinpath("lua", "room.lua").read_text("utf-8")
         self._room = client.register_script(text)
-        self._intake_refused = False
+        self.intake_waiting = False  # intake's last write was refused for memory
 
     def intake_refused(self, refused: bool) -> None:
         """Intake's last write was refused for memory (True), or went through (False)."""
-        self._intake_refused = refused
+        self.intake_waiting = refused
 
     def probe(self) -> None:
         """Export Redis's memory and the pending counts; raise RedisFull if Redis has no
@@ -87,5 +87,5 @@ class Room:
             self._room(keys=[self.keys.due])
         except redis.exceptions.OutOfMemoryError as e:
             raise RedisFull(str(e)) from e
-        if self._intake_refused:
+        if self.intake_waiting:
             raise RedisFull("intake's last write was refused for memory")
