@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from blackbox.keys import Keys
-from blackbox.localstack import RedisServer, TansuBroker, free_port
+from blackbox.localstack import KafkaBroker, RedisServer, free_port
 from blackbox.service import Service
 from tests.integration.conftest import ReaderFactory, ServiceFactory, service_env
 from tests.kafkatools import envelope, produce, unique, wait_until
@@ -37,7 +37,7 @@ def small_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def env(small_redis: RedisServer, broker: TansuBroker) -> dict[str, str]:
+def env(small_redis: RedisServer, broker: KafkaBroker) -> dict[str, str]:
     """The service's environment, on the small Redis (start_service uses it)."""
     return service_env(small_redis.url, broker.bootstrap)
 
