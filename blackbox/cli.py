@@ -1,6 +1,7 @@
 """The `blackbox` command.
 
-Exit codes: 0 success; 1 the service or a send failed at run time; 2 bad usage or settings.
+Exit codes: 0 success; 1 the service or a send failed at run time; 2 bad usage or settings,
+or a Redis that may evict keys (its maxmemory-policy is not noeviction).
 """
 
 from __future__ import annotations
