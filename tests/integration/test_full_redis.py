@@ -9,8 +9,11 @@ import pytest
 import redis
 
 from blackbox.clock import now_ms
+from blackbox.errors import RedisFull
 from blackbox.keys import Keys
 from blackbox.localstack import RedisServer, free_port
+from blackbox.memory import Room
+from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule, intake_id
 from blackbox.store import IntakeSlice, RedisStore
 from tests.kafkatools import unique
@@ -124,3 +127,24 @@ def test_acks_free_a_full_redis_and_intake_resumes(store: RedisStore) -> None:
     assert resumed
     assert 0 < acked < pending
     assert _pending(store) == pending - acked + 1
+
+
+def test_the_readiness_probe_says_full_exactly_while_intake_would_be_refused(
+    store: RedisStore,
+) -> None:
+    """/ready's Redis probe: a script that writes nothing yet may write is refused, before it
+    runs, exactly when the intake script is; the probe then raises RedisFull, and exports
+    Redis's memory and what is pending either way."""
+    metrics = Metrics()
+    room = Room(store.client, store.keys, metrics)
+    room.probe()
+    pending = Filler(store).until_full()
+
+    with pytest.raises(RedisFull):
+        room.probe()
+
+    assert metrics.value("blackbox_pending_messages", {"state": "due"}) == pending
+    used = metrics.value("blackbox_redis_used_memory_bytes")
+    assert used > metrics.value("blackbox_redis_maxmemory_bytes") > 0
+    store.client.config_set("maxmemory", "0")
+    room.probe()
