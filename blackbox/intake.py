@@ -111,7 +111,9 @@ class _Batch:
         """Per partition, the offset to commit: one past the last record handled."""
         return [TopicPartition(t, p, last + 1) for (t, p), last in self.last_offsets.items()]
 
-    def applied(self, codes: Sequence[Applied]) -> Iterator[tuple[Coordinates, Write, Applied]]:
+    def applied(
+        self, codes: Sequence[Applied | None]
+    ) -> Iterator[tuple[Coordinates, Write, Applied | None]]:
         """Each request with where it came from and what applying it did."""
         for (coordinates, write), code in zip(self.sent, codes, strict=True):
             yield coordinates, write, code
@@ -234,8 +236,9 @@ class Intake:
         while the next is parsed. A part's dead letters go first: its Redis write moves
         the partition watermark past every record parsed so far.
 
-        If the dead-letter topic refuses, the parts sent before are answered before the
-        error goes up: re-read after the rewind, they are skipped as applied already.
+        If the dead-letter topic refuses, or Redis refuses a part for memory, the parts
+        applied before are answered before the error goes up: re-read after the rewind,
+        they are skipped as applied already.
         """
         with self.store.applying(now) as applying:
             for start in range(0, len(records), PART_RECORDS):
@@ -248,23 +251,28 @@ class Intake:
                     raise
                 batch.all_landed()
                 applying.send(batch.take_slices())
-            return applying.codes()
+            try:
+                return applying.codes()
+            except redis.exceptions.OutOfMemoryError:
+                # Redis filled up part way: answer the parts that ran (a re-read skips them).
+                self._answer(batch, applying.partial, now, stop, offsets=[])
+                raise
 
     def _answer(
-        self, batch: _Batch, codes: Sequence[Applied], now: int, stop: threading.Event,
+        self, batch: _Batch, codes: Sequence[Applied | None], now: int, stop: threading.Event,
         offsets: list[TopicPartition],
     ) -> None:  # fmt: skip
         """Count what applying did, wake the dispatcher for the soonest due time, and answer
-        each request applied and each refusal dead-lettered; `offsets` are stored for
-        commit once the answers land."""
+        each request applied (None: not applied) and each refusal dead-lettered; `offsets`
+        are stored for commit once the answers land."""
         events, earliest = batch.refusals[: batch.landed], None
         for coordinates, write, code in batch.applied(codes):
-            if code is Applied.REPLAYED:
+            if code is None or code is Applied.REPLAYED:
                 continue
             events.append(_event(coordinates, write, code))
             if isinstance(write, Schedule) and code in (Applied.SCHEDULED, Applied.UPDATED):
                 earliest = write.due_ms if earliest is None else min(earliest, write.due_ms)
-        for code, count in Counter(codes).items():
+        for code, count in Counter(c for c in codes if c is not None).items():
             self.metrics.intake_records.labels(outcome=_label(code)).inc(count)
         self.metrics.intake_records.labels(outcome="dead_lettered").inc(batch.landed)
         if earliest is not None:  # before waiting for the last poll's answers

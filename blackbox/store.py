@@ -135,8 +135,12 @@ class Applying:
         self._connection = connection
         self._now_ms = now_ms
         self._calls: list[list[Any]] = []
+        self._sizes: list[int] = []  # per call sent by send(): how many requests it carries
         self._marks: dict[str, int] = {}  # per partition: the watermark of the last call
         self._unread = 0
+        # Once a call was refused for memory: per request, its code, or None where its call
+        # was refused (see codes()).
+        self.partial: list[Applied | None] = []
 
     @property
     def unread(self) -> int:
@@ -149,6 +153,7 @@ class Applying:
         for part in slices:
             for chunk, after, mark in part.chunks(self._marks.get(part.field, -1)):
                 calls.append(self._store._intake_call(part, chunk, after, mark, self._now_ms))
+                self._sizes.append(len(chunk))
                 self._marks[part.field] = mark
         self.send_calls(calls)
 
@@ -162,7 +167,12 @@ class Applying:
     def codes(self) -> list[Applied]:
         """What each request sent did, in the order sent. If Redis lost its script cache (a
         restart), the call that met it ran nothing and the chunks after it in its partition
-        refuse to run: the script is loaded again and the calls resent from that one on."""
+        refuse to run: the script is loaded again and the calls resent from that one on.
+
+        A Redis over `maxmemory` refuses a call whole (OutOfMemoryError, raised): the calls
+        before it, and those of other partitions, may have run. `partial` then tells each
+        request's code, None for those refused, so what ran can be answered: a re-read
+        would skip it as applied already."""
         replies: list[list[int]] = []
         try:
             self._read_into(replies)
@@ -171,7 +181,27 @@ class Applying:
             self._unread = 0
             self._store.client.script_load(self._store._intake.script)
             replies += self._store._run_intake(self._calls[len(replies) :])
+        except redis.exceptions.OutOfMemoryError:
+            self.partial = self._after_refusal(replies)
+            raise
         return [_APPLIED[code] for codes in replies for code in codes]
+
+    def _after_refusal(self, replies: list[list[int]]) -> list[Applied | None]:
+        """Read the replies left after a refused call (None for each refused one) and give
+        every request its code, None where its call was refused."""
+        self._unread -= 1  # the refused call's reply was read
+        read: list[list[int] | None] = [*replies, None]
+        while self._unread:
+            self._unread -= 1
+            try:
+                read.append(self._connection.read_response())
+            except redis.ResponseError:  # refused too, or waiting for a refused one (a gap)
+                read.append(None)
+        return [
+            code
+            for reply, size in zip(read, self._sizes, strict=True)
+            for code in ([None] * size if reply is None else [_APPLIED[c] for c in reply])
+        ]
 
     def replies(self) -> list[list[int]]:
         """The raw replies of the calls sent, in order."""

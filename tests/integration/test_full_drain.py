@@ -19,7 +19,7 @@ from blackbox.keys import Keys
 from blackbox.localstack import KafkaBroker, RedisServer, free_port
 from blackbox.service import Service
 from tests.integration.conftest import ReaderFactory, ServiceFactory, service_env
-from tests.kafkatools import envelope, produce, unique, wait_until
+from tests.kafkatools import Received, envelope, produce, unique, wait_until
 
 MAXMEMORY = "4mb"
 MESSAGES = 12_000
@@ -94,13 +94,20 @@ class Watch:
         )
 
 
+def _scheduled(events: list[Received]) -> set[int]:
+    """The intake offsets of the `scheduled` answers among `events`."""
+    documents = (orjson.loads(e.value or b"") for e in events)
+    return {d["intake"]["offset"] for d in documents if d["outcome"] == "scheduled"}
+
+
 def test_a_full_redis_drains_itself_and_intake_resumes(
     start_service: ServiceFactory, reader: ReaderFactory, small_redis: RedisServer
 ) -> None:
     """Issue: firing stalled on a full Redis (the claim and the ack were refused for
     memory) and /ready said nothing. Now: more messages than Redis holds, each due 3 s
     after it was sent; intake waits while full, every message is delivered, duplicates
-    only where a lease ran out (blackbox-attempt > 1), and intake resumes by itself."""
+    only where a lease ran out (blackbox-attempt > 1), intake resumes by itself, and every
+    request gets its `scheduled` answer (none lost to a poll refused part way)."""
     service = start_service(BLACKBOX_HEALTH_INTERVAL="0.2")
     target = unique("orders")
     bootstrap = service.settings.kafka["bootstrap.servers"]
@@ -137,4 +144,8 @@ def test_a_full_redis_drains_itself_and_intake_resumes(
     assert figures.delivered_while_full > 0
     assert figures.ready_said_full
     assert not service.room.intake_waiting
+    answered = reader(service.settings.events_topic).wait_for(
+        lambda records: len(_scheduled(records)) > MESSAGES, timeout=15
+    )
+    assert len(_scheduled(answered)) == MESSAGES + 1  # each answered once, the warm-up too
     assert service.metrics.value("blackbox_redis_maxmemory_bytes") == 4 * 1024 * 1024

@@ -15,8 +15,8 @@ from blackbox.localstack import RedisServer, free_port
 from blackbox.memory import Room
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule, intake_id
-from blackbox.store import IntakeSlice, RedisStore
-from tests.kafkatools import unique
+from blackbox.store import Applied, IntakeSlice, RedisStore, Write
+from tests.kafkatools import unique, wait_until
 
 FULL_AT = {"maxmemory": "2mb", "maxmemory-policy": "noeviction"}
 PART = 200
@@ -148,3 +148,27 @@ def test_the_readiness_probe_says_full_exactly_while_intake_would_be_refused(
     assert used > metrics.value("blackbox_redis_maxmemory_bytes") > 0
     store.client.config_set("maxmemory", "0")
     room.probe()
+
+
+def test_a_poll_refused_part_way_tells_which_requests_ran(store: RedisStore) -> None:
+    """Guarantee 1 for answers: when Redis fills up between two parts of one poll, the
+    requests of the part that ran keep their codes (intake answers them: a re-read skips
+    them as applied) and those of the refused part are None."""
+    now = now_ms()
+    items: list[tuple[int, Write]] = [
+        (n, Schedule(intake_id("other", 0, n), "t", b"x" * 100, now + 60_000))
+        for n in range(2 * PART)
+    ]
+
+    with store.applying(now) as applying:
+        applying.send([IntakeSlice("other", 0, PART - 1, items[:PART])])
+        wait_until(lambda: store.client.zcard(store.keys.due) == PART, timeout=10)
+        used = int(store.client.info("memory")["used_memory"])
+        store.client.config_set("maxmemory", used - OVER_BYTES)  # full before the next part
+        applying.send([IntakeSlice("other", 0, 2 * PART - 1, items[PART:])])
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            applying.codes()
+        partial = applying.partial
+
+    assert partial == [Applied.SCHEDULED] * PART + [None] * PART
+    assert store.client.hget(store.keys.intake_marks, "other:0") == str(PART - 1).encode()
