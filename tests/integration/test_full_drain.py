@@ -25,6 +25,7 @@ MAXMEMORY = "4mb"
 MESSAGES = 12_000
 COUNTDOWN_S = 3
 DEADLINE_S = 45
+OVER_BYTES = 128 * 1024
 
 
 @pytest.fixture
@@ -58,12 +59,18 @@ class Figures:
 @dataclass
 class Watch:
     """What the service said every 20 ms: whether intake waited for memory, what /ready
-    said of Redis, how many it had delivered, and how many were pending."""
+    said of Redis, how many it had delivered, and how many were pending.
+
+    At intake's first refusal it sets `maxmemory` OVER_BYTES below what Redis uses, so the
+    data itself is over the limit, as in the issue (its intake script, without a shebang,
+    wrote on past the limit once started; ours is refused whole, and the refusal may come
+    from a call's own request buffers)."""
 
     service: Service
     client: redis.Redis
     samples: list[tuple[float, bool, str, float, int]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
+    limit: int = 0  # the maxmemory set at the first refusal
 
     def run(self) -> None:
         keys = Keys(self.service.settings.namespace)
@@ -73,6 +80,9 @@ class Watch:
             state = self.service.health.states["redis"]
             waiting = self.service.room.intake_waiting
             self.samples.append((time.monotonic(), waiting, state, delivered, pending))
+            if waiting and not self.limit:
+                self.limit = int(self.client.info("memory")["used_memory"]) - OVER_BYTES
+                self.client.config_set("maxmemory", self.limit)
 
     def figures(self) -> Figures:
         waiting = [s for s in self.samples if s[1]]
@@ -133,7 +143,8 @@ def test_a_full_redis_drains_itself_and_intake_resumes(
     client.close()
 
     figures = watch.figures()
-    shown = {"messages": MESSAGES, "maxmemory": MAXMEMORY, "copies_beyond_one":
+    shown = {"messages": MESSAGES, "maxmemory": MAXMEMORY, "lowered_to": watch.limit,
+             "copies_beyond_one":
              len(got) - len({r.value for r in got}), "seconds_all_delivered": round(seconds, 2),
              **asdict(figures)}  # fmt: skip
     print(orjson.dumps(shown).decode())  # noqa: T201 - the figures the docs quote
@@ -148,4 +159,4 @@ def test_a_full_redis_drains_itself_and_intake_resumes(
         lambda records: len(_scheduled(records)) > MESSAGES, timeout=15
     )
     assert len(_scheduled(answered)) == MESSAGES + 1  # each answered once, the warm-up too
-    assert service.metrics.value("blackbox_redis_maxmemory_bytes") == 4 * 1024 * 1024
+    assert service.metrics.value("blackbox_redis_maxmemory_bytes") == watch.limit
