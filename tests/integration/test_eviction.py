@@ -52,8 +52,13 @@ def test_the_service_refuses_an_evicting_redis_with_exit_code_2(
     """Guarantee 1: Redis with maxmemory-policy volatile-lru may evict payloads (they all
     carry a TTL), so `blackbox run` stops at start with exit code 2 and says what to set."""
     process = BlackboxProcess(_env(evicting_redis.url), tmp_path / "run.log", "run")
+    try:
+        code = process.wait(timeout=30)
+    finally:
+        if process.process.poll() is None:  # it did not stop: end it, the test fails
+            process.kill()
 
-    assert process.wait(timeout=30) == 2
+    assert code == 2
     output = process.output()
     assert "maxmemory-policy is volatile-lru" in output
     assert "noeviction" in output
