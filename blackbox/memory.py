@@ -86,6 +86,8 @@ class Room:
         try:
             self._room(keys=[self.keys.due])
         except redis.exceptions.OutOfMemoryError as e:
+            self.metrics.redis_full.set(1)
             raise RedisFull(str(e)) from e
+        self.metrics.redis_full.set(1 if self.intake_waiting else 0)
         if self.intake_waiting:
             raise RedisFull("intake's last write was refused for memory")

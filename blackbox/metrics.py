@@ -80,6 +80,12 @@ class Metrics:
             "Redis's maxmemory: past it intake waits while firing drains; 0 means no limit.",
             registry=self.registry,
         )
+        self.redis_full = Gauge(
+            "blackbox_redis_full",
+            "1 while Redis refuses intake's writes for memory (over maxmemory): intake waits, "
+            "firing drains it.",
+            registry=self.registry,
+        )
         self.pending = Gauge(
             "blackbox_pending_messages",
             "Schedules in Redis, by state (due: in the set by due time; in_flight: leased).",

@@ -146,8 +146,10 @@ def test_the_readiness_probe_says_full_exactly_while_intake_would_be_refused(
     assert metrics.value("blackbox_pending_messages", {"state": "due"}) == pending
     used = metrics.value("blackbox_redis_used_memory_bytes")
     assert used > metrics.value("blackbox_redis_maxmemory_bytes") > 0
+    assert metrics.value("blackbox_redis_full") == 1
     store.client.config_set("maxmemory", "0")
     room.probe()
+    assert metrics.value("blackbox_redis_full") == 0
 
 
 def test_a_poll_refused_part_way_tells_which_requests_ran(store: RedisStore) -> None:

@@ -14,6 +14,8 @@ groups:
           (blackbox_ready == 0)
             and on (job, instance)
           (min by (job, instance) (blackbox_up) == 1)
+            unless on (job, instance)
+          (blackbox_redis_full == 1)
         for: {{ $a.stalledFor }}
         labels:
           severity: critical
@@ -28,6 +30,25 @@ groups:
         annotations:
           summary: "blackbox {{ "{{" }} $labels.instance {{ "}}" }} cannot reach {{ "{{" }} $labels.dependency {{ "}}" }}"
           description: "Intake is paused and firing backs off until {{ "{{" }} $labels.dependency {{ "}}" }} answers again; nothing is lost, due messages fire late."
+      - alert: BlackboxRedisMemoryHigh
+        expr: |
+          max by (job) (
+            blackbox_redis_used_memory_bytes / (blackbox_redis_maxmemory_bytes > 0)
+          ) > {{ $a.redisMemoryShare }}
+        for: {{ $a.redisMemoryFor }}
+        labels:
+          severity: warning
+        annotations:
+          summary: "blackbox's Redis uses {{ "{{" }} $value | humanizePercentage {{ "}}" }} of its maxmemory"
+          description: "Past maxmemory Redis refuses new schedules: intake waits (records stay in the intake topic) until firing frees room. Raise maxmemory before then; messages due far ahead free nothing."
+      - alert: BlackboxRedisFull
+        expr: max by (job) (blackbox_redis_full) == 1
+        for: {{ $a.redisFullFor }}
+        labels:
+          severity: critical
+        annotations:
+          summary: "blackbox's Redis is over maxmemory: intake waits"
+          description: "Redis refuses intake's writes for memory. Firing goes on and drains it as messages fall due, and intake resumes by itself; if the pending messages are due far ahead, only more maxmemory lets intake go on."
       - alert: BlackboxLatenessHigh
         expr: |
           histogram_quantile(0.99,
