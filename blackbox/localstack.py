@@ -250,8 +250,14 @@ def broker_properties(port: int, controller_port: int, log_dir: Path) -> str:
 
 
 def cluster_id() -> str:
-    """A new Kafka cluster id: 16 random bytes, URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A new Kafka cluster id: 16 random bytes, URL-safe base64 without padding, never
+    starting with '-' (the storage tool would read it as an option; Kafka's own
+    Uuid.randomUuid draws again for the same reason)."""
+    for _ in range(100):
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+    raise StackError("could not draw a Kafka cluster id")
 
 
 def wait_for_metadata(bootstrap: str, timeout: float) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from blackbox.devstack import DevOptions, DevStack, state_root
 from blackbox.errors import StackError
-from blackbox.localstack import KafkaBroker, RedisServer, TansuBroker, free_port
+from blackbox.localstack import KafkaBroker, RedisServer, TansuBroker, cluster_id, free_port
 
 
 @pytest.fixture
@@ -89,3 +89,12 @@ def test_a_redis_port_in_use_names_redis_url(tmp_path: Path, taken_port: int) ->
 
     with pytest.raises(StackError, match=f"REDIS_URL=redis://127.0.0.1:{taken_port}/0"):
         stack.start()
+
+
+def test_cluster_ids_never_start_with_a_dash() -> None:
+    """kafka-storage format reads `-t -abc…` as an option: one id in 64 would fail."""
+    ids = [cluster_id() for _ in range(2000)]
+
+    assert not any(i.startswith("-") for i in ids)
+    assert all(len(i) == 22 for i in ids)
+    assert len(set(ids)) == 2000
