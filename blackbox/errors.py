@@ -68,3 +68,11 @@ class EvictingRedis(SettingsError):
 
 class RedisFull(BlackboxError):
     """Redis refuses writes for memory (over `maxmemory`): intake waits, firing drains it."""
+
+
+class ConcurrentUpdate(BlackboxError):
+    """A schedule kept changing under an operation that compares and sets it; try again."""
+
+
+class BadCursor(BlackboxError):
+    """A listing cursor that this service did not hand out (or that was altered)."""

@@ -48,7 +48,7 @@ FINAL_ANSWER_SECONDS = 3.0
 # part while the next is parsed, large enough that a script call carries many.
 PART_RECORDS = 100
 
-_OUTCOMES = {
+OUTCOMES = {
     Applied.SCHEDULED: Outcome.SCHEDULED,
     Applied.UPDATED: Outcome.UPDATED,
     Applied.CANCELLED: Outcome.CANCELLED,
@@ -425,9 +425,9 @@ def _label(code: Applied) -> str:
 
 def _event(coordinates: Coordinates, write: Write, code: Applied) -> Event:
     if isinstance(write, Cancellation):
-        return Event.of_stored(_OUTCOMES[code], write.id, None, intake=coordinates)
+        return Event.of_stored(OUTCOMES[code], write.id, None, intake=coordinates)
     return Event.of_stored(
-        _OUTCOMES[code], write.id, write.caller,
+        OUTCOMES[code], write.id, write.caller,
         due_ms=write.due_ms, topic=write.topic, intake=coordinates,
     )  # fmt: skip
 

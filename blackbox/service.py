@@ -20,7 +20,7 @@ import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 from confluent_kafka import KafkaException, Producer
 
-from blackbox import kafka, memory, policy
+from blackbox import api, kafka, memory, policy
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
 from blackbox.dispatcher import Dispatcher, RetryPolicy
@@ -146,8 +146,11 @@ class Service:
         return self.exit_code != 0
 
     def _endpoints(self, settings: Settings) -> Endpoints:
+        """The HTTP server: health, metrics, the API and its page."""
+        backend = api.backend_of(settings, self.store, self.health, self.metrics, self._scheduled)
         try:
-            return Endpoints(settings.http_host, settings.http_port or 0, self.health, self.metrics)
+            return Endpoints(settings.http_host, settings.http_port or 0,
+                             api.create_app(backend), backend.close)  # fmt: skip
         except OSError as e:
             raise SettingsError(
                 f"BLACKBOX_HTTP_PORT={settings.http_port} cannot be served on "

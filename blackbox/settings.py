@@ -23,6 +23,7 @@ _SECRET_WORDS = ("password", "secret", "key", "token")
 _MASK = "********"
 MAX_COUNTDOWN_LIMIT = ABSOLUTE_MAX_COUNTDOWN_SECONDS
 MIN_TIMEOUT = 0.01
+MIN_TOKEN_CHARS = 16
 
 
 def _positive_float(text: str) -> float:
@@ -96,6 +97,12 @@ def _flag(text: str) -> bool:
     return word in _TRUE
 
 
+def _token(text: str) -> str:
+    if text and len(text) < MIN_TOKEN_CHARS:
+        raise ValueError(f"must be empty (no token) or at least {MIN_TOKEN_CHARS} characters")
+    return text
+
+
 def _choice(*options: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in options:
@@ -157,6 +164,12 @@ VARIABLES: tuple[Var, ...] = (
         "address of the /live, /ready and /metrics endpoints"),
     Var("BLACKBOX_HTTP_PORT", "http_port", _port, "8080",
         "port of those endpoints; 0 picks a free one, 'off' serves none"),
+    Var("BLACKBOX_API_TOKEN", "api_token", _token, "",
+        "bearer token of the HTTP API (16+ characters); empty: none, mutations refused"),
+    Var("BLACKBOX_API_READS", "api_reads", _choice("open", "token"), "token",
+        "open: anyone reaching the port may read schedules; token: reads need the token too"),
+    Var("BLACKBOX_API_DEV_OPEN", "api_dev_open", _flag, "false",
+        "local development only: without a token, allow every API call (`blackbox dev`)"),
     Var("BLACKBOX_HEALTH_INTERVAL", "health_interval", _positive_float, "2",
         "seconds between probes of Redis and the broker (readiness)"),
     Var("BLACKBOX_LOG_FORMAT", "log_format", _choice("auto", "json", "console"), "auto",
@@ -192,6 +205,9 @@ class Settings:
     fired_retention: int
     http_host: str
     http_port: int | None
+    api_token: str
+    api_reads: str
+    api_dev_open: bool
     health_interval: float
     log_format: str
     log_level: str
@@ -232,6 +248,7 @@ class Settings:
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in fields(self)}
         shown["redis_url"] = mask_url(self.redis_url)
+        shown["api_token"] = _MASK if self.api_token else ""
         for name in ("kafka", "kafka_consumer", "kafka_producer"):
             shown[name] = {k: _MASK if _is_secret(k) else v for k, v in shown[name].items()}
         return f"Settings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"

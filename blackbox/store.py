@@ -18,11 +18,15 @@ from typing import Any
 import hiredis
 import redis
 
+from blackbox.errors import ConcurrentUpdate
 from blackbox.keys import Keys
 from blackbox.schedule import SCOPED_PREFIX, Schedule
 
 # Bounds the work of one script call so Redis never blocks on one huge batch.
 SCRIPT_CHUNK = 500
+# Tries of a reschedule whose payload an intake update replaced between read and write.
+RESCHEDULE_TRIES = 3
+RESCHEDULE_CHANGED = 6  # reschedule.lua: the payload changed since it was read
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +110,14 @@ class Claim:
     loaded: list[Loaded] = field(default_factory=list)  # per id, in the same order
 
 
-def _script(client: redis.Redis, name: str) -> Any:
-    text = resources.files("blackbox").joinpath("lua", f"{name}.lua").read_text("utf-8")
-    return client.register_script(text)
+def _lua(name: str) -> str:
+    return resources.files("blackbox").joinpath("lua", f"{name}.lua").read_text("utf-8")
+
+
+def _script(client: redis.Redis, name: str, *, shared: bool = False) -> Any:
+    """Register a script; `shared` puts pending.lua's functions in front of it."""
+    text = _lua(name)
+    return client.register_script(_lua("pending") + text if shared else text)
 
 
 def _chunks(items: Sequence[Any], size: int = SCRIPT_CHUNK) -> Iterator[Sequence[Any]]:
@@ -229,7 +238,7 @@ class RedisStore:
         self.keys = keys
         self.grace_seconds = grace_seconds
         self.ended_retention_seconds = ended_retention_seconds
-        self._intake = _script(client, "intake")
+        self._intake = _script(client, "intake", shared=True)
         # Lua measures strings in bytes: the tag's length to cut an id from its payload key.
         self._tag_bytes = len(keys.tag.encode("utf-8"))
         self._claim = _script(client, "claim")
@@ -237,6 +246,8 @@ class RedisStore:
         self._retry = _script(client, "retry")
         self._release = _script(client, "release")
         self._reclaim = _script(client, "reclaim")
+        self._cancel = _script(client, "cancel", shared=True)
+        self._reschedule = _script(client, "reschedule", shared=True)
 
     def apply(self, slices: Sequence[IntakeSlice], now_ms: int) -> list[Applied]:
         """Apply what each intake slice holds that is new (replays are no-ops).
@@ -363,3 +374,35 @@ class RedisStore:
         pipe.zcard(self.keys.in_flight)
         due, in_flight = pipe.execute()
         return int(due), int(in_flight)
+
+    def load(self, schedule_id: str) -> Schedule | None:
+        """The stored schedule of a pending id (due or in flight), None when there is none."""
+        raw: bytes | None = self.client.get(self.keys.payload(schedule_id))  # type: ignore[assignment]
+        return None if raw is None else Schedule.decode(schedule_id, raw)
+
+    def cancel(self, schedule_id: str) -> Applied:
+        """Cancel one id as an intake cancel record would (the same Lua function):
+        CANCELLED, ALREADY_FIRED or NOT_FOUND."""
+        keys = [self.keys.due, self.keys.in_flight, self.keys.attempts,
+                self.keys.payload(schedule_id), self.keys.ended(schedule_id)]  # fmt: skip
+        args = [schedule_id, self.ended_retention_seconds]
+        return _APPLIED[int(self._cancel(keys=keys, args=args))]
+
+    def reschedule(
+        self, schedule_id: str, due_ms: int, now_ms: int
+    ) -> tuple[Applied, Schedule | None]:
+        """Move a pending id to `due_ms`: UPDATED with the schedule as now stored; else
+        ALREADY_FIRED (in flight or fired), CANCELLED or NOT_FOUND, with None."""
+        keys = [self.keys.due, self.keys.in_flight, self.keys.payload(schedule_id),
+                self.keys.ended(schedule_id)]  # fmt: skip
+        ttl = max(0, math.ceil((due_ms - now_ms) / 1000)) + self.grace_seconds
+        for _ in range(RESCHEDULE_TRIES):
+            raw: bytes = self.client.get(keys[2]) or b""  # type: ignore[assignment]
+            moved = Schedule.decode(schedule_id, raw) if raw else None
+            if moved is not None:
+                moved.due_ms = due_ms
+            new = b"" if moved is None else moved.encode()
+            code = int(self._reschedule(keys=keys, args=[schedule_id, due_ms, raw, new, ttl]))
+            if code != RESCHEDULE_CHANGED:
+                return _APPLIED[code], moved if code == Applied.UPDATED else None
+        raise ConcurrentUpdate(f"{schedule_id!r} changed {RESCHEDULE_TRIES} times while moved")

@@ -34,6 +34,7 @@
 -- while it is being produced is queued as a new schedule, not lost; the dispatcher skips
 -- a claimed id whose payload turns out cancelled ("c").
 -- Plain requests pass one key and five arguments: they are most of the traffic.
+-- ended_code() and cancel() come from pending.lua, which the store loads in front of this.
 local mark = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '-1')
 if mark < tonumber(ARGV[5]) then
   return redis.error_reply('BLACKBOX_GAP the previous chunk of ' .. ARGV[1] .. ' was not applied')
@@ -51,27 +52,7 @@ local function upsert(payload_key, marker_key, id, due, ttl, payload)
   return 1
 end
 
--- How an id that is not pending ended, read only: 3 cancelled, 4 fired or firing, 5 unknown.
-local function ended_code(marker_key, id)
-  if redis.call('ZSCORE', KEYS[2], id) then return 4 end
-  local ended = redis.call('GET', marker_key)
-  if ended == 'f' then return 4 end
-  if ended == 'c' then return 3 end
-  return 5
-end
-
-local function cancel(payload_key, marker_key, id)
-  if redis.call('ZSCORE', KEYS[1], id) then
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('HDEL', KEYS[4], id)
-    if not redis.call('ZSCORE', KEYS[2], id) then
-      redis.call('DEL', payload_key)
-    end
-    redis.call('SET', marker_key, 'c', 'EX', retention)
-    return 3
-  end
-  return ended_code(marker_key, id)
-end
+local sets = {due = KEYS[1], fly = KEYS[2], attempts = KEYS[4]}
 
 local tag_length = tonumber(ARGV[4])
 local k = 5
@@ -89,7 +70,7 @@ for a = 6, #ARGV, 5 do
   if tonumber(ARGV[a]) <= mark then
     -- Applied before; a cancel's caller still gets an answer (its first may be lost).
     if op == 'c' and not redis.call('ZSCORE', KEYS[1], id) then
-      local again = ended_code(marker_key, id)
+      local again = ended_code(sets, marker_key, id)
       if again ~= 5 then code = again end
     end
   else
@@ -101,7 +82,7 @@ for a = 6, #ARGV, 5 do
     elseif op == 'u' then
       code = upsert(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
     else
-      code = cancel(payload_key, marker_key, id)
+      code = cancel(sets, payload_key, marker_key, id, retention)
     end
   end
   codes[#codes + 1] = code

@@ -35,6 +35,9 @@ def test_defaults_from_an_empty_environment() -> None:
         fired_retention=86_400,
         http_host="0.0.0.0",  # noqa: S104
         http_port=8080,
+        api_token="",
+        api_reads="token",
+        api_dev_open=False,
         health_interval=2.0,
         log_format="auto",
         log_level="info",
@@ -257,3 +260,18 @@ def test_settings_are_frozen() -> None:
     loaded = Settings.from_env({})
     with pytest.raises(AttributeError):
         loaded.batch_limit = 5  # type: ignore[misc]
+
+
+def test_api_token_is_masked_and_checked() -> None:
+    """The API token never shows in repr, and a short one is refused naming the variable."""
+    token = "s3cret-token-of-32-characters-xx"
+    loaded = Settings.from_env({"BLACKBOX_API_TOKEN": token, "BLACKBOX_API_DEV_OPEN": "true"})
+    assert loaded.api_token == token
+    assert loaded.api_dev_open is True
+    assert token not in repr(loaded)
+    with pytest.raises(SettingsError, match="BLACKBOX_API_TOKEN"):
+        Settings.from_env({"BLACKBOX_API_TOKEN": "short"})
+    with pytest.raises(SettingsError, match="BLACKBOX_API_READS"):
+        Settings.from_env({"BLACKBOX_API_READS": "maybe"})
+    with pytest.raises(SettingsError, match="BLACKBOX_API_DEV_OPEN"):
+        Settings.from_env({"BLACKBOX_API_DEV_OPEN": "yes please"})

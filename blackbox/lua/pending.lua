@@ -1,0 +1,33 @@
+-- Functions shared by the scripts that end one pending id: intake.lua (a cancel record) and
+-- cancel.lua (a cancel through the HTTP API). The store puts this file in front of theirs
+-- when it loads them, so both cancels run the same code, atomically.
+--
+-- `sets` names the keys they touch, each taken from the calling script's KEYS[]:
+--   sets.due       due sorted set (id -> due epoch ms)
+--   sets.fly       in-flight sorted set (id -> lease expiry epoch ms)
+--   sets.attempts  attempts hash (id -> failed attempts)
+
+-- How an id that is not pending ended, read only: 3 cancelled, 4 fired or firing, 5 unknown.
+local function ended_code(sets, marker_key, id)
+  if redis.call('ZSCORE', sets.fly, id) then return 4 end
+  local ended = redis.call('GET', marker_key)
+  if ended == 'f' then return 4 end
+  if ended == 'c' then return 3 end
+  return 5
+end
+
+-- Drop a pending id (its payload too, unless a replica is producing it: the dispatcher then
+-- skips it on the "c" marker) and remember for `retention` seconds that it was cancelled.
+-- Returns 3 cancelled, or how it ended before (see ended_code).
+local function cancel(sets, payload_key, marker_key, id, retention)
+  if redis.call('ZSCORE', sets.due, id) then
+    redis.call('ZREM', sets.due, id)
+    redis.call('HDEL', sets.attempts, id)
+    if not redis.call('ZSCORE', sets.fly, id) then
+      redis.call('DEL', payload_key)
+    end
+    redis.call('SET', marker_key, 'c', 'EX', retention)
+    return 3
+  end
+  return ended_code(sets, marker_key, id)
+end
