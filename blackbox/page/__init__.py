@@ -1,0 +1,1 @@
+"""The admin page: HTML, JavaScript and CSS served as they are (no build step)."""
