@@ -136,6 +136,15 @@ class Created(BaseModel):
     intake_topic: str
 
 
+class LatenessBucket(BaseModel):
+    le: str
+    count: float
+
+
+class Lateness(BaseModel):
+    buckets: list[LatenessBucket]
+
+
 class DeadLetters(BaseModel):
     items: list[DeadLetterView]
 
@@ -222,6 +231,8 @@ def create(body: NewSchedule, backend: Writer) -> Created:
         blackbox_id = backend.admin.create(body.caller, body.envelope)
     except InvalidEnvelope as e:
         raise ApiError(422, e.reason.value, e.detail) from e
+    except (orjson.JSONEncodeError, UnicodeEncodeError) as e:  # lone surrogates in the JSON
+        raise ApiError(422, "invalid_text", f"not encodable as UTF-8 JSON: {e}") from e
     return Created(blackbox_id=blackbox_id, intake_topic=backend.admin.intake_topic)
 
 
@@ -239,16 +250,17 @@ def dead_letters(
     return DeadLetters(items=backend.dead_letters.recent(limit))
 
 
-@router.get("/lateness")
-def lateness(backend: Reader) -> dict[str, list[tuple[str, float]]]:
-    """The delivery lateness histogram: cumulative count per upper bound (seconds)."""
-    return {"buckets": _histogram(backend.metrics, "blackbox_lateness_seconds")}
+@router.get("/lateness", response_model=Lateness)
+def lateness(backend: Reader) -> Lateness:
+    """This replica's delivery lateness histogram: cumulative count per upper bound (s)."""
+    return Lateness(buckets=_histogram(backend.metrics, "blackbox_lateness_seconds"))
 
 
-def _histogram(metrics: Metrics, name: str) -> list[tuple[str, float]]:
+def _histogram(metrics: Metrics, name: str) -> list[LatenessBucket]:
     for family in metrics.registry.collect():
         if family.name == name:
-            return [(s.labels["le"], s.value) for s in family.samples if s.name.endswith("_bucket")]
+            return [LatenessBucket(le=s.labels["le"], count=s.value)
+                    for s in family.samples if s.name.endswith("_bucket")]  # fmt: skip
     return []
 
 
@@ -268,8 +280,13 @@ def _due_ms(when: When, max_countdown_ms: int) -> int:
 
 
 def _answer(outcome: Outcome, blackbox_id: str, due_ms: int | None) -> JSONResponse:
-    body = Answer(outcome=outcome.value, blackbox_id=blackbox_id, due_ms=due_ms)
-    return JSONResponse(body.model_dump(), status_code=_STATUS.get(outcome, 404))
+    """200 with the outcome; otherwise an error body that also carries the outcome."""
+    body: dict[str, Any] = Answer(outcome=outcome.value, blackbox_id=blackbox_id,
+                                  due_ms=due_ms).model_dump()  # fmt: skip
+    status = _STATUS.get(outcome, 404)
+    if status != 200:
+        body |= {"error": outcome.value, "reason": f"{blackbox_id[:200]!r}: {outcome.value}"}
+    return JSONResponse(body, status_code=status)
 
 
 def _error(status: int, error: str, reason: str) -> JSONResponse:

@@ -81,10 +81,10 @@ async function refreshLateness() {
   const { answer } = await call("GET", "/lateness");
   let previous = 0;
   const labels = [], counts = [];
-  for (const [bound, cumulative] of answer.buckets) {
-    labels.push("≤" + bound);
-    counts.push(cumulative - previous);
-    previous = cumulative;
+  for (const bucket of answer.buckets) {
+    labels.push("≤" + bucket.le);
+    counts.push(bucket.count - previous);
+    previous = bucket.count;
   }
   drawBars("lateness", labels, counts);
 }

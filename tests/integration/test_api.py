@@ -19,7 +19,7 @@ from blackbox.store import IntakeSlice
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import TopicReader, unique
 
-TOKEN = "test-token-0123456789abcdef"
+TOKEN = "test-token-0123456789abcdef"  # noqa: S105 - a test token
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -105,8 +105,11 @@ def test_get_shows_the_whole_message_and_headers(http: tuple[Service, httpx.Clie
     """One schedule comes with its full message (base64 when binary) and its headers."""
     service, client = http
     binary = bytes(range(256)) * 4
-    fill(service, [Schedule("@svc/bin", "t", binary, now_ms() + 60_000, caller=b"svc", key=b"k",
-                            headers=(("trace", b"abc"), ("raw", b"\xff\x00"), ("none", None)))])  # fmt: skip
+    headers = (("trace", b"abc"), ("raw", b"\xff\x00"), ("none", None))
+    due = now_ms() + 60_000
+    fill(
+        service, [Schedule("@svc/bin", "t", binary, due, caller=b"svc", key=b"k", headers=headers)]
+    )
     found = client.get("/api/v1/schedules/@svc/bin", headers=AUTH).json()
     assert found["value"] is None
     assert found["value_base64"] is not None

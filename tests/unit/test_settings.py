@@ -264,7 +264,7 @@ def test_settings_are_frozen() -> None:
 
 def test_api_token_is_masked_and_checked() -> None:
     """The API token never shows in repr, and a short one is refused naming the variable."""
-    token = "s3cret-token-of-32-characters-xx"
+    token = "s3cret-token-of-32-characters-xx"  # noqa: S105 - a test token
     loaded = Settings.from_env({"BLACKBOX_API_TOKEN": token, "BLACKBOX_API_DEV_OPEN": "true"})
     assert loaded.api_token == token
     assert loaded.api_dev_open is True
