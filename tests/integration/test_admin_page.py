@@ -84,7 +84,7 @@ def test_the_page_asks_for_a_token_when_the_api_needs_one(
     browser: Browser, start_service: ServiceFactory
 ) -> None:
     """With a token configured, the page prompts for it, then shows the data."""
-    service = start_service(BLACKBOX_API_TOKEN="page-token-0123456789")
+    service = start_service(BLACKBOX_API_TOKEN="page-token-0123456789")  # noqa: S106
     fill(service, [Schedule("@t/one", "t", b"x", now_ms() + 60_000, caller=b"t")])
     errors: list[str] = []
     page = open_page(browser, service, errors)
