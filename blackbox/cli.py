@@ -18,7 +18,7 @@ import orjson
 import structlog
 from confluent_kafka import KafkaException
 
-from blackbox import client, envelope, kafka, logs
+from blackbox import client, console, envelope, kafka, logs
 from blackbox.answers import Answers
 from blackbox.devstack import BROKERS, DevOptions, DevStack
 from blackbox.envelope import CALLER_HEADER
@@ -32,6 +32,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 CANCEL_ANSWERS = frozenset(
     o.value
     for o in (Outcome.CANCELLED, Outcome.ALREADY_FIRED, Outcome.NOT_FOUND, Outcome.DEAD_LETTERED)
+)
+SEND_ANSWERS = frozenset(
+    o.value for o in (Outcome.SCHEDULED, Outcome.UPDATED, Outcome.DEAD_LETTERED)
 )
 log = structlog.get_logger("blackbox.cli")
 
@@ -91,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
         help="how long to wait for the answer on the events topic (0: don't)",
     )
     cancel.set_defaults(command=cmd_cancel)
+    console.add_commands(commands)
     return parser
 
 
@@ -112,6 +116,9 @@ def _add_send(commands: Any) -> None:
     kind.add_argument("--text", action="store_true", help="MESSAGE is a string, not JSON")
     kind.add_argument("--binary", action="store_true",
                       help="MESSAGE names a file whose bytes are the message")  # fmt: skip
+    send.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                      help="wait this long for the answer on the events topic (needs --id); "
+                      "exit 1 if dead-lettered")  # fmt: skip
     send.add_argument("--file", help="send each line of this file (one JSON envelope per line)")
     send.add_argument("message", metavar="MESSAGE", nargs="?",
                       help="the message, as JSON (or text with --text)")  # fmt: skip
@@ -143,10 +150,41 @@ def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
     except (ValueError, OSError) as e:
         _error(str(e))
         return EXIT_USAGE
+    if args.wait > 0 and args.id is None:
+        _error("--wait needs --id (the answer is matched by it)")
+        return EXIT_USAGE
     sender = client.Client(dict(settings.kafka), caller=args.caller,
                            intake_topic=settings.intake_topic)  # fmt: skip
-    sender.send_raw(orjson.dumps(document), args.id)
-    return _flushed(sender, topic=args.topic, id=args.id)
+    return _send_answered(sender, document, args, settings)
+
+
+def _send_answered(
+    sender: client.Client, document: dict[str, Any], args: argparse.Namespace, settings: Settings
+) -> int:
+    """Send; with --wait, print blackbox's answer and fail on dead_lettered with its reason."""
+    answers = Answers(settings.kafka, settings.events_topic) if args.wait > 0 else None
+    try:
+        if answers is not None:
+            answers.mark()
+        sender.send_raw(orjson.dumps(document), args.id)
+        code = _flushed(sender, topic=args.topic, id=args.id)
+        if code != EXIT_OK or answers is None:
+            return code
+        answer = answers.wait(args.caller, args.id, args.wait, SEND_ANSWERS)
+    except KafkaException as e:
+        _error(str(e))
+        return EXIT_FAILED
+    finally:
+        if answers is not None:
+            answers.close()
+    if answer is None:
+        _error(f"no answer on {settings.events_topic} within {args.wait} s")
+        return EXIT_FAILED
+    print(answer["outcome"])  # noqa: T201 - the command's output
+    if answer["outcome"] == Outcome.DEAD_LETTERED.value:
+        _error(f"dead-lettered: {answer['reason']}: {answer['detail']}")
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 def _message(args: argparse.Namespace) -> object:
@@ -266,7 +304,8 @@ def cmd_dev(args: argparse.Namespace, _settings: Settings) -> int:
     stack = DevStack(options)
     stack.start()
     try:
-        local = Settings.from_env(stack.environment())
+        # Local development: the API answers every call without a token, unless told not to.
+        local = Settings.from_env({"BLACKBOX_API_DEV_OPEN": "true", **stack.environment()})
         kafka.ensure_topics(local.kafka, local.own_topics)
         log.info("local_stack_ready", redis=local.redis_url, kafka=local.kafka["bootstrap.servers"],
                  broker=args.broker, state=str(stack.state))  # fmt: skip

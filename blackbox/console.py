@@ -1,0 +1,111 @@
+"""The operator's commands that speak to the HTTP API: `blackbox list`, `show`, `reschedule`.
+
+The API's address is --api (default BLACKBOX_API_URL, else http://127.0.0.1:8080); the
+token is BLACKBOX_API_TOKEN, sent as a bearer token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+import orjson
+
+from blackbox.settings import Settings
+
+EXIT_OK, EXIT_FAILED = 0, 1
+TIMEOUT_SECONDS = 15.0
+
+
+def add_commands(commands: Any) -> None:
+    api = os.environ.get("BLACKBOX_API_URL", "http://127.0.0.1:8080")
+    listing = commands.add_parser("list", help="list pending schedules (through the API)")
+    for name in ("caller", "topic", "cursor"):
+        listing.add_argument(f"--{name}")
+    listing.add_argument("--limit", type=int, default=50)
+    listing.set_defaults(command=cmd_list, api=api)
+    show = commands.add_parser("show", help="show one pending schedule (through the API)")
+    show.add_argument("id", metavar="ID", help="its blackbox_id, e.g. @billing/invoice-42")
+    show.set_defaults(command=cmd_show, api=api)
+    move = commands.add_parser("reschedule", help="move a pending schedule (through the API)")
+    move.add_argument("id", metavar="ID", help="its blackbox_id")
+    when = move.add_mutually_exclusive_group(required=True)
+    when.add_argument("--countdown", type=float, help="seconds from now")
+    when.add_argument("--at", help="RFC 3339 with an offset, or epoch seconds")
+    move.set_defaults(command=cmd_reschedule, api=api)
+    for parser in (listing, show, move):
+        parser.add_argument("--api", default=api, help=f"the API's address (default {api})")
+
+
+def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
+    query = {k: v for k in ("caller", "topic", "cursor") if (v := getattr(args, k)) is not None}
+    query["limit"] = str(args.limit)
+    status, page = _call(args.api, settings, "GET", "/schedules?" + urllib.parse.urlencode(query))
+    if status != 200:
+        return _failed(page)
+    for item in page["items"]:
+        print(f"{item['due_ms']}  {item['blackbox_id']}  {item['topic']}  {item['preview']}")  # noqa: T201
+    if page["cursor"]:
+        print(f"more: --cursor {page['cursor']}")  # noqa: T201
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
+    status, found = _call(args.api, settings, "GET", "/schedules/" + _quoted(args.id))
+    if status != 200:
+        return _failed(found)
+    print(orjson.dumps(found, option=orjson.OPT_INDENT_2).decode())  # noqa: T201
+    return EXIT_OK
+
+
+def cmd_reschedule(args: argparse.Namespace, settings: Settings) -> int:
+    if args.countdown is not None:
+        body: dict[str, Any] = {"countdown": args.countdown}
+    else:
+        body = {"deliver_at": float(args.at) if _number(args.at) else args.at}
+    path = f"/schedules/{_quoted(args.id)}/reschedule"
+    status, answer = _call(args.api, settings, "POST", path, body)
+    print(answer.get("outcome") or answer.get("reason"))  # noqa: T201
+    return EXIT_OK if status == 200 else EXIT_FAILED
+
+
+def _call(
+    api: str, settings: Settings, method: str, path: str, body: object = None
+) -> tuple[int, dict[str, Any]]:
+    headers = {"Accept": "application/json", "Content-Type": "application/json"}
+    if settings.api_token:
+        headers["Authorization"] = f"Bearer {settings.api_token}"
+    data = None if body is None else orjson.dumps(body)
+    url = api.rstrip("/") + "/api/v1" + path
+    if not url.startswith(("http://", "https://")):
+        return 0, {"error": "bad_address", "reason": f"--api {api!r} is not an http(s) URL"}
+    request = urllib.request.Request(url, data, headers, method=method)  # noqa: S310 - checked
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:  # noqa: S310
+            return response.status, orjson.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, orjson.loads(e.read() or b"{}")
+    except urllib.error.URLError as e:
+        return 0, {"error": "unreachable", "reason": f"{api}: {e.reason}"}
+
+
+def _quoted(blackbox_id: str) -> str:
+    return urllib.parse.quote(blackbox_id, safe="@/:")
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _failed(answer: dict[str, Any]) -> int:
+    print(f"blackbox: {answer.get('error')}: {answer.get('reason')}", file=sys.stderr)  # noqa: T201
+    return EXIT_FAILED
