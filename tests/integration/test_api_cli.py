@@ -1,0 +1,56 @@
+"""The command line's API commands (list, show, reschedule) and `send --wait`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from blackbox.clock import now_ms
+from blackbox.schedule import Schedule
+from tests.integration.conftest import ServiceFactory
+from tests.integration.test_api import TOKEN, fill
+from tests.process import BlackboxProcess
+
+
+def test_list_show_and_reschedule_speak_to_the_api(
+    start_service: ServiceFactory, env: dict[str, str], tmp_path: Path
+) -> None:
+    """`blackbox list`, `show` and `reschedule` reach the API with the token from the
+    environment and print what it answers; a missing id exits 1."""
+    service = start_service(BLACKBOX_API_TOKEN=TOKEN)
+    assert service.endpoints is not None
+    cli_env = {**env, "BLACKBOX_API_TOKEN": TOKEN,
+               "BLACKBOX_API_URL": f"http://127.0.0.1:{service.endpoints.port}"}  # fmt: skip
+    fill(service, [Schedule("@ops/a", "t", b"hello", now_ms() + 600_000, caller=b"ops")])
+
+    def run(name: str, *args: str) -> tuple[int, str]:
+        process = BlackboxProcess(cli_env, tmp_path / f"{name}.log", *args)
+        return process.wait(), process.output()
+
+    code, listed = run("list", "list", "--caller", "ops")
+    assert code == 0 and "@ops/a" in listed and "hello" in listed
+    code, shown = run("show", "show", "@ops/a")
+    assert code == 0 and '"value": "hello"' in shown
+    code, moved = run("move", "reschedule", "@ops/a", "--countdown", "300")
+    assert code == 0 and "updated" in moved.splitlines()
+    code, missing = run("missing", "show", "@ops/none")
+    assert code == 1 and "not_found" in missing
+
+
+def test_send_wait_prints_the_answer_and_fails_on_a_dead_letter(
+    start_service: ServiceFactory, env: dict[str, str], tmp_path: Path
+) -> None:
+    """`send --wait` prints `scheduled`, and exits 1 naming the reason when blackbox
+    dead-letters the request (here: a topic of blackbox's own)."""
+    start_service()
+
+    def send(name: str, topic: str) -> tuple[int, str]:
+        process = BlackboxProcess(env, tmp_path / f"{name}.log", "send", "--topic", topic,
+                                  "--countdown", "600", "--id", name, "--caller", "cli",
+                                  "--wait", "30", '"x"')  # fmt: skip
+        return process.wait(60), process.output()
+
+    code, output = send("fine", "somewhere")
+    assert code == 0 and "scheduled" in output.splitlines(), output
+    code, output = send("refused", env["BLACKBOX_EVENTS_TOPIC"])
+    assert code == 1 and "dead_lettered" in output.splitlines(), output
+    assert "forbidden_topic" in output
