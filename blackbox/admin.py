@@ -20,6 +20,7 @@ from blackbox import envelope
 from blackbox.clock import now_ms
 from blackbox.envelope import CALLER_HEADER, Limits
 from blackbox.events import Event, Outcome
+from blackbox.incarnations import Lookup, tag_of
 from blackbox.intake import OUTCOMES
 from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.store import RedisStore
@@ -46,6 +47,7 @@ class Admin:
         intake_topic: str,
         events_topic: str,
         limits: Limits,
+        lookup: Lookup,
         on_scheduled: Callable[[int], None] = lambda _due_ms: None,
     ) -> None:
         self.store = store
@@ -53,6 +55,7 @@ class Admin:
         self.intake_topic = intake_topic
         self.events_topic = events_topic
         self.limits = limits
+        self.lookup = lookup  # topic names -> ids: an intake-derived id names the incarnation
         self.on_scheduled = on_scheduled
         self._lock = threading.Lock()  # one produce-and-flush at a time
 
@@ -88,7 +91,9 @@ class Admin:
                                headers)  # fmt: skip
         if own is not None:
             return scoped_id(None if caller is None else caller.encode("utf-8"), own)
-        return intake_id(self.intake_topic, delivered.partition() or 0, delivered.offset() or 0)
+        tag = tag_of(self.lookup([self.intake_topic]).get(self.intake_topic))
+        return intake_id(self.intake_topic, delivered.partition() or 0, delivered.offset() or 0,
+                         tag)  # fmt: skip
 
     def _answer(self, event: Event) -> None:
         record = event.record(self.events_topic, now_ms())

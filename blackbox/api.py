@@ -391,7 +391,8 @@ def backend_of(
     limits = envelope.Limits(settings.max_message_bytes, frozenset(settings.own_topics))
     metrics.registry.register(PendingGauges(pending))
     admin = Admin(store, kafka.new_producer(settings), settings.intake_topic,
-                  settings.events_topic, limits, on_scheduled)  # fmt: skip
+                  settings.events_topic, limits,
+                  kafka.topic_id_lookup(settings.kafka), on_scheduled)  # fmt: skip
     return Backend(
         pending=pending, admin=admin,
         dead_letters=DeadLetterTail(kafka.consumer_config(settings), settings.dlq_topic),

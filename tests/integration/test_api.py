@@ -209,7 +209,7 @@ def test_create_produces_to_the_intake_and_answers_the_id(
     for created in ("@shop/o-1", blackbox_id):
         deadline = time.monotonic() + 30
         while client.get(f"/api/v1/schedules/{created}", headers=AUTH).status_code != 200:
-            assert time.monotonic() < deadline, f"{created} never appeared"
+            assert time.monotonic() < deadline, (created, listed(client))
             time.sleep(0.05)
     bad = client.post("/api/v1/schedules", headers=AUTH, json={"envelope": {"topic": "orders"}})
     assert bad.status_code == 422 and bad.json()["error"] == "missing_field"
