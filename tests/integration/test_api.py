@@ -5,19 +5,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
+from blackbox import kafka
 from blackbox.clock import now_ms
+from blackbox.localstack import KafkaBroker, RedisServer, free_port
 from blackbox.pending import SCAN_BUDGET
 from blackbox.schedule import Schedule
 from blackbox.service import Service
+from blackbox.settings import Settings
 from blackbox.store import IntakeSlice
 from tests.integration.conftest import ReaderFactory, ServiceFactory
-from tests.kafkatools import TopicReader, unique
+from tests.kafkatools import TopicReader, produce, unique
 
 TOKEN = "test-token-0123456789abcdef"  # noqa: S105 - a test token
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -263,3 +267,51 @@ def test_the_token_is_never_logged(start_service: ServiceFactory) -> None:
         start_service(BLACKBOX_API_TOKEN=TOKEN)
     assert logged, "the service logged nothing"
     assert TOKEN not in repr(logged)
+
+
+def test_recent_dead_letters_are_listed_with_their_reason(
+    http: tuple[Service, httpx.Client], env: dict[str, str]
+) -> None:
+    """A record the intake dead-letters shows in /api/v1/dead-letters with its reason,
+    read back from the dead-letter topic."""
+    _service, client = http
+    produce(env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_INTAKE_TOPIC"], [b"not json at all"])
+    deadline = time.monotonic() + 30
+    while not (items := client.get("/api/v1/dead-letters", headers=AUTH).json()["items"]):
+        assert time.monotonic() < deadline, "no dead letter listed"
+        time.sleep(0.1)
+    assert items[0]["reason"] == "invalid_json"
+    assert items[0]["preview"] == "not json at all"
+
+
+def test_a_body_too_large_is_refused_413(start_service: ServiceFactory) -> None:
+    """A request body over the limit (twice the largest message, plus 64 KiB) is refused
+    before it is read, with a JSON reason."""
+    service = start_service(BLACKBOX_API_TOKEN=TOKEN, BLACKBOX_MAX_MESSAGE_BYTES="1000")
+    with api(service) as client:
+        body = b'{"envelope": {"topic": "t", "message": "' + b"x" * 70_000 + b'"}}'
+        refused = client.post("/api/v1/schedules", content=body, headers=AUTH)
+    assert refused.status_code == 413 and refused.json()["error"] == "too_large"
+
+
+def test_redis_away_answers_503_not_500(
+    broker: KafkaBroker, tmp_path: Path, env: dict[str, str]
+) -> None:
+    """With its Redis gone, the API answers 503 with a JSON reason, and /metrics still
+    answers (without the pending gauges)."""
+    server = RedisServer(free_port(), tmp_path)
+    server.start()
+    settings = Settings.from_env({**env, "REDIS_URL": server.url, "BLACKBOX_API_TOKEN": TOKEN})
+    kafka.ensure_topics(settings.kafka, settings.own_topics)
+    service = Service(settings)
+    service.start()
+    try:
+        with api(service) as client:
+            assert client.get("/api/v1/stats", headers=AUTH).status_code == 200
+            server.stop()
+            away = client.get("/api/v1/stats", headers=AUTH)
+            assert away.status_code == 503 and away.json()["error"] == "unavailable"
+            metrics = client.get("/metrics")
+            assert metrics.status_code == 200 and "blackbox_pending " not in metrics.text
+    finally:
+        service.stop()

@@ -1,0 +1,64 @@
+"""The API's pure parts: who may call what, and the listing cursor."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.security import HTTPAuthorizationCredentials
+
+from blackbox.api import Access, ApiError
+from blackbox.errors import BadCursor
+from blackbox.pending import Position, preview
+
+TOKEN = "unit-token-0123456789"  # noqa: S105 - a test token
+
+
+def bearer(token: str) -> HTTPAuthorizationCredentials:
+    return HTTPAuthorizationCredentials(scheme="Bearer", credentials=token)
+
+
+def status(access: Access, credentials: HTTPAuthorizationCredentials | None, *, read: bool) -> int:
+    try:
+        access.check(credentials, read=read)
+    except ApiError as e:
+        return e.status
+    return 200
+
+
+def test_a_token_guards_reads_and_writes() -> None:
+    """With a token, a call without it or with another is 401, with it 200; open reads
+    need none."""
+    access = Access(TOKEN, reads_open=False, dev_open=False)
+    assert status(access, None, read=True) == 401
+    assert status(access, bearer("wrong"), read=False) == 401
+    assert status(access, bearer(TOKEN), read=False) == 200
+    assert status(Access(TOKEN, reads_open=True, dev_open=False), None, read=True) == 200
+    assert status(Access(TOKEN, reads_open=True, dev_open=False), None, read=False) == 401
+
+
+def test_without_a_token_only_local_development_opens_the_api() -> None:
+    """No token configured: refused 403, unless the local-development setting is on; the
+    dev setting never bypasses a token that is set."""
+    assert status(Access("", reads_open=False, dev_open=False), None, read=False) == 403
+    assert status(Access("", reads_open=False, dev_open=True), None, read=False) == 200
+    assert status(Access(TOKEN, reads_open=False, dev_open=True), None, read=False) == 401
+
+
+def test_the_token_is_masked_in_repr() -> None:
+    """repr(Access) never shows the token."""
+    assert TOKEN not in repr(Access(TOKEN, reads_open=False, dev_open=False))
+
+
+def test_a_cursor_round_trips_and_a_forged_one_is_refused() -> None:
+    """A cursor decodes to the position it encodes; anything else raises BadCursor."""
+    position = Position(1_763_790_000_000, "@billing/invoice-42")
+    assert Position.decode(position.encode()) == position
+    for forged in ("", "!!!", "WzEsMl0", "eyJhIjogMX0"):  # "", junk, [1,2], {"a": 1}
+        with pytest.raises(BadCursor):
+            Position.decode(forged)
+
+
+def test_a_preview_is_short_text_and_binary_shows_its_size() -> None:
+    """Previews keep the first 80 characters of text; binary shows as its size."""
+    assert preview(b"x" * 500) == "x" * 80
+    assert preview("é".encode() * 100) == "é" * 80
+    assert preview(b"\xff\xfe\x00") == "<3 bytes binary>"
