@@ -16,7 +16,7 @@ from blackbox.schedule import Schedule
 from blackbox.service import Service
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.integration.test_api import fill
-from tests.kafkatools import unique
+from tests.kafkatools import produce, unique
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -51,6 +51,9 @@ def test_the_page_shows_cancels_and_reschedules(
     Reschedule moves another, which then arrives at its new time; no console errors."""
     service = start_service(BLACKBOX_API_DEV_OPEN="true")
     target = reader(unique("page"))
+    # A refused record, so the page has a dead letter to show.
+    produce(service.settings.kafka["bootstrap.servers"], service.settings.intake_topic,
+            [b'{"topic": "orders", "message": 1}'])  # fmt: skip
     start = now_ms()
     fill(service, [
         Schedule("@web/cancel-me", target.topic, b'{"order": 1}', start + 8_000, caller=b"web"),
@@ -64,7 +67,7 @@ def test_the_page_shows_cancels_and_reschedules(
     cancel_row.wait_for()
     SHOTS.mkdir(exist_ok=True)
     page.wait_for_function("document.getElementById('pending').textContent === '14'")
-    page.screenshot(path=str(SHOTS / "admin.png"), full_page=True)
+    page.screenshot(path=str(SHOTS / "admin-before.png"), full_page=True)
     cancel_row.locator("button.cancel").click()
     cancel_row.wait_for(state="detached")
     move_row = page.locator('tr[data-id="@web/move-me"]')
@@ -76,7 +79,8 @@ def test_the_page_shows_cancels_and_reschedules(
     assert records[0].received_ms - start < 60_000
     target.wait_for(lambda _r: now_ms() > start + 10_000, timeout=15)  # past the cancelled due
     assert [r.value for r in target.records] == [b'{"order": 2}']
-    page.screenshot(path=str(SHOTS / "admin-after.png"), full_page=True)
+    page.locator("#dead-letters tbody tr").first.wait_for(timeout=30_000)
+    page.screenshot(path=str(SHOTS / "admin.png"), full_page=True)
     assert errors == []
 
 
