@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from importlib import resources
 from typing import Annotated, Any
 
@@ -307,7 +308,8 @@ async def _on_invalid(_request: Request, e: Exception) -> JSONResponse:
 
 async def _on_http(_request: Request, e: Exception) -> JSONResponse:
     assert isinstance(e, HTTPException)
-    return _error(e.status_code, "http_error", str(e.detail))
+    name = HTTPStatus(e.status_code).phrase.lower().replace(" ", "_")
+    return _error(e.status_code, name, str(e.detail))
 
 
 async def _on_unavailable(_request: Request, e: Exception) -> JSONResponse:

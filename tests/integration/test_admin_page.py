@@ -4,7 +4,6 @@ and reschedules another."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,8 +22,6 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
          "--disable-component-update", "--no-first-run"]  # fmt: skip
 # Screenshots of the run land here, to look at (and refresh docs/admin.png from).
 SHOTS = Path(__file__).resolve().parents[2] / ".screenshots"
-
-pytestmark = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs chromium")
 
 
 @pytest.fixture(scope="module")

@@ -236,6 +236,9 @@ def test_stats_and_gauges_count_what_is_pending(http: tuple[Service, httpx.Clien
     assert "blackbox_pending 5.0" in metrics
     assert "blackbox_earliest_due_timestamp_seconds" in metrics
     assert client.get("/live").json()["live"] is True
+    assert client.get("/ready").headers["content-type"] == "application/json"
+    nowhere = client.get("/nowhere")
+    assert nowhere.status_code == 404 and nowhere.json()["error"] == "not_found"
     assert client.get("/api/v1/dead-letters", headers=AUTH).status_code == 200
 
 
