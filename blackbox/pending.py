@@ -34,6 +34,8 @@ SCAN_BUDGET = 1_000
 # Ids read per round trip while listing.
 SCAN_STEP = 200
 PREVIEW_CHARS = 80
+# What a listing reads of each payload: its fields and the start of its message.
+HEAD_BYTES = 2_048
 # Stats: how many of the next due schedules are read to count them per target topic.
 TOPIC_SAMPLE = 500
 TOPICS_SHOWN = 20
@@ -176,14 +178,23 @@ def preview(value: bytes) -> str:
     return text[:PREVIEW_CHARS]
 
 
-def item_of(schedule: Schedule, state: State, attempt: int) -> Item:
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A stored schedule read up to HEAD_BYTES (its value maybe cut short), and the size of
+    its whole message."""
+
+    schedule: Schedule
+    size: int
+
+
+def item_of(schedule: Schedule, state: State, attempt: int, size: int | None = None) -> Item:
     scoped = split_scoped(schedule.id)
     caller = None if schedule.caller is None else schedule.caller.decode("utf-8", "replace")
     key = None if schedule.key is None else schedule.key.decode("utf-8", "replace")
     return Item(
         blackbox_id=schedule.id, caller=caller, id=None if scoped is None else scoped[1],
         topic=schedule.topic, key=key, due_ms=schedule.due_ms, attempt=attempt, state=state,
-        size=len(schedule.value), preview=preview(schedule.value),
+        size=len(schedule.value) if size is None else size, preview=preview(schedule.value),
     )  # fmt: skip
 
 
@@ -233,14 +244,14 @@ class Pending:
         while scanned < SCAN_BUDGET:
             members = self._members(kept.state, at)
             at += len(members)
-            for (member, score), schedule, attempt in self._loaded(members):
+            for (member, score), head, attempt in self._loaded(members):
                 if kept.state is State.PENDING and score > (kept.due_to_ms or score):
                     return Page(items, None, scanned)
                 scanned, last = scanned + 1, Position(score, member)
                 if after is not None and (score, member) <= (after.score, after.id):
                     continue
-                if schedule is not None and kept.keeps(schedule):
-                    items.append(item_of(schedule, kept.state, attempt))
+                if head is not None and kept.keeps(head.schedule):
+                    items.append(item_of(head.schedule, kept.state, attempt, head.size))
                 if len(items) >= limit:
                     return Page(items, last.encode(), scanned)
             if len(members) < SCAN_STEP:
@@ -269,17 +280,38 @@ class Pending:
 
     def _loaded(
         self, members: Sequence[tuple[str, int]]
-    ) -> Iterator[tuple[tuple[str, int], Schedule | None, int]]:
-        """Each member with its schedule (None once gone or unreadable) and attempts."""
+    ) -> Iterator[tuple[tuple[str, int], Head | None, int]]:
+        """Each member with the head of its schedule (None once gone or unreadable) and
+        its attempts."""
         if not members:
             return
         ids = [m for m, _ in members]
+        attempts: Any = self.client.hmget(self.keys.attempts, ids)
+        for member, head, attempt in zip(members, self._heads(ids), attempts, strict=True):
+            yield member, head, int(attempt or 0)
+
+    def _heads(self, ids: Sequence[str]) -> list[Head | None]:
+        """The first HEAD_BYTES of each payload, decoded, with the message's whole size:
+        a page of big messages costs Redis no more than a page of small ones."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.mget([self.keys.payload(i) for i in ids])
-        pipe.hmget(self.keys.attempts, ids)
-        payloads, attempts = pipe.execute()
-        for member, raw, attempt in zip(members, payloads, attempts, strict=True):
-            yield member, _decoded(member[0], raw), int(attempt or 0)
+        for i in ids:
+            pipe.getrange(self.keys.payload(i), 0, HEAD_BYTES - 1)
+            pipe.strlen(self.keys.payload(i))
+        replies = pipe.execute()
+        return [self._head(i, replies[2 * n], int(replies[2 * n + 1])) for n, i in enumerate(ids)]
+
+    def _head(self, schedule_id: str, raw: bytes, stored: int) -> Head | None:
+        if not raw:
+            return None
+        try:
+            schedule = Schedule.decode(schedule_id, raw)
+        except CorruptSchedule:
+            if stored <= len(raw):
+                log.warning("schedule_unreadable", blackbox_id=schedule_id)
+                return None
+            found = self.store.load(schedule_id)  # headers longer than the head: rare
+            return None if found is None else Head(found, len(found.value))
+        return Head(schedule, len(schedule.value) + stored - len(raw))
 
     def stats(self) -> Stats:
         """Counts, due buckets ahead and the next due schedules per target topic."""
@@ -315,20 +347,8 @@ class Pending:
 
     def _topics(self) -> Counter[str]:
         members: Any = self.client.zrange(self.keys.due, 0, TOPIC_SAMPLE - 1)
-        ids = [m.decode("utf-8") for m in members]
-        raws: Any = self.client.mget([self.keys.payload(i) for i in ids]) if ids else []
-        schedules = (_decoded(i, raw) for i, raw in zip(ids, raws, strict=True))
-        return Counter(s.topic for s in schedules if s is not None)
-
-
-def _decoded(schedule_id: str, raw: bytes | None) -> Schedule | None:
-    if raw is None:
-        return None
-    try:
-        return Schedule.decode(schedule_id, raw)
-    except CorruptSchedule:
-        log.warning("schedule_unreadable", blackbox_id=schedule_id)
-        return None
+        heads = self._heads([m.decode("utf-8") for m in members])
+        return Counter(h.schedule.topic for h in heads if h is not None)
 
 
 def _buckets(now: int, counts: Sequence[int]) -> list[list[Bucket]]:

@@ -28,8 +28,9 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def fill(service: Service, schedules: list[Schedule]) -> None:
-    """Store schedules directly with the store's own intake code (offsets 0..n-1)."""
-    slice_ = IntakeSlice("fill", 0, len(schedules) - 1, list(enumerate(schedules)))
+    """Store schedules directly with the store's own intake code (offsets 0..n-1 of a
+    watermark of their own, so no call is taken for a re-read of another)."""
+    slice_ = IntakeSlice(unique("fill"), 0, len(schedules) - 1, list(enumerate(schedules)))
     service.store.apply([slice_], now_ms())
 
 
@@ -106,7 +107,8 @@ def test_a_rare_filter_answers_a_partial_page_with_a_cursor(
 
 
 def test_get_shows_the_whole_message_and_headers(http: tuple[Service, httpx.Client]) -> None:
-    """One schedule comes with its full message (base64 when binary) and its headers."""
+    """One schedule comes with its full message (base64 when binary) and its headers; a
+    listing reads only the head of each payload but tells the whole message's size."""
     service, client = http
     binary = bytes(range(256)) * 4
     headers = (("trace", b"abc"), ("raw", b"\xff\x00"), ("none", None))
@@ -126,6 +128,13 @@ def test_get_shows_the_whole_message_and_headers(http: tuple[Service, httpx.Clie
         {"name": "raw", "value": None, "value_base64": base64.b64encode(b"\xff\x00").decode()},
         {"name": "none", "value": None, "value_base64": None},
     ]
+    big = Schedule("@svc/big", "t", b"y" * 100_000, due + 1, caller=b"svc")
+    long_headers = Schedule("@svc/long", "t", b"z" * 3_000, due + 2, caller=b"svc",
+                            headers=(("h", b"h" * 5_000),))  # fmt: skip
+    fill(service, [big, long_headers])
+    sizes = {i["blackbox_id"]: (i["size"], i["preview"][:3]) for i in listed(client, caller="svc")}
+    assert sizes["@svc/big"] == (100_000, "yyy")
+    assert sizes["@svc/long"] == (3_000, "zzz")  # its head holds no message: read whole
     missing = client.get("/api/v1/schedules/@svc/nothing", headers=AUTH)
     assert missing.status_code == 404 and missing.json()["error"] == "not_found"
 
