@@ -329,20 +329,27 @@ async def _on_bad_cursor(_request: Request, e: Exception) -> JSONResponse:
     return _error(400, "bad_cursor", str(e))
 
 
-def _health_routes(app: FastAPI, backend: Backend) -> None:
+def _health_routes(app: FastAPI, health: Health, metrics: Metrics) -> None:
     """/live, /ready and /metrics, answered as they always were."""
 
     def probe(ok: bool) -> Response:
-        body = orjson.dumps(backend.health.report())
+        body = orjson.dumps(health.report())
         return Response(body, 200 if ok else 503, media_type="application/json")
 
-    app.add_api_route("/live", lambda: probe(backend.health.live), include_in_schema=False)
-    app.add_api_route("/ready", lambda: probe(backend.health.ready), include_in_schema=False)
+    app.add_api_route("/live", lambda: probe(health.live), include_in_schema=False)
+    app.add_api_route("/ready", lambda: probe(health.ready), include_in_schema=False)
     app.add_api_route(
         "/metrics",
-        lambda: Response(generate_latest(backend.metrics.registry), media_type=CONTENT_TYPE_LATEST),
+        lambda: Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST),
         include_in_schema=False,
     )
+
+
+def probes_app(health: Health, metrics: Metrics) -> FastAPI:
+    """/live, /ready and /metrics alone: for checks that need no Redis or broker."""
+    app = FastAPI(openapi_url=None)
+    _health_routes(app, health, metrics)
+    return app
 
 
 def _page_routes(app: FastAPI) -> None:
@@ -368,7 +375,7 @@ def create_app(backend: Backend) -> FastAPI:
         app.add_exception_handler(kind, handler)
     app.middleware("http")(_body_limit(backend.max_body_bytes))
     app.include_router(router)
-    _health_routes(app, backend)
+    _health_routes(app, backend.health, backend.metrics)
     _page_routes(app)
     return app
 

@@ -21,6 +21,7 @@ from kubernetes_validate.utils import SchemaNotFoundError
 from prometheus_client.utils import floatToGoString
 
 from blackbox import policy
+from blackbox.api import probes_app
 from blackbox.endpoints import Endpoints
 from blackbox.health import Health
 from blackbox.metrics import LATENESS_BUCKETS, Metrics
@@ -174,7 +175,7 @@ def test_rendered_environment_loads_as_settings() -> None:
 @pytest.fixture
 def endpoints() -> Iterator[Endpoints]:
     metrics = Metrics()
-    server = Endpoints("127.0.0.1", 0, Health({}, metrics), metrics)
+    server = Endpoints("127.0.0.1", 0, probes_app(Health({}, metrics), metrics))
     server.start()
     yield server
     server.stop()

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from blackbox.api import probes_app
 from blackbox.endpoints import Endpoints
 from blackbox.health import Health
 from blackbox.metrics import Metrics
@@ -29,7 +30,7 @@ def _instruction(name: str) -> str:
 def health_server() -> Iterator[tuple[Endpoints, Health]]:
     metrics = Metrics()
     health = Health({}, metrics)
-    server = Endpoints("127.0.0.1", 0, health, metrics)
+    server = Endpoints("127.0.0.1", 0, probes_app(health, metrics))
     server.start()
     yield server, health
     server.stop()
