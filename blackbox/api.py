@@ -363,7 +363,8 @@ def _page_routes(app: FastAPI) -> None:
 
 def create_app(backend: Backend) -> FastAPI:
     app = FastAPI(title="blackbox", version="1", summary="Delayed messages for Kafka: "
-                  "see and manage what is pending.", openapi_url="/openapi.json")  # fmt: skip
+                  "see and manage what is pending.", openapi_url="/openapi.json",
+                  docs_url=None, redoc_url=None)  # fmt: skip
     app.state.backend = backend
     handlers: list[tuple[type[Exception], Any]] = [
         (ApiError, _on_api_error), (RequestValidationError, _on_invalid),
