@@ -33,11 +33,17 @@ def browser() -> Iterator[Browser]:
 
 
 def open_page(browser: Browser, service: Service, errors: list[str]) -> Page:
+    """The page, with console errors, page errors and any request leaving the service
+    collected in `errors` (the page works offline: nothing from elsewhere)."""
     assert service.endpoints is not None
+    base = f"http://127.0.0.1:{service.endpoints.port}/"
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(f"http://127.0.0.1:{service.endpoints.port}/")
+    page.on(
+        "request", lambda r: None if r.url.startswith((base, "data:")) else errors.append(r.url)
+    )
+    page.goto(base)
     return page
 
 
