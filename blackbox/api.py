@@ -1,8 +1,8 @@
 """The HTTP API (/api/v1) and the admin page (/), beside /live, /ready and /metrics.
 
-A FastAPI app: the OpenAPI document (/openapi.json, /docs) is generated from the typed
-models below and in `pending`. Every bad request is answered 4xx with a JSON body
-`{"error": ..., "reason": ...}`; Redis or the broker away is 503, never a 500.
+A FastAPI app: the OpenAPI document (/openapi.json) is generated from the typed
+models below and in `pending`. Every bad request is answered 4xx with a JSON body (see
+`httperrors`); Redis or the broker away is 503, never a 500.
 """
 
 from __future__ import annotations
@@ -10,36 +10,30 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
-from http import HTTPStatus
 from importlib import resources
 from typing import Annotated, Any
 
 import orjson
-import redis
-import structlog
-from confluent_kafka import KafkaException
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.exceptions import HTTPException
 
-from blackbox import envelope, kafka
+from blackbox import envelope, httperrors, kafka
 from blackbox.admin import Admin
 from blackbox.clock import now_ms
 from blackbox.dlqtail import DeadLetterTail, DeadLetterView
-from blackbox.errors import BadCursor, ConcurrentUpdate, CorruptSchedule, InvalidEnvelope
+from blackbox.errors import InvalidEnvelope
 from blackbox.events import Outcome
 from blackbox.health import Health
+from blackbox.httperrors import ApiError
 from blackbox.metrics import Metrics
 from blackbox.pending import Detail, Filter, Page, Pending, PendingGauges, State, Stats
 from blackbox.settings import Settings
 from blackbox.store import RedisStore
 
-log = structlog.get_logger("blackbox.api")
 PREFIX = "/api/v1"
 MAX_LIMIT = 500
 MAX_ID_CHARS = 1024
@@ -49,14 +43,6 @@ _STATUS = {
     Outcome.CANCELLED: 200, Outcome.UPDATED: 200, Outcome.ALREADY_FIRED: 409,
     Outcome.NOT_FOUND: 404,
 }  # fmt: skip
-
-
-class ApiError(Exception):
-    """A request refused with `status`, a short `error` code and a readable `reason`."""
-
-    def __init__(self, status: int, error: str, reason: str) -> None:
-        super().__init__(reason)
-        self.status, self.error, self.reason = status, error, reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,45 +276,6 @@ def _answer(outcome: Outcome, blackbox_id: str, due_ms: int | None) -> JSONRespo
     return JSONResponse(body, status_code=status)
 
 
-def _error(status: int, error: str, reason: str) -> JSONResponse:
-    return JSONResponse({"error": error, "reason": reason}, status_code=status)
-
-
-async def _on_api_error(_request: Request, e: Exception) -> JSONResponse:
-    assert isinstance(e, ApiError)
-    return _error(e.status, e.error, e.reason)
-
-
-async def _on_invalid(_request: Request, e: Exception) -> JSONResponse:
-    assert isinstance(e, RequestValidationError)
-    first = e.errors()[0] if e.errors() else {}
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    return _error(422, "invalid_request", f"{where}: {first.get('msg', 'invalid')}")
-
-
-async def _on_http(_request: Request, e: Exception) -> JSONResponse:
-    assert isinstance(e, HTTPException)
-    name = HTTPStatus(e.status_code).phrase.lower().replace(" ", "_")
-    return _error(e.status_code, name, str(e.detail))
-
-
-async def _on_unavailable(_request: Request, e: Exception) -> JSONResponse:
-    log.warning("api_dependency_unavailable", error=str(e))
-    return _error(503, "unavailable", f"{type(e).__name__}: {str(e)[:300]}")
-
-
-async def _on_conflict(_request: Request, e: Exception) -> JSONResponse:
-    return _error(409, "conflict", str(e))
-
-
-async def _on_corrupt(_request: Request, e: Exception) -> JSONResponse:
-    return _error(422, "unreadable", str(e))
-
-
-async def _on_bad_cursor(_request: Request, e: Exception) -> JSONResponse:
-    return _error(400, "bad_cursor", str(e))
-
-
 def _health_routes(app: FastAPI, health: Health, metrics: Metrics) -> None:
     """/live, /ready and /metrics, answered as they always were."""
 
@@ -366,30 +313,11 @@ def create_app(backend: Backend) -> FastAPI:
                   "see and manage what is pending.", openapi_url="/openapi.json",
                   docs_url=None, redoc_url=None)  # fmt: skip
     app.state.backend = backend
-    handlers: list[tuple[type[Exception], Any]] = [
-        (ApiError, _on_api_error), (RequestValidationError, _on_invalid),
-        (HTTPException, _on_http), (redis.RedisError, _on_unavailable),
-        (KafkaException, _on_unavailable), (ConcurrentUpdate, _on_conflict),
-        (CorruptSchedule, _on_corrupt), (BadCursor, _on_bad_cursor),
-    ]  # fmt: skip
-    for kind, handler in handlers:
-        app.add_exception_handler(kind, handler)
-    app.middleware("http")(_body_limit(backend.max_body_bytes))
+    httperrors.install(app, backend.max_body_bytes)
     app.include_router(router)
     _health_routes(app, backend.health, backend.metrics)
     _page_routes(app)
     return app
-
-
-def _body_limit(limit: int) -> Any:
-    async def check(request: Request, call_next: Any) -> Response:
-        declared = request.headers.get("content-length", "0")
-        if not declared.isdigit() or int(declared) > limit:
-            return _error(413, "too_large", f"a request body is at most {limit} bytes")
-        response: Response = await call_next(request)
-        return response
-
-    return check
 
 
 def backend_of(
