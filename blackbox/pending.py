@@ -338,12 +338,13 @@ class Pending:
         pipe.zcount(self.keys.due, "-inf", now)
         pipe.zrange(self.keys.due, 0, 0, withscores=True)
 
-    def gauges(self) -> tuple[int, int, int, int | None]:
-        """Pending, in flight, overdue and the earliest due time: four O(log n) calls."""
+    def gauges(self) -> tuple[int, int | None]:
+        """Overdue ids and the earliest due time: two O(log n) calls."""
         pipe = self.client.pipeline(transaction=False)
-        self._counts(pipe, now_ms())
-        pending, in_flight, overdue, first = pipe.execute()
-        return int(pending), int(in_flight), int(overdue), int(first[0][1]) if first else None
+        pipe.zcount(self.keys.due, "-inf", now_ms())
+        pipe.zrange(self.keys.due, 0, 0, withscores=True)
+        overdue, first = pipe.execute()
+        return int(overdue), int(first[0][1]) if first else None
 
     def _topics(self) -> Counter[str]:
         members: Any = self.client.zrange(self.keys.due, 0, TOPIC_SAMPLE - 1)
@@ -360,21 +361,21 @@ def _buckets(now: int, counts: Sequence[int]) -> list[list[Bucket]]:
 
 
 class PendingGauges(Collector):
-    """Exports pending, in flight, overdue and the earliest due time at each scrape."""
+    """Exports the overdue count and the earliest due time at each scrape (the pending
+    counts are `blackbox_pending_messages`, from the health probe)."""
 
     def __init__(self, pending: Pending) -> None:
         self.pending = pending
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
-            count, in_flight, overdue, earliest = self.pending.gauges()
+            overdue, earliest = self.pending.gauges()
         except redis.RedisError as e:  # /ready says Redis is away; the scrape goes on
             log.info("pending_gauges_unavailable", error=str(e))
             return
-        yield GaugeMetricFamily("blackbox_pending", "Ids waiting for their due time.", count)
-        yield GaugeMetricFamily("blackbox_in_flight", "Ids being produced now.", in_flight)
-        yield GaugeMetricFamily("blackbox_overdue", "Ids past their due time, not yet claimed.",
-                                overdue)  # fmt: skip
+        yield GaugeMetricFamily(
+            "blackbox_overdue_messages", "Ids past their due time, not claimed yet.", overdue
+        )
         if earliest is not None:
             yield GaugeMetricFamily(
                 "blackbox_earliest_due_timestamp_seconds",

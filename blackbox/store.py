@@ -115,9 +115,13 @@ def _lua(name: str) -> str:
 
 
 def _script(client: redis.Redis, name: str, *, shared: bool = False) -> Any:
-    """Register a script; `shared` puts pending.lua's functions in front of it."""
+    """Register a script; `shared` puts pending.lua's functions in front of it, after its
+    shebang line (which must stay the first)."""
     text = _lua(name)
-    return client.register_script(_lua("pending") + text if shared else text)
+    if shared:
+        shebang, rest = text.split("\n", 1) if text.startswith("#!") else ("", text)
+        text = f"{shebang}\n{_lua('pending')}{rest}" if shebang else _lua("pending") + rest
+    return client.register_script(text)
 
 
 def _chunks(items: Sequence[Any], size: int = SCRIPT_CHUNK) -> Iterator[Sequence[Any]]:

@@ -1,6 +1,9 @@
+#!lua flags=allow-oom
 -- Cancel one pending id, as an intake cancel record would (the same cancel() of
 -- pending.lua, which the store loads in front of this), without an intake watermark: the
 -- HTTP API's DELETE.
+--
+-- Runs on a Redis over `maxmemory` (allow-oom): it frees a payload for a small marker.
 --
 -- KEYS[1]  due sorted set (id -> due epoch ms)
 -- KEYS[2]  in-flight sorted set (id -> lease expiry epoch ms)

@@ -1,6 +1,7 @@
 -- Functions shared by the scripts that end one pending id: intake.lua (a cancel record) and
 -- cancel.lua (a cancel through the HTTP API). The store puts this file in front of theirs
--- when it loads them, so both cancels run the same code, atomically.
+-- when it loads them (after their shebang line), so both cancels run the same code,
+-- atomically.
 --
 -- `sets` names the keys they touch, each taken from the calling script's KEYS[]:
 --   sets.due       due sorted set (id -> due epoch ms)

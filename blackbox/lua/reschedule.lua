@@ -1,6 +1,10 @@
+#!lua
 -- Move one pending id to a new due time, replacing its payload with the same schedule
 -- re-encoded for that time, if the payload is still the one the caller read
 -- (compare-and-set: the encoding is Python's, in schedule.py).
+--
+-- Refused whole, before it runs, by a Redis over `maxmemory` (a shebang without allow-oom):
+-- the API answers 503 and the schedule keeps its due time.
 --
 -- KEYS[1]  due sorted set (id -> due epoch ms)
 -- KEYS[2]  in-flight sorted set (id -> lease expiry epoch ms)
