@@ -32,7 +32,7 @@ from blackbox.events import Event, Outcome
 from blackbox.kafka import lasting_reason
 from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox, Record, Reports
-from blackbox.schedule import Schedule, split_scoped
+from blackbox.schedule import Schedule, origin_topic, split_scoped
 from blackbox.store import Claim, Loaded, RedisStore
 
 log = structlog.get_logger("blackbox.dispatcher")
@@ -128,7 +128,7 @@ def _etf1_headers(schedule: Schedule) -> list[tuple[str, bytes | None]]:
     """What etf1's scheduler adds: the schedule's timestamp (s), its key and its topic."""
     scoped = split_scoped(schedule.id)
     key = scoped[1] if scoped is not None else schedule.id
-    topic = (schedule.origin or schedule.id).rsplit(":", 2)[0]
+    topic = origin_topic(schedule.origin or schedule.id)
     return [
         ("scheduler-timestamp", str((schedule.sent_ms or 0) // 1000).encode()),
         ("scheduler-key", key.encode()),

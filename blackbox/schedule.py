@@ -18,7 +18,7 @@ Anything richer uses version 2, where a flags byte says which optional parts fol
     caller   u16 len + bytes                        (flag 1)
     key      u32 len + bytes                        (flag 2)
     headers  u16 count, each u16 len + name, u32 len + value (0xFFFFFFFF: none) (flag 4)
-    origin   u16 len + "topic:partition:offset"     (flag 8; up to 280 bytes)
+    origin   u16 len + "topic:partition:offset[:tag]"  (flag 8; up to 289 bytes)
     sent_ms  i64     the intake record's timestamp  (flag 16)
     value    the rest
 """
@@ -195,6 +195,11 @@ def intake_id(topic: str, partition: int, offset: int, incarnation: str = "") ->
     distinct for a topic created again under the same name (its `incarnation` tag)."""
     origin = f"{topic}:{partition}:{offset}"
     return f"{origin}:{incarnation}" if incarnation else origin
+
+
+def origin_topic(origin: str) -> str:
+    """The intake topic named by an intake id (topic names hold no ':')."""
+    return origin.split(":", 1)[0]
 
 
 def scoped_id(caller: bytes | None, schedule_id: str) -> str:

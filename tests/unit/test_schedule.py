@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from blackbox.envelope import Envelope, Header
 from blackbox.errors import CorruptSchedule
-from blackbox.schedule import Schedule, intake_id, scoped_id, split_scoped
+from blackbox.schedule import Schedule, intake_id, origin_topic, scoped_id, split_scoped
 
 PROPERTY = settings(max_examples=300, deadline=None, database=None)
 
@@ -144,9 +144,16 @@ def test_richer_schedules_use_version_2(schedule: Schedule) -> None:
     assert Schedule.decode(schedule.id, encoded) == schedule
 
 
+def test_origin_topic_is_the_intake_topic_with_or_without_a_tag() -> None:
+    """etf1's scheduler-topic header names the intake topic, whatever follows it."""
+    assert origin_topic(intake_id("in.bound_x-1", 3, 42, "EhQ/z1Nx")) == "in.bound_x-1"
+    assert origin_topic(intake_id("in.bound_x-1", 3, 42)) == "in.bound_x-1"
+
+
 def test_the_longest_origin_round_trips() -> None:
-    """An origin of a 249-character intake topic, the largest partition and offset fits."""
-    origin = intake_id("t" * 249, 2**31 - 1, 2**63 - 1)
+    """An origin of a 249-character intake topic, the largest partition and offset, and
+    the topic's incarnation tag fits."""
+    origin = intake_id("t" * 249, 2**31 - 1, 2**63 - 1, "EhQ/z1Nx")
     schedule = Schedule("@/x", "orders", b"v", 5, origin=origin)
     assert Schedule.decode("@/x", schedule.encode()) == schedule
 
