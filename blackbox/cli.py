@@ -1,7 +1,9 @@
 """The `blackbox` command.
 
-Exit codes: 0 success; 1 the service or a send failed at run time; 2 bad usage or settings,
-or a Redis that may evict keys (its maxmemory-policy is not noeviction).
+Exit codes: 0 success; 1 the service, a send or a Spark job failed at run time; 2 bad usage
+or settings, a Redis that may evict keys (its maxmemory-policy is not noeviction), or
+`blackbox spark ...` without PySpark installed; 3 `blackbox spark audit` found messages lost,
+or late beyond --max-late.
 """
 
 from __future__ import annotations
@@ -19,16 +21,17 @@ import structlog
 from confluent_kafka import KafkaException
 
 from blackbox import client, console, envelope, kafka, logs
+from blackbox.spark import command as spark_command
 from blackbox.answers import Answers
 from blackbox.devstack import BROKERS, DevOptions, DevStack
 from blackbox.envelope import CALLER_HEADER
-from blackbox.errors import InvalidEnvelope, SettingsError, StackError
+from blackbox.errors import InvalidEnvelope, SettingsError, SparkMissing, StackError
 from blackbox.events import Outcome
 from blackbox.progress import Progress
 from blackbox.service import Service, limits_of
 from blackbox.settings import Settings, describe
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_FINDINGS = 0, 1, 2, 3
 CANCEL_ANSWERS = frozenset(
     o.value
     for o in (Outcome.CANCELLED, Outcome.ALREADY_FIRED, Outcome.NOT_FOUND, Outcome.DEAD_LETTERED)
@@ -49,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(settings.log_format, settings.log_level)
     try:
         code: int = args.command(args, settings)
-    except (SettingsError, StackError) as e:
+    except (SettingsError, StackError, SparkMissing) as e:
         _error(str(e))
         return EXIT_USAGE
     return code
@@ -95,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     cancel.set_defaults(command=cmd_cancel)
     console.add_commands(commands)
+    spark_command.add_commands(commands)
     return parser
 
 

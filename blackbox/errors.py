@@ -76,3 +76,7 @@ class ConcurrentUpdate(BlackboxError):
 
 class BadCursor(BlackboxError):
     """A listing cursor that this service did not hand out (or that was altered)."""
+
+
+class SparkMissing(BlackboxError):
+    """`blackbox spark ...` was run without the optional PySpark extra installed."""

@@ -1,0 +1,180 @@
+"""The data pipeline on Spark: bulk scheduling and the delivery audit, end to end.
+
+One real Spark session (local[2], Spark's own Kafka connector) is shared by these tests;
+the broker and the service are the real ones of the other integration tests.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from confluent_kafka import Producer
+from pyspark.sql import SparkSession
+
+from blackbox import cli
+from blackbox.keys import Keys
+from blackbox.metrics import LATENESS_BUCKETS
+from blackbox.schedule import scoped_id
+from blackbox.service import Service
+from blackbox.spark import example, session
+from tests.integration.conftest import ReaderFactory, ServiceFactory
+from tests.kafkatools import Received, wait_until
+
+# A Spark job starts Python workers and a JVM stage per step: minutes on a loaded machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+# The issue's scenario has 100,000 rows: scaled down to fit the CI budget on 2 cores; the
+# benchmark runs it at 100,000 (`python -m benchmarks.spark scenario`) and at 1,000,000.
+ROWS = 20_000
+CALLER = "bulk"
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    started = session.start("local[2]", "blackbox-tests")
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def job_env(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The commands read their settings from the environment, as the service does."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
+def schedule(data: Path, out: Path, *extra: str) -> dict[str, Any]:
+    summary = out / "summary.json"
+    code = cli.main(["spark", "schedule", str(data), "--caller", CALLER, "--id", "user_id",
+                     "--topic-column", "topic", "--message", "payload", "--due", "delay_s",
+                     "--due-as", "delay", "--jitter", "1", "--rejects", str(out / "rejects"),
+                     "--summary", str(summary), *extra])  # fmt: skip
+    assert code == cli.EXIT_OK
+    result: dict[str, Any] = json.loads(summary.read_text())
+    return result
+
+
+def audit(out: Path, since_ms: int, *extra: str) -> tuple[int, dict[str, Any]]:
+    code = cli.main(["spark", "audit", "--out", str(out), "--since", str(since_ms / 1000),
+                     "--margin", "0", *extra])  # fmt: skip
+    return code, json.loads((out / "summary.json").read_text())
+
+
+def bucket_of(buckets: list[tuple[float, float]], quantile: float) -> int:
+    """The index of the bucket holding `quantile` of a cumulative histogram."""
+    total = buckets[-1][1]
+    return next(i for i, (_, count) in enumerate(buckets) if count >= quantile * total)
+
+
+def service_buckets(service: Service) -> list[tuple[float, float]]:
+    bounds = [*LATENESS_BUCKETS, float("inf")]
+    name = "blackbox_lateness_seconds_bucket"
+    return [(b, service.metrics.value(name, {"le": _le(b)})) for b in bounds]
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else str(bound)
+
+
+def test_bulk_schedule_is_delivered_once_and_the_audit_agrees_with_the_service(
+    spark: SparkSession, job_env: dict[str, str], start_service: ServiceFactory, tmp_path: Path
+) -> None:
+    """No silent loss and at-least-once, in bulk (guarantees 1, 2, 6): 100,000 rows with bad
+    ones are judged by the service's rules (rejects counted exactly), every good row is
+    delivered, a re-run schedules nothing twice, and the audit finds 0 lost, 0 duplicated
+    and lateness matching the service's own histogram within one bucket."""
+    data = tmp_path / "users.parquet"
+    example.dataset(spark, ROWS, prefix=job_env["BLACKBOX_NAMESPACE"]).write.parquet(str(data))
+    service = start_service()
+    started_ms = int(time.time() * 1000)
+    expected = example.expected_rejects(ROWS)
+    first = schedule(data, tmp_path / "first")
+    good = ROWS - sum(expected.values())
+    assert (first["rejected"], first["valid"], first["sent"]) == (expected, good, good)
+    assert spark.read.json(str(tmp_path / "first" / "rejects")).count() == sum(expected.values())
+    delivered = "blackbox_delivered_total"
+    wait_until(lambda: service.metrics.value(delivered) >= good, 120, "all delivered")
+    again = schedule(data, tmp_path / "again")
+    assert (again["sent"], again["already_scheduled"]) == (0, good)
+
+    code, found = audit(tmp_path / "audit", started_ms)
+    counts = found["counts"]
+    assert code == cli.EXIT_OK and not found["failed"]
+    assert (counts["scheduled"], counts["delivered"], counts["deliveries"]) == (good,) * 3
+    assert (counts["lost"], counts["duplicated"], counts["early"]) == (0, 0, 0)
+    assert service.metrics.value(delivered) == good
+    ours = json.loads((tmp_path / "audit" / "summary.json").read_text())
+    assert (tmp_path / "audit" / "report.html").stat().st_size > 0
+    for chart in ("lateness.png", "by_target.png", "per_minute.png", "dead_letters.png"):
+        assert (tmp_path / "audit" / chart).stat().st_size > 1000
+    audited = _audit_buckets(spark, tmp_path / "audit")
+    for quantile in (0.5, 0.9, 0.99):
+        at_service = bucket_of(service_buckets(service), quantile)
+        assert abs(bucket_of(audited, quantile) - at_service) <= 1, (quantile, ours)
+
+
+def _audit_buckets(spark: SparkSession, out: Path) -> list[tuple[float, float]]:
+    lateness = spark.read.parquet(str(out / "deliveries")).select("lateness_ms").collect()
+    values = [r["lateness_ms"] for r in lateness]
+    bounds = [*LATENESS_BUCKETS, float("inf")]
+    return [(b, float(sum(1 for v in values if v <= b * 1000))) for b in bounds]
+
+
+def test_audit_counts_lost_and_duplicated_exactly_and_fails(
+    spark: SparkSession,
+    job_env: dict[str, str],
+    start_service: ServiceFactory,
+    redis_client: redis.Redis,
+    reader: ReaderFactory,
+    tmp_path: Path,
+) -> None:
+    """The audit proves its own worth: payloads removed from Redis behind the service's back
+    are reported lost, copies produced by hand are reported duplicated, each count exact,
+    and the command exits non-zero (a scheduled check fails)."""
+    rows, lost_ids, copies = 2_000, 7, 5
+    prefix = job_env["BLACKBOX_NAMESPACE"]
+    data = tmp_path / "users.parquet"
+    frame = example.dataset(spark, rows, bad_every=0, prefix=prefix, max_delay_s=2, min_delay_s=8)
+    frame.write.parquet(str(data))
+    service = start_service()
+    started_ms = int(time.time() * 1000)
+    keys, store = Keys(prefix), redis_client
+    schedule(data, tmp_path / "run", "--jitter", "0")
+    stored = "blackbox_intake_records_total"
+    wait_until(lambda: service.metrics.value(stored, {"outcome": "scheduled"}) >= rows, 30)
+    victims = [scoped_id(CALLER.encode(), f"user-{n:08d}") for n in range(lost_ids)]
+    removed = sum(int(store.zrem(keys.due, v)) for v in victims)
+    assert removed == lost_ids, "the victims fired before they could be removed"
+    store.delete(*[keys.payload(v) for v in victims])
+
+    erase, notify = reader(f"{prefix}.erase"), reader(f"{prefix}.notify")
+    wait_until(lambda: _read(erase) + _read(notify) >= rows - lost_ids, 60, "deliveries")
+    _produce_copies(job_env["KAFKA_BOOTSTRAP_SERVERS"], erase.records[:copies])
+
+    code, found = audit(tmp_path / "audit", started_ms)
+    counts = found["counts"]
+    assert code == cli.EXIT_FINDINGS and found["failed"]
+    assert (counts["lost"], counts["duplicated"], counts["extra_copies"]) == (
+        lost_ids, copies, copies)  # fmt: skip
+    lost = spark.read.parquet(str(tmp_path / "audit" / "lost")).select("blackbox_id").collect()
+    assert sorted(r["blackbox_id"] for r in lost) == sorted(victims)
+
+
+def _read(reader: Any) -> int:
+    reader.poll(0.1)
+    return len(reader.records)
+
+
+def _produce_copies(bootstrap: str, records: list[Received]) -> None:
+    """Deliver some messages a second time, headers and all, as a crash could."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for r in records:
+        producer.produce(r.topic, r.value, r.key, headers=list(r.headers.items()))
+    assert producer.flush(30) == 0
