@@ -30,6 +30,7 @@ from blackbox.events import Outcome
 from blackbox.progress import Progress
 from blackbox.service import Service, limits_of
 from blackbox.settings import Settings, describe
+from blackbox.spark import command as spark_command
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_FINDINGS = 0, 1, 2, 3
 CANCEL_ANSWERS = frozenset(

@@ -33,8 +33,13 @@ def add_commands(commands: Any) -> None:
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", help="Spark master (default local[*]; ignored under "
                         "spark-submit, which sets its own)")  # fmt: skip
-    parser.add_argument("--kafka-option", action="append", default=[], metavar="NAME=VALUE",
-                        help="a Java Kafka client property for Spark's connector (repeatable)")
+    parser.add_argument(
+        "--kafka-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Java Kafka client property for Spark's connector (repeatable)",
+    )
 
 
 def _schedule_options(jobs: Any) -> None:
@@ -52,24 +57,39 @@ def _schedule_options(jobs: Any) -> None:
     target.add_argument("--topic", help="deliver every row to this topic")
     target.add_argument("--topic-column", metavar="COLUMN", help="the column naming the topic")
     p.add_argument("--message", metavar="COLUMN", default="message", help="default: message")
-    p.add_argument("--message-kind", choices=("text", "json", "binary"),
-                   help="default: by type (string: text, bytes: binary, struct: its JSON)")
+    p.add_argument(
+        "--message-kind",
+        choices=("text", "json", "binary"),
+        help="default: by type (string: text, bytes: binary, struct: its JSON)",
+    )
     p.add_argument("--key", metavar="COLUMN", help="the delivered record's key")
     due = p.add_mutually_exclusive_group(required=True)
     due.add_argument("--due", metavar="COLUMN", help="the column saying when (see --due-as)")
     due.add_argument("--at", help="one instant for all: RFC 3339 with an offset, or epoch s")
     due.add_argument("--countdown", type=float, metavar="SECONDS", help="one delay for all")
-    p.add_argument("--due-as", choices=DUE_SOURCES, default="timestamp",
-                   help="what --due holds (default timestamp)")
+    p.add_argument(
+        "--due-as",
+        choices=DUE_SOURCES,
+        default="timestamp",
+        help="what --due holds (default timestamp)",
+    )
     p.add_argument("--zone-column", metavar="COLUMN", help="an IANA time zone per row: --due "
                    "is then local wall-clock time there ('2026-11-24 09:00')")  # fmt: skip
-    p.add_argument("--jitter", type=float, default=0.0, metavar="SECONDS",
-                   help="spread each due time by a stable share of this window")
+    p.add_argument(
+        "--jitter",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="spread each due time by a stable share of this window",
+    )
     p.add_argument("--rejects", metavar="PATH", help="write rejected rows here (overwritten)")
     p.add_argument("--rejects-format", choices=("json", "parquet", "csv"), default="json")
     p.add_argument("--dry-run", action="store_true", help="judge the rows, send nothing")
-    p.add_argument("--resend", action="store_true",
-                   help="send ids blackbox already scheduled again (as updates)")
+    p.add_argument(
+        "--resend",
+        action="store_true",
+        help="send ids blackbox already scheduled again (as updates)",
+    )
     p.add_argument("--summary", metavar="PATH", help="also write the summary here as JSON")
     _common(p)
     p.set_defaults(command=cmd_schedule)
@@ -85,12 +105,22 @@ def _audit_options(jobs: Any) -> None:
     p.add_argument("--out", required=True, help="folder for the tables and the report")
     p.add_argument("--since", help="window start: RFC 3339 or epoch s (default: 24 h before)")
     p.add_argument("--until", help="window end: RFC 3339 or epoch s (default: now)")
-    p.add_argument("--margin", type=float, default=60.0, metavar="SECONDS",
-                   help="what is due this close to the end is not yet lost (default 60)")
-    p.add_argument("--max-late", type=float, metavar="SECONDS",
-                   help="fail when a delivery was later than this")
-    p.add_argument("--topic", action="append", default=[],
-                   help="a target topic (repeatable; default: those scheduled to)")
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="what is due this close to the end is not yet lost (default 60)",
+    )
+    p.add_argument(
+        "--max-late", type=float, metavar="SECONDS", help="fail when a delivery was later than this"
+    )
+    p.add_argument(
+        "--topic",
+        action="append",
+        default=[],
+        help="a target topic (repeatable; default: those scheduled to)",
+    )
     _common(p)
     p.set_defaults(command=cmd_audit)
 
@@ -110,7 +140,7 @@ def instant_ms(text: str) -> int:
 def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
     spark.require()
     from blackbox.spark import schedule, session  # noqa: PLC0415 - needs the extra
-    from blackbox.spark.rows import DueKind, Judge, MessageKind  # noqa: PLC0415
+    from blackbox.spark.rows import Judge, MessageKind  # noqa: PLC0415
 
     columns = schedule.Columns(
         id=args.id, topic_column=args.topic_column, topic=args.topic, message=args.message,

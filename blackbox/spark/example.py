@@ -21,8 +21,15 @@ ZONES = ("Europe/Paris", "America/New_York", "Asia/Tokyo", "Australia/Sydney", "
 BAD_KINDS = ("forbidden_topic", "invalid_countdown", "invalid_id", "invalid_topic")
 
 
-def dataset(spark: SparkSession, rows: int, bad_every: int = 100, prefix: str = "users",
-            max_delay_s: float = 5.0, min_delay_s: float = 1.0) -> DataFrame:  # fmt: skip
+def dataset(  # noqa: PLR0913 - the dataset's knobs, each by name
+    spark: SparkSession,
+    rows: int,
+    *,
+    bad_every: int = 100,
+    prefix: str = "users",
+    max_delay_s: float = 5.0,
+    min_delay_s: float = 1.0,
+) -> DataFrame:
     """`rows` rows; delays spread over [min_delay_s, min_delay_s + max_delay_s) seconds."""
     i = F.col("id")
     bad = (i % bad_every == 0) if bad_every else F.lit(False)
@@ -63,12 +70,12 @@ def main() -> None:
     from blackbox.spark import session  # noqa: PLC0415
 
     spark = session.start(app="blackbox-example")
-    frame = dataset(spark, args.rows, args.bad_every, args.prefix)
+    frame = dataset(spark, args.rows, bad_every=args.bad_every, prefix=args.prefix)
     if args.format != "parquet":  # CSV holds no struct: the payload goes as JSON text
         frame = frame.withColumn("payload", F.to_json("payload"))
     frame.write.mode("overwrite").format(args.format).save(args.out)
-    print(f"{args.rows:,} rows in {args.out}; rejects expected: "  # noqa: T201
-          f"{expected_rejects(args.rows, args.bad_every)}")
+    expected = expected_rejects(args.rows, args.bad_every)
+    print(f"{args.rows:,} rows in {args.out}; rejects expected: {expected}")  # noqa: T201
     spark.stop()
 
 

@@ -10,7 +10,7 @@ events topic) are skipped, so a re-run schedules nothing twice.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,7 +105,8 @@ def canonical(frame: DataFrame, mapping: Columns) -> tuple[DataFrame, MessageKin
     due, due_kind = _due(frame, mapping)
     source = F.to_json(F.struct(*[F.col(f"`{c}`") for c in frame.columns]))
     selected = frame.select(
-        (F.col(f"`{mapping.id}`").cast("string") if mapping.id else F.sha2(source, 256)).alias("id"),
+        (F.col(f"`{mapping.id}`").cast("string") if mapping.id else F.sha2(source, 256))
+        .alias("id"),
         (F.col(f"`{mapping.topic_column}`") if mapping.topic_column else F.lit(mapping.topic))
         .alias("topic"),
         message.alias("message"),
@@ -146,16 +147,19 @@ def _due(frame: DataFrame, mapping: Columns) -> tuple[Column, DueKind]:
         return F.lit(mapping.countdown).cast("double"), DueKind.DELAY
     if mapping.due is None:
         raise SettingsError("give a due column (--due), --at or --countdown")
-    column, source = F.col(f"`{mapping.due}`"), mapping.due_source
-    if mapping.zone is not None or source == "wall_clock":
+    column = F.col(f"`{mapping.due}`")
+    if mapping.zone is not None or mapping.due_source == "wall_clock":
         return _wall_clock(frame, mapping.due, column), DueKind.WALL_CLOCK
-    if source == "timestamp":
-        return F.unix_millis(column.cast("timestamp")), DueKind.AT_MS
-    if source == "epoch_s":
-        return F.ceil(column.cast("double") * 1000).cast("long"), DueKind.AT_MS
-    if source == "epoch_ms":
-        return column.cast("long"), DueKind.AT_MS
-    return column.cast("double"), DueKind.DELAY
+    return _DUE_COLUMNS[mapping.due_source](column)
+
+
+# What each kind of due column becomes before the Python workers see it.
+_DUE_COLUMNS: dict[str, Callable[[Column], tuple[Column, DueKind]]] = {
+    "timestamp": lambda c: (F.unix_millis(c.cast("timestamp")), DueKind.AT_MS),
+    "epoch_s": lambda c: (F.ceil(c.cast("double") * 1000).cast("long"), DueKind.AT_MS),
+    "epoch_ms": lambda c: (c.cast("long"), DueKind.AT_MS),
+    "delay": lambda c: (c.cast("double"), DueKind.DELAY),
+}
 
 
 def _wall_clock(frame: DataFrame, name: str, column: Column) -> Column:

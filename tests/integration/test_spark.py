@@ -127,7 +127,7 @@ def _audit_buckets(spark: SparkSession, out: Path) -> list[tuple[float, float]]:
     return [(b, float(sum(1 for v in values if v <= b * 1000))) for b in bounds]
 
 
-def test_audit_counts_lost_and_duplicated_exactly_and_fails(
+def test_audit_counts_lost_and_duplicated_exactly_and_fails(  # noqa: PLR0913, PLR0917 - fixtures
     spark: SparkSession,
     job_env: dict[str, str],
     start_service: ServiceFactory,

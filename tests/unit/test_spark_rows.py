@@ -45,7 +45,9 @@ def test_a_good_row_becomes_the_envelope_the_intake_reads() -> None:
         ({"id": "a", "topic": "t", "message": "m", "due": 10**6}, "beyond_horizon"),
     ],
 )
-def test_bad_rows_are_rejected_with_the_dead_letter_reason(row: dict[str, object], reason: str) -> None:
+def test_bad_rows_are_rejected_with_the_dead_letter_reason(
+    row: dict[str, object], reason: str
+) -> None:
     """No silent loss in bulk: a bad row gets the reason the intake would dead-letter it for."""
     verdict = judge().row(row, NOW_MS)
     assert verdict.reason == reason and verdict.value is None and verdict.detail
