@@ -189,6 +189,7 @@ def _write_deliveries(stack: Stack, rows: int) -> None:
     base = spark.range(rows).select(
         F.format_string("@%s/user-%08d", F.lit(CALLER), "id").alias("blackbox_id"),
         F.lit(CALLER).alias("caller"),
+        F.col("id").alias("n"),
         F.format_string("user-%08d", "id").alias("user"),
         F.when(F.col("id") % 2 == 0, "bench.erase").otherwise("bench.notify").alias("topic"),
         (F.lit(now) - F.lit(1000) + F.col("id") % 1000).alias("due_ms"),
@@ -200,7 +201,7 @@ def _write_deliveries(stack: Stack, rows: int) -> None:
         F.lit("scheduled").alias("outcome"), F.lit(CALLER).alias("caller"),
         F.col("user").alias("id"), "blackbox_id", "due_ms", "topic",
         F.struct(F.lit(stack.settings.intake_topic).alias("topic"), F.lit(0).alias("partition"),
-                 F.col("id").alias("offset")).alias("intake"),
+                 F.col("n").alias("offset")).alias("intake"),
         F.lit(now).alias("at_ms"))).alias("value"))  # fmt: skip
     topics.write(events, options, stack.settings.events_topic)
     named = {"blackbox-id": "blackbox_id", "blackbox-due-ms": "due_ms",

@@ -12,7 +12,6 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on a server
 
 import matplotlib.pyplot as plt
-import numpy
 from matplotlib.figure import Figure
 
 from blackbox.spark.audit import Audit, Findings
@@ -103,21 +102,26 @@ def _by_target(findings: Findings) -> Figure:
 
 def _per_minute(findings: Findings) -> Figure:
     figure, axes = plt.subplots(figsize=(8, 3.2))
-    minutes = numpy.array([r["minute_ms"] for r in findings.per_minute], dtype="datetime64[ms]")
-    axes.plot(minutes, [r["due"] for r in findings.per_minute], label="due", marker=".")
-    axes.plot(minutes, [r["delivered"] for r in findings.per_minute], label="delivered",
-              marker=".", linestyle="--")  # fmt: skip
+    rows = findings.per_minute
+    labels = [datetime.fromtimestamp(r["minute_ms"] / 1000, UTC).strftime("%H:%M") for r in rows]
+    spots = range(len(rows))
+    axes.bar([x - 0.2 for x in spots], [r["due"] for r in rows], 0.4, label="due")
+    axes.bar([x + 0.2 for x in spots], [r["delivered"] for r in rows], 0.4, label="delivered")
+    step = max(1, len(rows) // 12)  # at most about a dozen labels
+    axes.set_xticks(list(spots)[::step], labels[::step], fontsize=7)
     axes.set_title("Deliveries per minute against what fell due (UTC)")
     axes.legend(fontsize=7)
-    figure.autofmt_xdate()
     return figure
 
 
 def _dead_letters(findings: Findings) -> Figure:
     figure, axes = plt.subplots(figsize=(8, 2.6))
     reasons = sorted(findings.dead_letters.items(), key=lambda item: -item[1])
-    axes.barh([r for r, _ in reasons] or ["(none)"], [c for _, c in reasons] or [0],
-              color="#c44e52")  # fmt: skip
+    axes.barh([r for r, _ in reasons], [c for _, c in reasons], color="#c44e52")
+    if not reasons:
+        axes.text(0.5, 0.5, "no dead letters", ha="center", va="center", transform=axes.transAxes)
+        axes.set_xticks([])
+        axes.set_yticks([])
     axes.set_title("Dead letters by reason")
     return figure
 
