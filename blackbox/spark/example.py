@@ -5,7 +5,8 @@
 Each row is a user to act on later: `user_id`, `topic` (two target topics), `payload` (a
 struct, delivered as JSON), `delay_s` (seconds from now), and `local_time` with `zone` (a
 wall-clock time in the user's zone, for "9:00 in each user's time zone"). Every
-`bad_every`-th row is bad in one of four ways, in turn; `expected_rejects` counts them.
+`bad_every`-th row is bad in one of four ways, in turn; `expected_rejects` counts them
+when the due time is `delay_s` (a negative delay is one of the four).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def main() -> None:
     frame = dataset(spark, args.rows, bad_every=args.bad_every, prefix=args.prefix)
     if args.format != "parquet":  # CSV holds no struct: the payload goes as JSON text
         frame = frame.withColumn("payload", F.to_json("payload"))
-    frame.write.mode("overwrite").format(args.format).save(args.out)
+    writer = frame.write.mode("overwrite").format(args.format)
+    writer.option("header", "true").save(args.out)  # the header line: CSV only
     expected = expected_rejects(args.rows, args.bad_every)
     print(f"{args.rows:,} rows in {args.out}; rejects expected: {expected}")  # noqa: T201
     spark.stop()
