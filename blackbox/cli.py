@@ -21,7 +21,6 @@ import structlog
 from confluent_kafka import KafkaException
 
 from blackbox import client, console, envelope, kafka, logs
-from blackbox.spark import command as spark_command
 from blackbox.answers import Answers
 from blackbox.devstack import BROKERS, DevOptions, DevStack
 from blackbox.envelope import CALLER_HEADER
