@@ -75,7 +75,7 @@ def _lateness(findings: Findings) -> Figure:
     labels = [_seconds(b) for b, _ in findings.lateness_buckets]
     axes.bar(range(len(counts)), counts, color="#4c72b0")
     axes.set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
-    axes.set_title("Lateness (delivery time - due time), deliveries per bucket (upper bound)")
+    axes.set_title("Lateness (record timestamp - due time), deliveries per bucket (upper bound)")
     axes.set_ylabel("deliveries")
     return figure
 

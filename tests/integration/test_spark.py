@@ -7,6 +7,7 @@ the broker and the service are the real ones of the other integration tests.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,16 +68,15 @@ def audit(out: Path, since_ms: int, *extra: str) -> tuple[int, dict[str, Any]]:
     return code, json.loads((out / "summary.json").read_text())
 
 
-def bucket_of(buckets: list[tuple[float, float]], quantile: float) -> int:
-    """The index of the bucket holding `quantile` of a cumulative histogram."""
-    total = buckets[-1][1]
-    return next(i for i, (_, count) in enumerate(buckets) if count >= quantile * total)
-
-
-def service_buckets(service: Service) -> list[tuple[float, float]]:
+def service_bucket(service: Service, quantile: float) -> tuple[float, float]:
+    """The bounds (seconds) of the bucket of the service's send-lateness histogram that
+    holds `quantile`: the time each message was handed to the producer minus its due time,
+    which is what a delivered record's timestamp says too."""
     bounds = [*LATENESS_BUCKETS, float("inf")]
-    name = "blackbox_lateness_seconds_bucket"
-    return [(b, service.metrics.value(name, {"le": _le(b)})) for b in bounds]
+    name = "blackbox_send_lateness_seconds_bucket"
+    counts = [service.metrics.value(name, {"le": _le(b)}) for b in bounds]
+    index = next(i for i, count in enumerate(counts) if count >= quantile * counts[-1])
+    return (bounds[index - 1] if index else 0.0), bounds[index]
 
 
 def _le(bound: float) -> str:
@@ -86,10 +86,10 @@ def _le(bound: float) -> str:
 def test_bulk_schedule_is_delivered_once_and_the_audit_agrees_with_the_service(
     spark: SparkSession, job_env: dict[str, str], start_service: ServiceFactory, tmp_path: Path
 ) -> None:
-    """No silent loss and at-least-once, in bulk (guarantees 1, 2, 6): 100,000 rows with bad
+    """No silent loss and at-least-once, in bulk (guarantees 1, 2, 6): ROWS rows with bad
     ones are judged by the service's rules (rejects counted exactly), every good row is
     delivered, a re-run schedules nothing twice, and the audit finds 0 lost, 0 duplicated
-    and lateness matching the service's own histogram within one bucket."""
+    and lateness quantiles inside the service's own histogram bucket for them."""
     data = tmp_path / "users.parquet"
     example.dataset(spark, ROWS, prefix=job_env["BLACKBOX_NAMESPACE"]).write.parquet(str(data))
     service = start_service()
@@ -110,21 +110,18 @@ def test_bulk_schedule_is_delivered_once_and_the_audit_agrees_with_the_service(
     assert (counts["scheduled"], counts["delivered"], counts["deliveries"]) == (good,) * 3
     assert (counts["lost"], counts["duplicated"], counts["early"]) == (0, 0, 0)
     assert service.metrics.value(delivered) == good
-    ours = json.loads((tmp_path / "audit" / "summary.json").read_text())
     assert (tmp_path / "audit" / "report.html").stat().st_size > 0
     for chart in ("lateness.png", "by_target.png", "per_minute.png", "dead_letters.png"):
         assert (tmp_path / "audit" / chart).stat().st_size > 1000
-    audited = _audit_buckets(spark, tmp_path / "audit")
+    lateness = sorted(
+        r["lateness_ms"]
+        for r in spark.read.parquet(str(tmp_path / "audit" / "deliveries")).collect()
+    )
     for quantile in (0.5, 0.9, 0.99):
-        at_service = bucket_of(service_buckets(service), quantile)
-        assert abs(bucket_of(audited, quantile) - at_service) <= 1, (quantile, ours)
-
-
-def _audit_buckets(spark: SparkSession, out: Path) -> list[tuple[float, float]]:
-    lateness = spark.read.parquet(str(out / "deliveries")).select("lateness_ms").collect()
-    values = [r["lateness_ms"] for r in lateness]
-    bounds = [*LATENESS_BUCKETS, float("inf")]
-    return [(b, float(sum(1 for v in values if v <= b * 1000))) for b in bounds]
+        low, high = service_bucket(service, quantile)
+        ours = lateness[math.ceil(quantile * len(lateness)) - 1]
+        # A record's timestamp is whole milliseconds: one of slack on each side.
+        assert low * 1000 - 1 <= ours <= high * 1000 + 1, (quantile, ours, low, high)
 
 
 def test_audit_counts_lost_and_duplicated_exactly_and_fails(  # noqa: PLR0913, PLR0917 - fixtures
