@@ -23,7 +23,8 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -49,7 +50,15 @@ ABSOLUTE_MAX_COUNTDOWN_SECONDS = 1000 * 365.25 * 86400
 MAX_TOPIC_CHARS = 249
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
+_SECOND = timedelta(seconds=1)
+# RFC 3339 section 5.6 date-time: full-date "T" full-time, the offset required. Digits
+# are ASCII only (\d would take any Unicode digit); hour, minute and offset ranges are
+# checked here, the day of the month by the calendar. A leap second (:60) is refused:
+# no clock here can name it.
+_RFC3339 = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([01][0-9]|2[0-3]):([0-5][0-9]):([0-5][0-9])"
+    r"(?:\.([0-9]+))?([Zz]|([+-])(?:([01][0-9]|2[0-3]):([0-5][0-9])))"
+)
 _R = DeadLetterReason
 
 Header = tuple[str, bytes | None]
@@ -299,7 +308,10 @@ def _message_bytes(document: dict[str, Any]) -> bytes:
     message = _field(document, "message")
     if isinstance(message, str):
         return message.encode("utf-8")
-    return orjson.dumps(message)
+    try:
+        return orjson.dumps(message)
+    except orjson.JSONEncodeError as e:  # orjson writes at most 254 levels, reads 1024
+        raise InvalidEnvelope(_R.INVALID_JSON, f"message cannot be re-encoded: {e}") from e
 
 
 def _due(document: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -322,7 +334,7 @@ def _countdown_ms(countdown: object) -> int:
         raise InvalidEnvelope(
             _R.INVALID_COUNTDOWN, f"countdown {countdown} s is beyond any horizon (1,000 years)"
         )
-    return math.ceil(countdown * 1000)
+    return _seconds_to_ms(countdown)
 
 
 def _deliver_at_ms(at: object) -> int:
@@ -333,25 +345,57 @@ def _deliver_at_ms(at: object) -> int:
         )
     if not isinstance(at, str):
         return _epoch_ms(at, "deliver_at")
+    return _rfc3339_ms(at)
+
+
+def _rfc3339_ms(text: str) -> int:
+    """RFC 3339 date-time (section 5.6) as epoch ms, rounded up; nothing else ISO 8601 allows."""
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        raise InvalidEnvelope(
+            _R.INVALID_DELIVER_AT,
+            f"deliver_at {text[:60]!r} is not an RFC 3339 time with an offset"
+            " (YYYY-MM-DDThh:mm:ss[.fff]Z or +hh:mm)",
+        )
     try:
-        moment = datetime.fromisoformat(at)
+        year, month, day, hour, minute, second = map(int, match.group(1, 2, 3, 4, 5, 6))
+        moment = datetime(year, month, day, hour, minute, second, tzinfo=_offset(match))
     except ValueError as e:
         raise InvalidEnvelope(
-            _R.INVALID_DELIVER_AT, f"deliver_at {at[:60]!r} is not an RFC 3339 time"
+            _R.INVALID_DELIVER_AT, f"deliver_at {text[:60]!r} is not a calendar time: {e}"
         ) from e
-    if moment.tzinfo is None:
-        raise InvalidEnvelope(
-            _R.INVALID_DELIVER_AT, f"deliver_at {at[:60]!r} has no UTC offset (add Z or +hh:mm)"
-        )
-    # Whole microseconds, not a float timestamp: a float moves some instants by a millisecond.
-    micros = (moment - _EPOCH) // _MICROSECOND
-    _check_epoch(micros / 1_000_000, "deliver_at")
-    return -(-micros // 1000)
+    seconds = (moment - _EPOCH) // _SECOND
+    _check_epoch(seconds, "deliver_at")
+    return seconds * 1000 + _fraction_ms(match.group(7) or "")
+
+
+def _offset(match: re.Match[str]) -> timezone:
+    sign, hours, minutes = match.group(9, 10, 11)
+    if sign is None:  # Z or z
+        return UTC
+    offset = timedelta(hours=int(hours), minutes=int(minutes))
+    return timezone(-offset if sign == "-" else offset)
+
+
+def _fraction_ms(digits: str) -> int:
+    """A fraction of a second in milliseconds, rounded up, read as text (any length)."""
+    return int(digits[:3].ljust(3, "0")) + (1 if digits[3:].strip("0") else 0)
 
 
 def _epoch_ms(seconds: float, name: str) -> int:
     _check_epoch(seconds, name)
-    return math.ceil(seconds * 1000)
+    return _seconds_to_ms(seconds)
+
+
+def _seconds_to_ms(seconds: float) -> int:
+    """Seconds as the sender wrote them, in milliseconds rounded up.
+
+    A float is read as its shortest decimal text (what JSON carried): in binary,
+    2.007 * 1000 is 2007.0000000000002, which would round up to 2008.
+    """
+    if type(seconds) is int:
+        return seconds * 1000
+    return math.ceil(Decimal(repr(seconds)).scaleb(3))
 
 
 def _check_epoch(seconds: float, name: str) -> None:

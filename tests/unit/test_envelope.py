@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-import math
+import calendar
 from datetime import UTC, datetime, timedelta, timezone
 
 import orjson
@@ -13,11 +13,8 @@ from hypothesis import strategies as st
 
 from blackbox import envelope
 from blackbox.envelope import (
-    ABSOLUTE_MAX_COUNTDOWN_SECONDS,
     CALLER_HEADER,
     EPOCH_HEADER,
-    MAX_CALLER_CHARS,
-    MAX_ID_CHARS,
     TARGET_KEY_HEADER,
     TARGET_TOPIC_HEADER,
     Cancel,
@@ -32,6 +29,10 @@ LIMITS = Limits(max_value_bytes=1_048_576, forbidden_topics=frozenset({"blackbox
 PROPERTY = settings(max_examples=300, deadline=None, database=None)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 NEW_YEAR_2030_MS = 1_893_456_000_000
+# The README's limits, stated here rather than imported, so a wrong constant fails a test.
+THOUSAND_YEARS_S = 31_557_600_000  # 1,000 x 365.25 days
+MAX_CALLER_CHARS = 255
+MAX_ID_CHARS = 255
 
 json_scalars: st.SearchStrategy[object] = st.one_of(
     st.none(),
@@ -58,9 +59,11 @@ printable = st.text(
 callers = printable
 ids = printable
 countdowns: st.SearchStrategy[float] = st.one_of(
-    st.integers(min_value=0, max_value=int(ABSOLUTE_MAX_COUNTDOWN_SECONDS)),
-    st.floats(min_value=0, max_value=ABSOLUTE_MAX_COUNTDOWN_SECONDS),
+    st.integers(min_value=0, max_value=THOUSAND_YEARS_S),
+    st.floats(min_value=0, max_value=THOUSAND_YEARS_S),
 )
+# A countdown in whole milliseconds, sent as the decimal seconds a sender would write.
+countdown_ms_values = st.integers(min_value=0, max_value=THOUSAND_YEARS_S * 1000)
 offsets = st.integers(min_value=-(24 * 60 - 1), max_value=24 * 60 - 1).map(
     lambda minutes: timezone(timedelta(minutes=minutes))
 )
@@ -170,9 +173,13 @@ def payload_of(message: object) -> bytes:
 
 
 def exact_ms(moment: datetime) -> int:
-    """An aware datetime as epoch milliseconds, rounded up, in integer arithmetic."""
-    micros = (moment - EPOCH) // timedelta(microseconds=1)
-    return -(-micros // 1000)
+    """An aware datetime as epoch milliseconds, rounded up: calendar seconds plus the ms part.
+
+    Computed another way than the parser does (calendar.timegm on the UTC fields, not
+    datetime subtraction), so a mistake the two share cannot pass.
+    """
+    seconds = calendar.timegm(moment.utctimetuple())
+    return seconds * 1000 + (moment.microsecond + 999) // 1000
 
 
 # JSON mode: topic, message, countdown, caller
@@ -199,6 +206,42 @@ def test_countdown_rounds_up_to_whole_milliseconds() -> None:
     assert accepted(record(countdown=-0.0)).countdown_ms == 0
 
 
+@pytest.mark.parametrize(
+    ("text", "expected_ms"),
+    [
+        (b"2.007", 2007),
+        (b"0.001", 1),
+        (b"1.1", 1100),
+        (b"0.0010001", 2),
+        (b"2.5e-3", 3),
+        (b"1e3", 1_000_000),
+    ],
+)
+def test_countdown_is_the_milliseconds_the_sender_wrote(text: bytes, expected_ms: int) -> None:
+    """A countdown of 2.007 s is 2007 ms, not 2008: binary floating point moves no ms."""
+    value = b'{"topic":"orders","message":1,"countdown":' + text + b"}"
+    assert accepted(value).countdown_ms == expected_ms
+
+
+@PROPERTY
+@given(st.integers(min_value=0, max_value=THOUSAND_YEARS_S * 1000))
+def test_any_countdown_in_milliseconds_is_kept_exactly(ms: int) -> None:
+    """A countdown written as seconds with up to 3 decimals up to 1,000 years is that many ms."""
+    text = f"{ms // 1000}.{ms % 1000:03d}".encode()
+    value = b'{"topic":"orders","message":1,"countdown":' + text + b"}"
+    assert accepted(value).countdown_ms == ms
+
+
+@PROPERTY
+@given(
+    st.floats(min_value=THOUSAND_YEARS_S, max_value=1e300, exclude_min=True)
+    | st.integers(min_value=THOUSAND_YEARS_S + 1, max_value=2**63)
+)
+def test_any_countdown_beyond_1000_years_is_refused(countdown: float) -> None:
+    """Guarantee 4: one step past 1,000 years is invalid_countdown, however far."""
+    assert reason_of(record(countdown=countdown)) == DeadLetterReason.INVALID_COUNTDOWN
+
+
 def test_countdown_far_beyond_any_configured_horizon_is_left_to_the_policy() -> None:
     """The parser accepts 20 years: how far ahead a caller may schedule is the policy's call."""
     assert accepted(record(countdown=631_152_000)).countdown_ms == 631_152_000_000
@@ -206,7 +249,7 @@ def test_countdown_far_beyond_any_configured_horizon_is_left_to_the_policy() -> 
 
 def test_countdown_at_the_absolute_limit_is_accepted() -> None:
     """A countdown of exactly 1,000 years is accepted (the absolute limit is inclusive)."""
-    parsed = accepted(record(countdown=ABSOLUTE_MAX_COUNTDOWN_SECONDS))
+    parsed = accepted(record(countdown=THOUSAND_YEARS_S))
     assert parsed.countdown_ms == 31_557_600_000_000
 
 
@@ -470,6 +513,94 @@ def test_deliver_at_as_epoch_seconds(seconds: float, expected: int) -> None:
 def test_invalid_deliver_at_text(text: str) -> None:
     """Guarantee 4: deliver_at text without an offset, or not a usable time, is refused."""
     assert reason_of(timed(text)) == DeadLetterReason.INVALID_DELIVER_AT
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("20300101T000000Z", id="iso-basic-format"),
+        pytest.param("2030-W01-2T00:00Z", id="iso-week-date"),
+        pytest.param("2030-001T00:00:00Z", id="iso-ordinal-date"),
+        pytest.param("2030-01-01 00:00:00Z", id="space-separator"),
+        pytest.param("2030-01-01T00:00Z", id="no-seconds"),
+        pytest.param("2030-01-01T00Z", id="hour-only"),
+        pytest.param("2030-01-01T00:00:00+0100", id="offset-without-colon"),
+        pytest.param("2030-01-01T00:00:00+01", id="offset-hours-only"),
+        pytest.param("2030-01-01T00:00:00+24:00", id="offset-24h"),
+        pytest.param("2030-01-01T00:00:00+01:00:30", id="offset-seconds"),
+        pytest.param("2030-01-01T00:00:00,5Z", id="comma-fraction"),
+        pytest.param("2030-01-01T00:00:00.Z", id="empty-fraction"),
+        pytest.param("2030-01-01T24:00:00Z", id="hour-24"),
+        pytest.param("2030-01-01T23:59:60Z", id="leap-second"),
+        pytest.param("2030-02-29T00:00:00Z", id="not-a-leap-year"),
+        pytest.param(" 2030-01-01T00:00:00Z", id="leading-space"),
+        pytest.param("2030-01-01T00:00:00Z ", id="trailing-space"),
+        pytest.param("2030-01-01T00:00:00Z\n", id="trailing-newline"),
+        pytest.param("\uff12030-01-01T00:00:00Z", id="non-ascii-digit"),
+        pytest.param("+2030-01-01T00:00:00Z", id="signed-year"),
+    ],
+)
+def test_iso_8601_forms_outside_rfc_3339_are_refused(text: str) -> None:
+    """Guarantee 4: deliver_at is RFC 3339 with an offset, not whatever ISO 8601 allows."""
+    assert reason_of(timed(text)) == DeadLetterReason.INVALID_DELIVER_AT
+
+
+@pytest.mark.parametrize(
+    ("text", "expected_ms"),
+    [
+        ("2030-01-01t00:00:00z", NEW_YEAR_2030_MS),
+        ("2030-01-01T00:00:00-00:00", NEW_YEAR_2030_MS),
+        ("2030-01-01T00:00:00.0000000001Z", NEW_YEAR_2030_MS + 1),
+        ("2030-01-01T00:00:00.999000000Z", NEW_YEAR_2030_MS + 999),
+        ("2030-01-01T00:00:00.9991Z", NEW_YEAR_2030_MS + 1000),
+        ("2028-02-29T12:00:00+23:59", 1_835_352_060_000),
+        ("1970-01-01T00:00:00Z", 0),
+    ],
+)
+def test_rfc_3339_edges_are_accepted(text: str, expected_ms: int) -> None:
+    """RFC 3339 allows t/z in lower case, -00:00, any number of fraction digits (rounded up)."""
+    assert accepted(timed(text)).at_ms == expected_ms
+
+
+non_rfc3339_forms = st.sampled_from(
+    [
+        "%Y%m%dT%H%M%SZ",
+        "%Y-%m-%d %H:%M:%SZ",
+        "%Y-%m-%dT%H:%MZ",
+        "%Y-W%W-%wT%H:%M:%SZ",
+        "%Y-%jT%H:%M:%SZ",
+        "%Y-%m-%dT%H:%M:%S",
+        "%Y-%m-%dT%H:%M:%S+0000",
+        "%Y-%m-%d",
+    ]
+)
+
+
+@PROPERTY
+@given(moments, non_rfc3339_forms)
+def test_any_iso_8601_form_outside_rfc_3339_is_refused(moment: datetime, form: str) -> None:
+    """Guarantee 4: basic format, week and ordinal dates, no seconds or offset: refused."""
+    assert reason_of(timed(moment.strftime(form))) == DeadLetterReason.INVALID_DELIVER_AT
+
+
+@PROPERTY
+@given(st.integers(min_value=0, max_value=2 * THOUSAND_YEARS_S * 1000))
+def test_any_epoch_millisecond_as_text_and_number_is_that_millisecond(ms: int) -> None:
+    """Epoch seconds with 3 decimals and the same instant in RFC 3339 name the same ms."""
+    moment = EPOCH + timedelta(milliseconds=ms)
+    assert accepted(timed(moment.isoformat(timespec="milliseconds"))).at_ms == ms
+    number = f"{ms // 1000}.{ms % 1000:03d}".encode()
+    value = b'{"topic":"orders","message":1,"deliver_at":' + number + b"}"
+    assert accepted(value).at_ms == ms
+
+
+@PROPERTY
+@given(st.integers(min_value=2 * THOUSAND_YEARS_S + 1, max_value=253_402_300_799))
+def test_any_time_beyond_2000_years_of_epoch_is_refused(seconds: int) -> None:
+    """Guarantee 4: deliver_at past 1970 + 2,000 years is refused, as text and as a number."""
+    moment = EPOCH + timedelta(seconds=seconds)
+    assert reason_of(timed(moment.isoformat())) == DeadLetterReason.INVALID_DELIVER_AT
+    assert reason_of(timed(seconds)) == DeadLetterReason.INVALID_DELIVER_AT
 
 
 @pytest.mark.parametrize("seconds", [-1, -0.001, 1e300, 2**63 - 1])
@@ -870,7 +1001,7 @@ def test_any_header_mode_record_parses_or_refuses(
 @PROPERTY
 @given(
     value=st.binary(max_size=300),
-    epoch=st.integers(min_value=0, max_value=int(2 * ABSOLUTE_MAX_COUNTDOWN_SECONDS)),
+    epoch=st.integers(min_value=0, max_value=2 * THOUSAND_YEARS_S),
     topic=valid_topics,
     schedule_id=ids,
     target_key=st.none() | st.binary(max_size=40),
@@ -906,7 +1037,7 @@ def test_header_mode_round_trips(  # noqa: PLR0913 - one argument per drawn part
 @given(
     topic=valid_topics,
     message=json_values | st.binary(max_size=100),
-    due=countdowns | moments,
+    due=countdown_ms_values | moments,
     key=st.none() | st.text(max_size=20),
     headers=st.dictionaries(allowed_header_names, st.text(max_size=20), max_size=4),
     schedule_id=st.none() | ids,
@@ -916,7 +1047,7 @@ def test_valid_envelope_round_trips(  # noqa: PLR0913 - one argument per drawn f
     *,
     topic: str,
     message: object,
-    due: float | datetime,
+    due: int | datetime,
     key: str | None,
     headers: dict[str, str],
     schedule_id: str | None,
@@ -931,7 +1062,7 @@ def test_valid_envelope_round_trips(  # noqa: PLR0913 - one argument per drawn f
     if isinstance(due, datetime):
         document["deliver_at"] = due.isoformat()
     else:
-        document["countdown"] = due
+        document["countdown"] = due / 1000
     if headers:
         document["headers"] = headers
     caller_headers = None if caller is None else [(CALLER_HEADER, caller.encode())]
@@ -940,12 +1071,63 @@ def test_valid_envelope_round_trips(  # noqa: PLR0913 - one argument per drawn f
         topic=topic,
         value=payload_of(message),
         caller=None if caller is None else caller.encode(),
-        countdown_ms=None if isinstance(due, datetime) else math.ceil(due * 1000),
+        countdown_ms=None if isinstance(due, datetime) else due,
         at_ms=exact_ms(due) if isinstance(due, datetime) else None,
         key=None if key is None else key.encode(),
         headers=tuple((n, v.encode()) for n, v in headers.items()),
         schedule_id=schedule_id,
     )
+
+
+def nested(field: str, depth: int) -> bytes:
+    """A valid record whose `field` is `depth` arrays deep (the record itself is one more)."""
+    inner = b"[" * depth + b"]" * depth
+    return b'{"topic":"orders","countdown":1,"message":1,"' + field.encode() + b'":' + inner + b"}"
+
+
+@PROPERTY
+@given(st.integers(min_value=1, max_value=1100))
+def test_a_record_nesting_1024_levels_parses_and_1025_is_invalid_json(depth: int) -> None:
+    """Guarantee 4: JSON up to 1,024 levels deep is read; one more is invalid_json."""
+    value = nested("extra", depth)
+    if depth + 1 <= 1024:
+        accepted(value)
+    else:
+        assert reason_of(value) == DeadLetterReason.INVALID_JSON
+
+
+@PROPERTY
+@given(st.integers(min_value=1, max_value=1100))
+def test_a_message_too_deep_to_deliver_is_invalid_json_never_a_crash(depth: int) -> None:
+    """Guarantee 4: a message nesting 254 levels is delivered; deeper is invalid_json, no crash."""
+    value = nested("message", depth).replace(b'"message":1,', b"")
+    if depth <= 254:
+        assert accepted(value).value == b"[" * depth + b"]" * depth
+    else:
+        assert reason_of(value) == DeadLetterReason.INVALID_JSON
+
+
+@PROPERTY
+@given(st.integers(min_value=1, max_value=600), st.sampled_from(["x", "é", "\u4e2d"]))
+def test_ids_and_callers_of_255_characters_are_accepted_and_256_refused(
+    length: int, char: str
+) -> None:
+    """Guarantee 4: id and CALLER_SERVICE hold 1-255 characters, whatever their byte length."""
+    text = char * length
+    caller_headers = [(CALLER_HEADER, text.encode())]
+    if length <= 255:
+        assert accepted(record(id=text)).schedule_id == text
+        assert accepted(record(), caller_headers).caller == text.encode()
+    else:
+        assert reason_of(record(id=text)) == DeadLetterReason.INVALID_ID
+        assert reason_of(record(), caller_headers) == DeadLetterReason.INVALID_HEADER
+
+
+@PROPERTY
+@given(st.sampled_from(["blackbox-", "BLACKBOX-", "Blackbox-", "bLaCkBoX-"]), st.text(max_size=8))
+def test_any_header_named_blackbox_in_any_case_is_reserved(prefix: str, rest: str) -> None:
+    """Guarantee 2: no sender can forge a blackbox-* header (blackbox-id above all)."""
+    assert reason_of(record(headers={prefix + rest: "x"})) == DeadLetterReason.INVALID_HEADER
 
 
 def test_normalize_headers_encodes_text_and_keeps_order_and_repeats() -> None:
