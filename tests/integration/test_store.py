@@ -3,7 +3,7 @@ markers, and re-read intake records."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -327,3 +327,36 @@ def test_a_claim_larger_than_one_lease_chunk_leases_every_id_with_its_payload(
     values = {i.id: Schedule.decode(i.id, i.payload or b"").value for i in claim.loaded}
     assert values == {f"in:0:{o}": str(o).encode() for o in range(2500)}
     assert store.ack(claim.ids, claim.token) == 2500
+
+
+LateCall = Callable[[RedisStore, int], int]
+LATE_CALLS: dict[str, LateCall] = {
+    "ack": lambda store, token: store.ack([ID], token),
+    "retry": lambda store, token: store.retry([ID], token, now_ms() - 1),
+    "release": lambda store, token: store.release([(ID, now_ms() - 1)], token),
+}
+
+
+@pytest.mark.parametrize("call", LATE_CALLS.values(), ids=LATE_CALLS.keys())
+def test_a_stale_lease_token_moves_nothing(store: RedisStore, call: LateCall) -> None:
+    """Guarantee 3: a replica whose lease expired and whose id was claimed again cannot ack,
+    retry or release it: the id, its payload and the new lease stay with the new owner."""
+    intake, now = Intake(store), now_ms()
+    intake.send(_version(b"v1", now - 1, 0))
+    first = store.claim_due(now, 10, lease_ms=1)
+    assert store.reclaim(now + 2, 10) == 1  # the first replica's lease ran out
+    second = store.claim_due(now + 3, 10, lease_ms=30_000)
+    assert second.ids == [ID]
+    before = _lease(store)
+    assert before[1:3] == (second.token, b"1")  # the expired lease counted as an attempt
+
+    assert call(store, first.token) == 0
+    assert call(store, second.token + 1) == 0
+
+    assert _lease(store) == before
+
+
+def _lease(store: RedisStore) -> tuple[object, ...]:
+    """(state, lease score, attempts) of ID."""
+    client, keys = store.client, store.keys
+    return _state(store), client.zscore(keys.in_flight, ID), client.hget(keys.attempts, ID)
