@@ -178,8 +178,8 @@ class Service:
             self.endpoints.start()
         for thread in self._threads:
             thread.start()
-        self._scheduler.add_job(
-            self.tick, "interval", seconds=self.settings.poll_interval, id="tick",
+        self._scheduler.add_job(  # guarded: APScheduler would log a crash and carry on
+            self._guard(self.tick), "interval", seconds=self.settings.poll_interval, id="tick",
             next_run_time=datetime.now(UTC), misfire_grace_time=None,
         )  # fmt: skip
         self._scheduler.start()

@@ -101,6 +101,14 @@ def start_service(env: dict[str, str]) -> Iterator[ServiceFactory]:
     yield start
     for service in started:
         service.stop()
+    assert_none_crashed(started)
+
+
+def assert_none_crashed(services: list[Service]) -> None:
+    """Fail the test if a worker thread of any of `services` died (Service._guard saw it)."""
+    crashed = [s.settings.group_id for s in services if s.failed]
+    if crashed:
+        pytest.fail(f"a worker thread crashed in the service(s) of group {crashed}; see the log")
 
 
 ReaderFactory = Callable[..., TopicReader]
