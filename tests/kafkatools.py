@@ -13,6 +13,8 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from blackbox.envelope import normalize_headers
 
 Header = tuple[str, bytes | None]
+# The key of the end markers read_to_end() writes: readers skip them, tests never see them.
+END_MARKER_KEY = b"kafkatools-end-marker"
 
 
 @dataclass(frozen=True)
@@ -68,12 +70,26 @@ def produce(
     return count
 
 
+def produce_to(
+    bootstrap: str, topic: str, records: Iterable[tuple[int | None, bytes | None, bytes]]
+) -> None:
+    """Produce (partition, key, value) records, each to its partition (None: any)."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for partition, key, value in records:
+        if partition is None:
+            producer.produce(topic, value, key)
+        else:
+            producer.produce(topic, value, key, partition=partition)
+    assert producer.flush(30) == 0
+
+
 class TopicReader:
     """Reads a topic from its beginning with assign(), never joining a group."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        self.topic = topic
+        self.bootstrap, self.topic = bootstrap, topic
         self.partitions = 0
+        self.markers: set[tuple[int, bytes]] = set()
         self.consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap,
@@ -102,6 +118,9 @@ class TopicReader:
         for m in self.consumer.consume(10_000, timeout=timeout):
             if m.error() is not None:
                 continue
+            if m.key() == END_MARKER_KEY:
+                self.markers.add((m.partition() or 0, m.value() or b""))
+                continue
             self.records.append(
                 Received(
                     topic=m.topic() or "",
@@ -129,6 +148,25 @@ class TopicReader:
 
     def wait_count(self, count: int, timeout: float = 30.0) -> list[Received]:
         return self.wait_for(lambda records: len(records) >= count, timeout)
+
+    def read_to_end(self, timeout: float = 30.0) -> list[Received]:
+        """Every record the topic holds now, however many there are.
+
+        wait_count() returns at the N-th record, so a copy written after the last original
+        would go unseen. This writes a marker to the end of each partition and reads until
+        every marker is back: whatever the topic held before is read by then. (The broker's
+        end offset would do as well on Apache Kafka; Tansu reports it short of the log end.)
+        """
+        self._assign_new_partitions()
+        token = uuid.uuid4().hex.encode()
+        partitions = range(self.partitions) if self.partitions else [None]
+        produce_to(self.bootstrap, self.topic, [(p, END_MARKER_KEY, token) for p in partitions])
+        self.wait_for(lambda _: self._markers_back(token), timeout)
+        return self.records
+
+    def _markers_back(self, token: bytes) -> bool:
+        seen = {p for p, t in self.markers if t == token}
+        return self.partitions > 0 and seen >= set(range(self.partitions))
 
     def close(self) -> None:
         self.consumer.close()

@@ -10,7 +10,7 @@ from blackbox.errors import DeadLetterReason
 from blackbox.intake import PART_RECORDS
 from blackbox.service import Service
 from blackbox.settings import Settings
-from tests.integration.conftest import ReaderFactory, ServiceFactory
+from tests.integration.conftest import ReaderFactory, ServiceFactory, assert_none_crashed
 from tests.kafkatools import envelope, produce, unique, wait_until
 
 BAD = [
@@ -27,6 +27,8 @@ BAD = [
     (b"\xff\xfe\x00garbage", DeadLetterReason.INVALID_JSON),
     (None, DeadLetterReason.EMPTY_VALUE),
     (b"x" * 3000, DeadLetterReason.OVERSIZED),
+    (b'{"topic":"t","countdown":1,"message":' + b"[" * 300 + b"]" * 300 + b"}",
+     DeadLetterReason.INVALID_JSON),  # readable, but too deep to write back out
 ]  # fmt: skip
 
 
@@ -52,8 +54,11 @@ def test_bad_records_are_dead_lettered_with_reason_and_intake_continues(
         values += [bad, envelope(target, {"n": n}, 0)]
     produce(bootstrap, settings.intake_topic, values, headers=[("trace", b"abc")])
 
-    dead = reader(settings.dlq_topic).wait_count(len(BAD))
-    good = reader(target).wait_count(len(BAD))
+    dlq_reader, target_reader = reader(settings.dlq_topic), reader(target)
+    dlq_reader.wait_count(len(BAD))
+    target_reader.wait_count(len(BAD))
+    wait_until(lambda: service.store.counts() == (0, 0), what="nothing pending")
+    dead, good = dlq_reader.read_to_end(), target_reader.read_to_end()
 
     assert [d.header("blackbox-dlq-reason") for d in dead] == [r.value for _, r in BAD]
     assert [d.value for d in dead] == [bad for bad, _ in BAD]
@@ -61,7 +66,8 @@ def test_bad_records_are_dead_lettered_with_reason_and_intake_continues(
     assert all(d.header("blackbox-dlq-topic") == settings.intake_topic for d in dead)
     assert all(d.header("trace") == "abc" and d.header("blackbox-dlq-detail") for d in dead)
     assert sorted(orjson.loads(g.value or b"")["n"] for g in good) == list(range(len(BAD)))
-    assert service.metrics.value("blackbox_dead_letters_total", {"reason": "invalid_json"}) == 2
+    assert len(dead) == len(BAD)
+    assert service.metrics.value("blackbox_dead_letters_total", {"reason": "invalid_json"}) == 3
     wait_until(
         lambda: _committed(bootstrap, settings.group_id, settings.intake_topic) == 2 * len(BAD),
         what="intake offsets committed",
@@ -96,12 +102,16 @@ def test_a_poll_of_several_parts_dead_letters_and_schedules_each_record_once(
     values = [b"{not json" if n in bad else envelope(target, n, 0) for n in range(count)]
     produce(bootstrap, settings.intake_topic, values)  # before the start: one poll takes all
 
-    start_service()
-    dead = reader(settings.dlq_topic).wait_count(len(bad))
-    good = reader(target).wait_count(count - len(bad))
+    service = start_service()
+    dlq_reader, target_reader = reader(settings.dlq_topic), reader(target)
+    dlq_reader.wait_count(len(bad))
+    target_reader.wait_count(count - len(bad))
+    wait_until(lambda: service.store.counts() == (0, 0), what="nothing pending")
+    dead, good = dlq_reader.read_to_end(), target_reader.read_to_end()
 
     assert [int(d.header("blackbox-dlq-offset")) for d in dead] == sorted(bad)
     assert sorted(int(g.value or b"") for g in good) == sorted(set(range(count)) - bad)
+    assert len(good) == count - len(bad)
     wait_until(
         lambda: _committed(bootstrap, settings.group_id, settings.intake_topic) == count,
         what="intake offsets committed",
@@ -136,6 +146,7 @@ def test_a_dead_letter_topic_refusing_mid_poll_loses_no_answer(
         reader(target).wait_count(count - 1)
     finally:
         service.stop()
+    assert_none_crashed([service])
 
     assert int(dead.header("blackbox-dlq-offset")) == bad
     outcomes = [orjson.loads(e.value or b"") for e in answered]
