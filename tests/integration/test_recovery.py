@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from blackbox import kafka
+from blackbox.incarnations import tag_of
 from blackbox.keys import Keys
 from blackbox.localstack import RedisServer, free_port
 from blackbox.settings import Settings
@@ -94,7 +95,10 @@ def test_redis_stopped_and_restarted_mid_run_loses_nothing(
 
 
 def _ids(env: dict[str, str], count: int) -> set[str]:
-    return {f"{env['BLACKBOX_INTAKE_TOPIC']}:0:{offset}" for offset in range(count)}
+    """The ids of the first `count` records of the intake topic (tagged by its incarnation)."""
+    intake = env["BLACKBOX_INTAKE_TOPIC"]
+    topic_id = kafka.topic_id_lookup(Settings.from_env(env).kafka)([intake])[intake]
+    return {f"{intake}:0:{offset}:{tag_of(topic_id)}" for offset in range(count)}
 
 
 def test_service_exits_cleanly_on_sigterm(
