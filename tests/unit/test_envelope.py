@@ -362,6 +362,23 @@ def test_wrong_type(fields: dict[str, object]) -> None:
     assert reason_of(record(**fields)) == DeadLetterReason.WRONG_TYPE
 
 
+@pytest.mark.parametrize(
+    ("countdown", "kind"),
+    [("5", "string"), (True, "boolean"), ([5], "array"), ({"s": 5}, "object")],
+)
+def test_wrong_type_detail_names_the_json_kind(countdown: object, kind: str) -> None:
+    """Guarantee 4: the dead letter says what was sent instead: a string, boolean, array..."""
+    with pytest.raises(InvalidEnvelope) as caught:
+        envelope.parse(record(countdown=countdown), None, LIMITS)
+    assert caught.value.detail == f"countdown must be a number, not {kind}"
+    with pytest.raises(InvalidEnvelope) as caught:
+        envelope.parse(record(topic=5), None, LIMITS)
+    assert caught.value.detail == "topic must be a string, not number"
+    with pytest.raises(InvalidEnvelope) as caught:
+        envelope.parse(orjson.dumps({"topic": "t", "message": 1, "countdown": None}), None, LIMITS)
+    assert caught.value.detail == "countdown must be a number, not null"
+
+
 def test_null_countdown_is_wrong_type() -> None:
     """An explicit `"countdown": null` is present but not a number: wrong_type."""
     value = b'{"topic": "orders", "message": 1, "countdown": null}'

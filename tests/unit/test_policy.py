@@ -249,3 +249,17 @@ def test_load_a_missing_file(tmp_path: Path) -> None:
         policy.load(str(path), BASE)
     assert str(path) in str(caught.value)
     assert isinstance(caught.value.__cause__, FileNotFoundError)
+
+
+def test_a_refusal_says_who_was_refused_and_the_limit() -> None:
+    """Guarantee 4: the dead letter's detail names the caller (or its absence) and the limit."""
+    rules = policy.from_document(BILLING, BASE)
+    with pytest.raises(InvalidEnvelope) as caught:
+        rules.check(request("invoices", b"billing", b"x" * 11), 1_000, 1_000)
+    assert caught.value.detail == "message is 11 bytes; 'billing' may send at most 10"
+    with pytest.raises(InvalidEnvelope) as caught:
+        rules.check(request("public"), 1_000 + 7_200_000, 1_000)
+    assert caught.value.detail == "due 7200 s ahead; no caller may schedule at most 3600 s ahead"
+    with pytest.raises(InvalidEnvelope) as caught:
+        rules.check(request("orders", b"reports"), 1_000, 1_000)
+    assert caught.value.detail == "'reports' may not schedule to 'orders' (policy)"

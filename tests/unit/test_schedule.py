@@ -310,3 +310,12 @@ def test_callers_do_not_share_ids(first: bytes | None, second: bytes | None, sam
     """Two callers using the same id get different stored ids: one cannot touch the other's."""
     assume(first != second)
     assert scoped_id(first, same) != scoped_id(second, same)
+
+
+@pytest.mark.parametrize("key", [None, b"k"], ids=["version-1", "version-2"])
+def test_a_topic_of_255_bytes_round_trips_in_both_versions(key: bytes | None) -> None:
+    """The codec's topic length is an unsigned byte: 255 bytes fit, in version 1 and 2."""
+    schedule = Schedule("id", "t" * 255, b"v", 5, b"billing", key=key)
+    encoded = schedule.encode()
+    assert encoded[0] == (1 if key is None else 2)
+    assert Schedule.decode("id", encoded) == schedule

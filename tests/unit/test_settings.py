@@ -275,3 +275,46 @@ def test_api_token_is_masked_and_checked() -> None:
         Settings.from_env({"BLACKBOX_API_READS": "maybe"})
     with pytest.raises(SettingsError, match="BLACKBOX_API_DEV_OPEN"):
         Settings.from_env({"BLACKBOX_API_DEV_OPEN": "yes please"})
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("BLACKBOX_HTTP_PORT", "0", 0),
+        ("BLACKBOX_HTTP_PORT", "65535", 65535),
+        ("BLACKBOX_HTTP_PORT", "off", None),
+        ("BLACKBOX_MAX_ATTEMPTS", "1", 1),
+        ("BLACKBOX_BATCH_LIMIT", "10000", 10_000),
+        ("BLACKBOX_MAX_COUNTDOWN", "31557600000", 31_557_600_000.0),
+        ("BLACKBOX_DELIVERY_TIMEOUT", "0.01", 0.01),
+        ("BLACKBOX_POLL_INTERVAL", "0.001", 0.001),
+    ],
+)
+def test_the_edges_of_each_range_are_accepted(name: str, value: str, expected: object) -> None:
+    """The documented limits are inclusive: port 0-65535, batch up to 10,000, 1,000 years."""
+    (var,) = (v for v in VARIABLES if v.name == name)
+    assert getattr(Settings.from_env({name: value}), var.attribute) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("BLACKBOX_HTTP_PORT", "65536"),
+        ("BLACKBOX_HTTP_PORT", "-1"),
+        ("BLACKBOX_HTTP_PORT", "OFF"),
+        ("BLACKBOX_MAX_COUNTDOWN", "31557600001"),
+        ("BLACKBOX_DELIVERY_TIMEOUT", "0.009"),
+        ("BLACKBOX_NAMESPACE", "a{b"),
+        ("BLACKBOX_NAMESPACE", "a}b"),
+    ],
+)
+def test_one_step_past_each_range_is_refused(name: str, value: str) -> None:
+    """One past each documented limit, or a brace in the namespace (its hash tag), is refused."""
+    with pytest.raises(SettingsError, match=name):
+        Settings.from_env({name: value})
+
+
+def test_mask_url_masks_a_password_given_as_a_query_parameter() -> None:
+    """redis-py also reads ?password=: it is masked, and the other parameters are kept."""
+    url = "redis://cache:6379/0?db=1&password=hunter2&ssl=true"
+    assert settings.mask_url(url) == "redis://cache:6379/0?db=1&password=********&ssl=true"
