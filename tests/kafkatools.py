@@ -43,14 +43,18 @@ def envelope(topic: str, message: object, countdown: float) -> bytes:
     return orjson.dumps({"topic": topic, "message": message, "countdown": countdown})
 
 
-def produce(
+def produce(  # noqa: PLR0913 - the record's parts, each with a default
     bootstrap: str,
     topic: str,
     values: Iterable[bytes | None],
     headers: Sequence[Header] = (),
     key: bytes | None = None,
+    *,
+    timestamp_ms: int = 0,
 ) -> int:
-    """Produce every value and wait until the broker acknowledged all of them."""
+    """Produce every value and wait until the broker acknowledged all of them.
+
+    `timestamp_ms` sets the records' create time (0: now), as a sender's clock would."""
     # Not idempotent: its setup costs a round trip per call, and these sends meet no broker
     # failure (the fault tests' senders are idempotent).
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
@@ -62,7 +66,9 @@ def produce(
 
     count = 0
     for value in values:
-        producer.produce(topic, value, key, headers=list(headers), on_delivery=report)
+        producer.produce(
+            topic, value, key, headers=list(headers), on_delivery=report, timestamp=timestamp_ms
+        )
         producer.poll(0)
         count += 1
     assert producer.flush(30) == 0
@@ -81,6 +87,16 @@ def produce_to(
         else:
             producer.produce(topic, value, key, partition=partition)
     assert producer.flush(30) == 0
+
+
+def end_offset(bootstrap: str, topic: str, partition: int = 0) -> int:
+    """The offset the next record written to `topic`/`partition` will get."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("end")})
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        return int(high)
+    finally:
+        consumer.close()
 
 
 class TopicReader:
@@ -170,6 +186,22 @@ class TopicReader:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+# How late a delivery may be on the test stack: generous (a loaded 2-core machine), yet a
+# message fired one poll interval late, or 15 s late, fails.
+LATENESS_BOUND_MS = 2_000
+
+
+def assert_on_time(record: Received, due_ms: float) -> None:
+    """`record` arrived at or after `due_ms` (what the sender asked for), and not much later."""
+    late = record.received_ms - due_ms
+    assert 0 <= late <= LATENESS_BOUND_MS, f"{late:.0f} ms after due ({record.value!r:.60})"
+
+
+def now_ms() -> float:
+    """Wall-clock epoch milliseconds, as Kafka record timestamps count them."""
+    return time.time() * 1000
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:

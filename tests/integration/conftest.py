@@ -15,7 +15,7 @@ from blackbox.keys import Keys
 from blackbox.localstack import KafkaBroker, RedisServer, free_port
 from blackbox.service import Service
 from blackbox.settings import Settings
-from tests.kafkatools import TopicReader, unique
+from tests.kafkatools import TopicReader, unique, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -102,6 +102,12 @@ def start_service(env: dict[str, str]) -> Iterator[ServiceFactory]:
     for service in started:
         service.stop()
     assert_none_crashed(started)
+
+
+def settle(service: Service, timeout: float = 30.0) -> None:
+    """Wait until `service`'s Redis namespace holds nothing due or in flight: from then on it
+    delivers nothing more, so a topic read to its end holds everything it ever will."""
+    wait_until(lambda: service.store.counts() == (0, 0), timeout, "nothing pending")
 
 
 def assert_none_crashed(services: list[Service]) -> None:

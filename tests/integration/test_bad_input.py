@@ -10,8 +10,13 @@ from blackbox.errors import DeadLetterReason
 from blackbox.intake import PART_RECORDS
 from blackbox.service import Service
 from blackbox.settings import Settings
-from tests.integration.conftest import ReaderFactory, ServiceFactory, assert_none_crashed
-from tests.kafkatools import envelope, produce, unique, wait_until
+from tests.integration.conftest import (
+    ReaderFactory,
+    ServiceFactory,
+    assert_none_crashed,
+    settle,
+)
+from tests.kafkatools import end_offset, envelope, produce, unique, wait_until
 
 BAD = [
     (b"{not json", DeadLetterReason.INVALID_JSON),
@@ -152,3 +157,46 @@ def test_a_dead_letter_topic_refusing_mid_poll_loses_no_answer(
     outcomes = [orjson.loads(e.value or b"") for e in answered]
     assert sorted(o["intake"]["offset"] for o in outcomes) == list(range(count))  # each once
     assert [o["intake"]["offset"] for o in outcomes if o["outcome"] == "dead_lettered"] == [bad]
+
+
+def test_the_services_own_topics_are_refused_as_targets_without_a_policy(
+    start_service: ServiceFactory, reader: ReaderFactory
+) -> None:
+    """Guarantee 4, the loop guard: with no policy file, a schedule to blackbox's own intake,
+    dead-letter or events topic is forbidden_topic; nothing loops back into intake."""
+    service = start_service()
+    settings = service.settings
+    bootstrap = settings.kafka["bootstrap.servers"]
+    own = [settings.intake_topic, settings.dlq_topic, settings.events_topic]
+    produce(bootstrap, settings.intake_topic, [envelope(topic, "loop", 0) for topic in own])
+    dlq = reader(settings.dlq_topic)
+    dlq.wait_count(len(own))
+    settle(service)
+
+    dead = dlq.read_to_end()
+    assert [d.header("blackbox-dlq-reason") for d in dead] == ["forbidden_topic"] * 3
+    assert [orjson.loads(d.value or b"")["topic"] for d in dead] == own
+    assert end_offset(bootstrap, settings.intake_topic) == len(own)  # nothing looped back
+    assert all(r.value != b"loop" for r in reader(settings.events_topic).read_to_end())
+
+
+def test_stopping_commits_the_offset_of_every_record_handled(
+    env: dict[str, str], reader: ReaderFactory
+) -> None:
+    """Guarantee 1, as Intake.run promises: on stop, the consumer closes committing what was
+    stored, so a successor starts after the last record handled (no periodic commit here)."""
+    settings = Settings.from_env({**env, "KAFKA_CONSUMER_AUTO_COMMIT_INTERVAL_MS": "3600000"})
+    bootstrap = settings.kafka["bootstrap.servers"]
+    kafka.ensure_topics(settings.kafka, settings.own_topics)
+    events = reader(settings.events_topic)
+    service = Service(settings)
+    service.start()
+    try:
+        produce(bootstrap, settings.intake_topic,
+                [envelope(unique("later"), n, 60) for n in range(10)])  # fmt: skip
+        events.wait_count(10)  # each record answered: handled
+    finally:
+        service.stop()
+    assert_none_crashed([service])
+
+    assert _committed(bootstrap, settings.group_id, settings.intake_topic) == 10

@@ -14,7 +14,7 @@ from blackbox.keys import Keys
 from blackbox.service import Service
 from blackbox.store import RedisStore
 from tests.integration.conftest import ReaderFactory, ServiceFactory
-from tests.kafkatools import envelope, produce, unique, wait_until
+from tests.kafkatools import assert_on_time, envelope, now_ms, produce, unique, wait_until
 from tests.process import BlackboxProcess
 
 
@@ -29,14 +29,17 @@ def test_message_arrives_after_its_countdown_and_not_before(
     service = start_service()
     target = unique("orders")
     caller = [("CALLER_SERVICE", b"billing")]
+    sent_ms = now_ms()
     produce(_bootstrap(service), service.settings.intake_topic,
             [envelope(target, {"order": 1}, 6)], headers=caller)  # fmt: skip
+    acked_ms = now_ms()
 
     (record,) = reader(target).wait_count(1, timeout=40)
 
     assert orjson.loads(record.value or b"") == {"order": 1}
     due_ms = int(record.header("blackbox-due-ms"))
-    assert record.received_ms >= due_ms
+    assert sent_ms + 6000 - 1 <= due_ms <= acked_ms + 6000  # what the sender asked for
+    assert_on_time(record, sent_ms + 6000)
     assert record.header("CALLER_SERVICE") == "billing"
     assert record.header("blackbox-attempt") == "1"
     intake = service.settings.intake_topic
@@ -68,7 +71,9 @@ def test_a_thousand_messages_with_mixed_countdowns_arrive_exactly_once(
     service = start_service()
     target = unique("mixed")
     rng = random.Random(7)
-    values = [envelope(target, {"n": n}, rng.uniform(0, 4)) for n in range(1000)]
+    countdowns = [rng.uniform(0, 4) for _ in range(1000)]
+    values = [envelope(target, {"n": n}, c) for n, c in enumerate(countdowns)]
+    sent_ms = now_ms()
     produce(_bootstrap(service), service.settings.intake_topic, values)
     store = RedisStore(service.redis, Keys(service.settings.namespace), 60)
 
@@ -81,7 +86,8 @@ def test_a_thousand_messages_with_mixed_countdowns_arrive_exactly_once(
     assert len(records) == 1000
     assert max(ids.values()) == 1
     assert sorted(orjson.loads(r.value or b"")["n"] for r in records) == list(range(1000))
-    assert all(r.received_ms >= int(r.header("blackbox-due-ms")) for r in records)
+    for r in records:
+        assert_on_time(r, sent_ms + countdowns[orjson.loads(r.value or b"")["n"]] * 1000)
 
 
 def test_blackbox_send_schedules_through_the_intake_topic(
@@ -111,7 +117,28 @@ def test_firing_does_not_wait_for_the_poll_interval(
     produce(bootstrap, intake, [envelope(warm, 0, 0)])
     reader(warm).wait_count(1)  # intake is assigned, and the first tick has run
 
+    sent_ms = now_ms()
     produce(bootstrap, intake, [envelope(target, 1, 2)])
     (record,) = reader(target).wait_count(1, timeout=20)
 
-    assert record.received_ms >= int(record.header("blackbox-due-ms"))
+    assert_on_time(record, sent_ms + 2000)
+
+
+def test_a_countdown_runs_from_the_records_timestamp_not_from_when_it_is_read(
+    start_service: ServiceFactory, reader: ReaderFactory
+) -> None:
+    """A record read late (after downtime) fires when its sender meant: send time + countdown,
+    the send time being the record's timestamp, not the moment intake reads it."""
+    service = start_service()
+    target = unique("downtime")
+    sent_ms = int(now_ms()) - 20_000  # as if blackbox had been down for 20 s
+    produce(_bootstrap(service), service.settings.intake_topic,
+            [envelope(target, "overdue", 5), envelope(target, "pending", 25)],
+            timestamp_ms=sent_ms)  # fmt: skip
+
+    records = {r.value: r for r in reader(target).wait_count(2, timeout=30)}
+
+    assert int(records[b"overdue"].header("blackbox-due-ms")) == sent_ms + 5_000
+    assert int(records[b"pending"].header("blackbox-due-ms")) == sent_ms + 25_000
+    assert records[b"overdue"].received_ms < sent_ms + 25_000  # at once, not 5 s after the read
+    assert_on_time(records[b"pending"], sent_ms + 25_000)  # 5 s after the send, not 25 s

@@ -9,7 +9,7 @@ import orjson
 
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import DeadLetterReason
-from tests.integration.conftest import ReaderFactory, ServiceFactory
+from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
 from tests.kafkatools import produce, unique
 
 POLICY = """
@@ -36,7 +36,7 @@ def test_policy_violations_are_dead_lettered_with_an_answer_and_never_delivered(
     allowed, forbidden = unique("allowed"), unique("forbidden")
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY.format(allowed=allowed))
-    start_service(BLACKBOX_POLICY_FILE=str(policy))
+    service = start_service(BLACKBOX_POLICY_FILE=str(policy))
     dlq, events = reader(env["BLACKBOX_DLQ_TOPIC"]), reader(env["BLACKBOX_EVENTS_TOPIC"])
     refused = [
         ({"topic": forbidden, "message": "x", "countdown": 0, "id": "r1"}, "billing",
@@ -57,10 +57,13 @@ def test_policy_violations_are_dead_lettered_with_an_answer_and_never_delivered(
     _send(env, {"topic": allowed, "message": "ok", "countdown": 0}, "billing")
     _send(env, {"topic": "billing-invoices", "message": "ok", "countdown": 0}, "billing")
 
-    (delivered,) = reader(allowed).wait_count(1, timeout=30)
+    allowed_reader = reader(allowed)
+    allowed_reader.wait_count(1, timeout=30)
     reader("billing-invoices").wait_count(1, timeout=30)
     letters = dlq.wait_count(len(refused), timeout=30)
 
+    settle(service)
+    (delivered,) = allowed_reader.read_to_end()
     assert delivered.value == b"ok"
     reasons = [r.header("blackbox-dlq-reason") for r in sorted(letters, key=lambda r: r.offset)]
     assert reasons == [reason.value for _, _, reason in refused]
@@ -71,9 +74,7 @@ def test_policy_violations_are_dead_lettered_with_an_answer_and_never_delivered(
     assert sorted((e["id"], e["reason"]) for e in dead) == sorted(
         (d["id"], reason.value) for d, _, reason in refused
     )
-    forbidden_reader = reader(forbidden)
-    forbidden_reader.poll(1.0)
-    assert forbidden_reader.records == []
+    assert reader(forbidden).read_to_end() == []
 
 
 def test_a_bad_policy_file_stops_the_service_with_a_clear_error(
