@@ -79,8 +79,9 @@ mutate: setup
 	$(BIN)/mutmut run --max-children 2 > /dev/null
 	$(BIN)/mutmut export-cicd-stats
 	@$(BIN)/python -c 'import json; s = json.load(open("mutants/mutmut-cicd-stats.json")); \
-		print(f"mutants {s[\"total\"]}, killed {s[\"killed\"]}, survived {s[\"survived\"]}, " \
-		      f"score {s[\"killed\"] / s[\"total\"]:.1%}; list survivors: $(BIN)/mutmut results")'
+		print("mutants %(total)d, killed %(killed)d, survived %(survived)d," % s, \
+		      "score %.1f %%" % (100 * s["killed"] / s["total"]))'
+	@echo "list the survivors: $(BIN)/mutmut results"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis mutants

@@ -24,7 +24,15 @@ from collections.abc import Callable
 
 import orjson
 import redis
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupState,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
 
 from benchmarks import hostile
 from benchmarks.collect import CollectorProcess
@@ -83,12 +91,15 @@ def crash(messages: int = 5000, kills: int = 20, seed: int = 11) -> Result:
         target = f"crash-{uuid.uuid4().hex[:8]}"
         kafka.ensure_topics(stack.settings.kafka, [target])
         collector = CollectorProcess(stack.broker.bootstrap, target, messages, timeout=600)
-        sender = _Sender(stack, target, messages, seconds=kills * 2.5)
+        # Load lasts past the last kill: each restart waits out the killed member's session.
+        sender = _Sender(stack, target, messages, seconds=kills * 8)
         sender.start()
         phases = _Phases(stack)
         for _ in range(kills):
             process = start_service(stack)
-            time.sleep(rng.uniform(1.0, 4.0))  # the chaos schedule: a random moment to die
+            phases.await_assignment()  # a kill before it reads anything proves nothing
+            time.sleep(rng.uniform(0.5, 2.0))  # the chaos schedule: a random moment to die
+            phases.await_work()
             phases.sample()
             process.kill()
             process.wait()
@@ -118,6 +129,33 @@ class _Phases:
         self.offsets = Consumer({"bootstrap.servers": stack.broker.bootstrap,
                                  "group.id": stack.settings.group_id})  # fmt: skip
         self.counts = {"kills_mid_fire": 0, "kills_mid_intake": 0}
+        self.admin = AdminClient({"bootstrap.servers": stack.broker.bootstrap})
+        self.members_seen: set[str] = set()
+
+    def await_assignment(self, timeout: float = 60) -> None:
+        """Wait until a member of the group not seen before holds intake partitions, the
+        group stable: the replica just started reads intake (a killed one's session ended)."""
+        group = self.stack.settings.group_id
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            (described,) = self.admin.describe_consumer_groups([group]).values()
+            try:
+                found = described.result(timeout=10)
+            except KafkaException:  # the coordinator is loading, or the group not made yet
+                time.sleep(0.1)
+                continue
+            members = {m.member_id for m in found.members if m.assignment.topic_partitions}
+            if found.state == ConsumerGroupState.STABLE and members - self.members_seen:
+                self.members_seen |= members
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"no new member of {group} was assigned intake in {timeout} s")
+
+    def await_work(self, timeout: float = 2.0) -> None:
+        """Wait (briefly) until an id is in flight, so the kill lands mid-fire when it can."""
+        deadline = time.monotonic() + timeout
+        while self.redis.zcard(self.keys.in_flight) == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def sample(self) -> None:
         self.counts["kills_mid_fire"] += self.redis.zcard(self.keys.in_flight) > 0

@@ -75,7 +75,8 @@ def start_service(stack: Stack) -> subprocess.Popen[bytes]:
     with (stack.work / "service.log").open("ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "blackbox", "run"],
-            env={**os.environ, **stack.env},
+            # Unbuffered: a process killed with SIGKILL keeps its last lines in the log.
+            env={**os.environ, **stack.env, "PYTHONUNBUFFERED": "1"},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
