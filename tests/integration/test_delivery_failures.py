@@ -5,8 +5,14 @@ from __future__ import annotations
 import orjson
 
 from blackbox import kafka
+from blackbox.clock import now_ms
 from blackbox.errors import DeadLetterReason
-from tests.integration.conftest import ReaderFactory, ServiceFactory
+from blackbox.keys import Keys
+from blackbox.schedule import Schedule
+from blackbox.service import redis_client
+from blackbox.settings import Settings
+from blackbox.store import IntakeSlice, RedisStore
+from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
 from tests.kafkatools import envelope, produce, unique, wait_until
 
 
@@ -73,3 +79,30 @@ def test_a_target_topic_that_does_not_exist_is_dead_lettered_and_answered(
     ]
     assert (answer["id"], answer["reason"], answer["topic"]) == ("m1", "unknown_topic", missing)
     wait_until(lambda: service.store.counts() == (0, 0), what="nothing left pending")
+
+
+def test_an_expired_or_undecodable_payload_goes_through_the_dispatcher_to_the_dlq(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str]
+) -> None:
+    """Guarantee 1: an id due whose payload expired (past due + grace) or cannot be decoded
+    is dead-lettered by the dispatcher with its reason, never dropped, never delivered."""
+    settings = Settings.from_env(env)
+    store = RedisStore(redis_client(settings.redis_url), Keys(settings.namespace), 60)
+    target, now = unique("lost"), now_ms()
+    seeded = [Schedule(f"seed-{n}", target, b"v", now - 1) for n in range(2)]
+    store.apply([IntakeSlice("seed", 0, 1, list(enumerate(seeded)))], now)
+    store.client.delete(store.keys.payload("seed-0"))  # as its TTL would
+    store.client.set(store.keys.payload("seed-1"), b"\x07garbled")
+
+    service = start_service()
+    dlq = reader(settings.dlq_topic)
+    dlq.wait_count(2)
+    settle(service)
+
+    dead = {d.header("blackbox-id"): d for d in dlq.read_to_end()}
+    assert dead["seed-0"].header("blackbox-dlq-reason") == DeadLetterReason.EXPIRED.value
+    assert dead["seed-1"].header("blackbox-dlq-reason") == DeadLetterReason.DELIVERY_FAILED.value
+    assert dead["seed-1"].value == b"\x07garbled"  # kept for whoever looks into it
+    assert len(dead) == 2
+    assert reader(target).read_to_end() == []
+    store.client.close()

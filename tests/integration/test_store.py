@@ -360,3 +360,18 @@ def _lease(store: RedisStore) -> tuple[object, ...]:
     """(state, lease score, attempts) of ID."""
     client, keys = store.client, store.keys
     return _state(store), client.zscore(keys.in_flight, ID), client.hget(keys.attempts, ID)
+
+
+def test_a_fired_marker_is_forgotten_after_its_retention(redis_server: RedisServer) -> None:
+    """The already_fired marker lives BLACKBOX_FIRED_RETENTION seconds, then expires (a cancel
+    then answers not_found): fired ids do not pile up in Redis."""
+    client = redis.Redis.from_url(redis_server.url)
+    store = RedisStore(client, Keys(unique("ns")), grace_seconds=60, ended_retention_seconds=1)
+    Intake(store).send(_version(b"v1", now_ms() - 1, 0))
+    claim = store.claim_due(now_ms(), 10, 30_000)
+    assert store.ack([ID], claim.token) == 1
+
+    assert client.get(store.keys.ended(ID)) == b"f"
+    assert 0 < client.pttl(store.keys.ended(ID)) <= 1000
+    wait_until(lambda: not client.exists(store.keys.ended(ID)), timeout=5, what="expiry")
+    client.close()
