@@ -7,6 +7,7 @@ import orjson
 from blackbox import kafka
 from blackbox.clock import now_ms
 from blackbox.errors import DeadLetterReason
+from blackbox.incarnations import tag_of
 from blackbox.keys import Keys
 from blackbox.schedule import Schedule
 from blackbox.service import redis_client
@@ -35,7 +36,9 @@ def test_record_too_large_for_the_broker_is_dead_lettered_after_its_attempts(
 
     assert orjson.loads(small.value or b"") == {"small": True}
     assert dead.header("blackbox-dlq-reason") == DeadLetterReason.RECORD_TOO_LARGE.value
-    assert dead.header("blackbox-id") == f"{settings.intake_topic}:0:0"
+    intake = settings.intake_topic
+    topic_id = kafka.topic_id_lookup(settings.kafka)([intake])[intake]
+    assert dead.header("blackbox-id") == f"{intake}:0:0:{tag_of(topic_id)}"
     assert dead.header("blackbox-target-topic") == target
     assert "after 3 attempts" in dead.header("blackbox-dlq-detail")
     # The value is too large for the dead-letter topic as well: left out, and said so.
