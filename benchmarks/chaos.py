@@ -97,12 +97,14 @@ def crash(messages: int = 5000, kills: int = 20, seed: int = 11) -> Result:
         phases = _Phases(stack)
         for _ in range(kills):
             process = start_service(stack)
-            phases.await_assignment()  # a kill before it reads anything proves nothing
-            time.sleep(rng.uniform(0.5, 2.0))  # the chaos schedule: a random moment to die
-            phases.await_work()
-            phases.sample()
-            process.kill()
-            process.wait()
+            try:
+                phases.await_assignment()  # a kill before it reads anything proves nothing
+                time.sleep(rng.uniform(0.5, 2.0))  # the chaos schedule: a random moment to die
+                phases.await_work()
+                phases.sample()
+            finally:  # killed whatever happened: a failed wait leaves no service behind
+                process.kill()
+                process.wait()
         phases.close()
         sender.join()
         final = start_service(stack)
