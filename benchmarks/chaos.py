@@ -177,44 +177,31 @@ class _Phases:
 
 def redis_restart(appendfsync: str, messages: int = 3000, outage_s: float = 3.0) -> Result:
     """Append-only Redis killed hard mid-run and started again on the same data."""
-    with local_stack(appendfsync=appendfsync, **CHAOS_SETTINGS) as stack:
-        target = f"restart-{uuid.uuid4().hex[:8]}"
-        kafka.ensure_topics(stack.settings.kafka, [target])
-        collector = CollectorProcess(stack.broker.bootstrap, target, messages, timeout=300)
-        process = start_service(stack)
-        sender = _Sender(stack, target, messages, seconds=3 * outage_s)
-        sender.start()
-        time.sleep(outage_s)  # the chaos schedule: let load build up, then pull Redis away
-        stack.redis.kill()
-        time.sleep(outage_s)  # the outage itself
-        stack.redis.start()
-        sender.join()
-        got = collector.result(timeout=300)
-        alive = process.poll() is None
-        process.terminate()
-        process.wait(15)
-    return {
-        "scenario": f"redis restart, appendfsync {appendfsync}", "sent": messages,
-        "accepted": sender.accepted, **got.tally(sender.accepted),
-        "service_alive": alive,
-    }  # fmt: skip
+    result = _restart("redis", messages, outage_s, appendfsync)
+    return {**result, "scenario": f"redis restart, appendfsync {appendfsync}"}
 
 
 def broker_restart(messages: int = 3000, down_s: float = 3.0) -> Result:
-    """The Kafka broker killed hard (SIGKILL) mid-run and started again on the same data:
-    intake, firing and the dead-letter and events producers all lose their broker at once."""
-    with local_stack(**CHAOS_SETTINGS) as stack:
-        target = f"broker-{uuid.uuid4().hex[:8]}"
+    """The Kafka broker killed hard mid-run and started again on the same data: intake,
+    firing and the dead-letter and events producers all lose their broker at once."""
+    return {**_restart("broker", messages, down_s), "scenario": "broker killed and restarted"}
+
+
+def _restart(which: str, messages: int, down_s: float, appendfsync: str | None = None) -> Result:
+    """Kill `which` (SIGKILL) under steady load, start it again on its data after `down_s`."""
+    with local_stack(appendfsync=appendfsync, **CHAOS_SETTINGS) as stack:
+        target = f"restart-{uuid.uuid4().hex[:8]}"
         kafka.ensure_topics(stack.settings.kafka, [target])
         collector = CollectorProcess(stack.broker.bootstrap, target, messages, timeout=600)
         process = start_service(stack)
         sender = _Sender(stack, target, messages, seconds=6 * down_s)
         sender.start()
-        time.sleep(down_s)  # the chaos schedule: let load build up, then kill the broker
-        stack.broker.kill()
+        server = stack.redis if which == "redis" else stack.broker
+        time.sleep(down_s)  # the chaos schedule: let load build up, then kill the server
+        server.kill()
         killed = time.monotonic()
         time.sleep(down_s)  # the outage itself
-        stack.broker.start()
+        server.start()
         back_after = time.monotonic() - killed
         sender.join()
         got = collector.result(timeout=600)
@@ -223,9 +210,8 @@ def broker_restart(messages: int = 3000, down_s: float = 3.0) -> Result:
         process.wait(15)
     duplicated = {k: c for k, c in got.copies.items() if len(c) > 1}
     return {
-        "scenario": "broker killed and restarted", "sent": messages,
-        "accepted": sender.accepted, **got.tally(sender.accepted),
-        "broker_back_after_s": round(back_after, 1), "service_alive": alive,
+        "sent": messages, "accepted": sender.accepted, **got.tally(sender.accepted),
+        "back_after_s": round(back_after, 1), "service_alive": alive,
         "duplicates_consistent": all(len({d for _, d in c}) == 1 for c in duplicated.values()),
     }  # fmt: skip
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -157,32 +157,45 @@ def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
     if args.wait > 0 and args.id is None:
         _error("--wait needs --id (the answer is matched by it)")
         return EXIT_USAGE
-    sender = client.Client(dict(settings.kafka), caller=args.caller,
-                           intake_topic=settings.intake_topic)  # fmt: skip
-    return _send_answered(sender, document, args, settings)
+
+    def request(sender: client.Client) -> None:
+        sender.send_raw(orjson.dumps(document), args.id)
+
+    return _answered(args, settings, request, SEND_ANSWERS, topic=args.topic, id=args.id)
 
 
-def _send_answered(
-    sender: client.Client, document: dict[str, Any], args: argparse.Namespace, settings: Settings
-) -> int:
-    """Send; with --wait, print blackbox's answer and fail on dead_lettered with its reason."""
+def _client(args: argparse.Namespace, settings: Settings) -> client.Client:
+    return client.Client(dict(settings.kafka), caller=args.caller,
+                         intake_topic=settings.intake_topic)  # fmt: skip
+
+
+def _answered(
+    args: argparse.Namespace, settings: Settings, request: Callable[[client.Client], None],
+    expected: frozenset[str], **context: object,
+) -> int:  # fmt: skip
+    """Send one request; with --wait, print blackbox's answer (failing on dead_lettered)."""
     answers = Answers(settings.kafka, settings.events_topic) if args.wait > 0 else None
     try:
         if answers is not None:
             answers.mark()
-        sender.send_raw(orjson.dumps(document), args.id)
-        code = _flushed(sender, topic=args.topic, id=args.id)
+        sender = _client(args, settings)
+        request(sender)
+        code = _flushed(sender, **context)
         if code != EXIT_OK or answers is None:
             return code
-        answer = answers.wait(args.caller, args.id, args.wait, SEND_ANSWERS)
+        answer = answers.wait(args.caller, args.id, args.wait, expected)
     except KafkaException as e:
         _error(str(e))
         return EXIT_FAILED
     finally:
         if answers is not None:
             answers.close()
+    return _printed(answer, settings.events_topic, args.wait)
+
+
+def _printed(answer: dict[str, Any] | None, events_topic: str, waited: float) -> int:
     if answer is None:
-        _error(f"no answer on {settings.events_topic} within {args.wait} s")
+        _error(f"no answer on {events_topic} within {waited} s")
         return EXIT_FAILED
     print(answer["outcome"])  # noqa: T201 - the command's output
     if answer["outcome"] == Outcome.DEAD_LETTERED.value:
@@ -247,8 +260,7 @@ def _send_file(args: argparse.Namespace, settings: Settings) -> int:
             _error(problem)
         _error(f"{len(problems)} of {len(lines)} lines are invalid; nothing was sent")
         return EXIT_USAGE
-    sender = client.Client(dict(settings.kafka), caller=args.caller,
-                           intake_topic=settings.intake_topic)  # fmt: skip
+    sender = _client(args, settings)
     with Progress(len(lines), sys.stderr) as progress:
         for (_, line), schedule_id in zip(lines, ids, strict=True):
             sender.send_raw(line, schedule_id)
@@ -277,28 +289,11 @@ def _flushed(sender: client.Client, **context: object) -> int:
 
 def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     """Cancel, then print blackbox's answer (cancelled, already_fired or not_found)."""
-    answers = Answers(settings.kafka, settings.events_topic) if args.wait > 0 else None
-    try:
-        if answers is not None:
-            answers.mark()
-        sender = client.Client(dict(settings.kafka), caller=args.caller,
-                               intake_topic=settings.intake_topic)  # fmt: skip
+
+    def request(sender: client.Client) -> None:
         sender.cancel(args.id)
-        code = _flushed(sender, id=args.id)
-        if code != EXIT_OK or answers is None:
-            return code
-        answer = answers.wait(args.caller, args.id, args.wait, CANCEL_ANSWERS)
-    except KafkaException as e:
-        _error(str(e))
-        return EXIT_FAILED
-    finally:
-        if answers is not None:
-            answers.close()
-    if answer is None:
-        _error(f"no answer on {settings.events_topic} within {args.wait} s")
-        return EXIT_FAILED
-    print(answer["outcome"])  # noqa: T201 - the command's output
-    return EXIT_OK
+
+    return _answered(args, settings, request, CANCEL_ANSWERS, id=args.id)
 
 
 def cmd_dev(args: argparse.Namespace, _settings: Settings) -> int:
