@@ -27,7 +27,11 @@ _CONSUMER_FORCED = {
     "enable.auto.offset.store": "false",
     "enable.auto.commit": "true",
 }
-_PRODUCER_DEFAULTS = {"linger.ms": "2"}
+# Batching: the intake's answers and dead letters wait up to 2 ms to share a request. The
+# firing producer does not wait: a message due now goes now (S2 at 1,000/s on Apache Kafka,
+# p50 at the consumer 4 -> 2 ms), and a burst still batches behind the requests in flight.
+ANSWERS_LINGER_MS = 2
+FIRING_LINGER_MS = 0
 _PRODUCER_FORCED = {"enable.idempotence": "true", "acks": "all"}
 # Whether librdkafka reports successful deliveries too: blackbox decides, per producer.
 _REPORT_ONLY_ERRORS = "delivery.report.only.error"
@@ -61,9 +65,12 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
     }
 
 
-def producer_config(settings: Settings, *, report_only_errors: bool = False) -> dict[str, Any]:
+def producer_config(
+    settings: Settings, *, report_only_errors: bool = False, linger_ms: int = ANSWERS_LINGER_MS
+) -> dict[str, Any]:
     """`report_only_errors`: no report per acknowledged record (the intake's answers and
-    dead letters are many; a batch counts as landed once the producer's queue is empty)."""
+    dead letters are many; a batch counts as landed once the producer's queue is empty).
+    `linger_ms`: the default wait to batch; KAFKA_PRODUCER_LINGER_MS overrides it."""
     # Never 0: librdkafka reads 0 as "no timeout", which would outlive any lease.
     timeout_ms = max(1, math.ceil(settings.delivery_timeout * 1000))
     timeout = {"message.timeout.ms": str(timeout_ms)}
@@ -71,7 +78,7 @@ def producer_config(settings: Settings, *, report_only_errors: bool = False) -> 
     # its attempts) before the message times out (transient: retried without end).
     propagation = {"topic.metadata.propagation.max.ms": str(max(1, timeout_ms // 2))}
     return {
-        **_PRODUCER_DEFAULTS,
+        "linger.ms": str(linger_ms),
         **propagation,
         **settings.kafka,
         **settings.kafka_producer,
@@ -86,9 +93,12 @@ def new_consumer(settings: Settings) -> Consumer:
         return Consumer(consumer_config(settings))
 
 
-def new_producer(settings: Settings, *, report_only_errors: bool = False) -> Producer:
+def new_producer(
+    settings: Settings, *, report_only_errors: bool = False, linger_ms: int = ANSWERS_LINGER_MS
+) -> Producer:
+    config = producer_config(settings, report_only_errors=report_only_errors, linger_ms=linger_ms)
     with _naming_bad_settings():
-        return Producer(producer_config(settings, report_only_errors=report_only_errors))
+        return Producer(config)
 
 
 @contextmanager

@@ -97,7 +97,7 @@ class Service:
         wait = settings.delivery_timeout + 1.0
 
         def renew() -> Producer:
-            return kafka.new_producer(settings)
+            return kafka.new_producer(settings, linger_ms=kafka.FIRING_LINGER_MS)
 
         def renew_reporting_errors() -> Producer:
             return kafka.new_producer(settings, report_only_errors=True)

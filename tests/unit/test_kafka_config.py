@@ -84,6 +84,13 @@ def test_producer_defaults() -> None:
     }
 
 
+def test_the_firing_producer_does_not_wait_to_batch_unless_told() -> None:
+    """Guarantee 6: a message due now is sent now; the operator's linger still wins."""
+    assert producer_config(Settings.from_env({}), linger_ms=0)["linger.ms"] == "0"
+    told = Settings.from_env({"KAFKA_PRODUCER_LINGER_MS": "7"})
+    assert producer_config(told, linger_ms=0)["linger.ms"] == "7"
+
+
 def test_only_the_producer_asking_for_it_reports_errors_alone() -> None:
     """Guarantee 1: a delivery is acked in Redis only after its success report, so no
     KAFKA_* setting may turn success reports off; the intake's producer turns them off itself."""
