@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 import orjson
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+from structlog.testing import capture_logs
 
 from blackbox import kafka
 from blackbox.clock import now_ms
@@ -109,3 +118,48 @@ def test_an_expired_or_undecodable_payload_goes_through_the_dispatcher_to_the_dl
     assert len(dead) == 2
     assert reader(target).read_to_end() == []
     store.client.close()
+
+
+def _set_max_message_bytes(settings: Settings, topic: str, limit: int) -> None:
+    """Change a topic's `max.message.bytes` on the broker."""
+    admin = AdminClient(dict(settings.kafka))
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry("max.message.bytes", str(limit),
+                    incremental_operation=AlterConfigOpType.SET),
+    ])  # fmt: skip
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(15)
+
+
+def test_a_dead_letter_the_dlq_refuses_stays_pending_and_lands_once_it_is_taken(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str]
+) -> None:
+    """Guarantee 1: while the dead-letter topic refuses a dead letter, its message stays in
+    Redis and is retried; once the topic takes it, it lands, is answered, and leaves Redis."""
+    settings = Settings.from_env(env)
+    admin = AdminClient(dict(settings.kafka))
+    tiny = NewTopic(settings.dlq_topic, num_partitions=1, config={"max.message.bytes": "64"})
+    for future in admin.create_topics([tiny]).values():
+        future.result(15)
+    service = start_service(
+        KAFKA_PRODUCER_ALLOW_AUTO_CREATE_TOPICS="false",
+        KAFKA_PRODUCER_TOPIC_METADATA_PROPAGATION_MAX_MS="500",
+        BLACKBOX_MAX_ATTEMPTS="1",
+        BLACKBOX_RETRY_BACKOFF="0.2",
+    )
+    missing = unique("missing")
+    with capture_logs() as logs:
+        produce(env["KAFKA_BOOTSTRAP_SERVERS"], settings.intake_topic, [envelope(missing, "m", 0)])
+
+        def refused_twice() -> bool:
+            return sum(1 for e in list(logs) if e["event"] == "dead_letter_failed") >= 2
+
+        wait_until(refused_twice, timeout=30, what="the refused dead letter tried again")
+        assert service.store.counts() != (0, 0), "the message must stay in Redis meanwhile"
+        _set_max_message_bytes(settings, settings.dlq_topic, 1_048_576)
+
+    (dead,) = reader(settings.dlq_topic).wait_count(1, timeout=30)
+    assert dead.header("blackbox-dlq-reason") == DeadLetterReason.UNKNOWN_TOPIC.value
+    assert dead.value == b"m"
+    settle(service)
+    assert service.metrics.value("blackbox_dead_letters_total", {"reason": "unknown_topic"}) == 1
