@@ -235,14 +235,18 @@ def _layout_floor(client: redis.Redis, count: int, payload_bytes: int) -> float:
     return (int(client.info("memory")["used_memory"]) - before) / count
 
 
+# What an intake id carries on Apache Kafka: the intake topic's incarnation tag.
+_TAG = "EhQ/z1Nx"
+
+
 def _fill(store: RedisStore, count: int, payload_bytes: int, due_ms: int, start: int = 0) -> None:
     value = b"x" * payload_bytes
     now = now_ms()
     for offset in range(start, start + count, 10_000):
         offsets = range(offset, min(offset + 10_000, start + count))
-        items = [(o, Schedule(intake_id("blackbox", 0, o), "orders", value, due_ms))
+        items = [(o, Schedule(intake_id("blackbox", 0, o, _TAG), "orders", value, due_ms))
                  for o in offsets]  # fmt: skip
-        store.apply([IntakeSlice("blackbox", 0, offsets[-1], items)], now)
+        store.apply([IntakeSlice("blackbox", 0, offsets[-1], items, _TAG)], now)
 
 
 def _claim_timings(store: RedisStore, claims: int, payload_bytes: int) -> list[float]:
