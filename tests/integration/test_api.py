@@ -3,8 +3,7 @@ stats and the token rules."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from blackbox.service import Service
 from blackbox.settings import Settings
 from blackbox.store import IntakeSlice
 from tests.integration.conftest import ReaderFactory, ServiceFactory
-from tests.kafkatools import TopicReader, produce, unique
+from tests.kafkatools import TopicReader, produce, unique, wait_until
 
 TOKEN = "test-token-0123456789abcdef"  # noqa: S105 - a test token
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -220,14 +219,16 @@ def test_create_produces_to_the_intake_and_answers_the_id(
         "envelope": {"topic": "orders", "message": "plain", "countdown": 600}})  # fmt: skip
     blackbox_id = derived.json()["blackbox_id"]
     for created in ("@shop/o-1", blackbox_id):
-        deadline = time.monotonic() + 30
-        while client.get(f"/api/v1/schedules/{created}", headers=AUTH).status_code != 200:
-            assert time.monotonic() < deadline, (created, listed(client))
-            time.sleep(0.05)
+        wait_until(_found(client, created), what=f"{created} stored")
     bad = client.post("/api/v1/schedules", headers=AUTH, json={"envelope": {"topic": "orders"}})
     assert bad.status_code == 422 and bad.json()["error"] == "missing_field"
     wrong = client.post("/api/v1/schedules", headers=AUTH, json={"envelope": "nope"})
     assert wrong.status_code == 422 and wrong.json()["error"] == "invalid_request"
+
+
+def _found(client: httpx.Client, blackbox_id: str) -> Callable[[], bool]:
+    """A condition: the API finds `blackbox_id`."""
+    return lambda: client.get(f"/api/v1/schedules/{blackbox_id}", headers=AUTH).status_code == 200
 
 
 def test_stats_and_gauges_count_what_is_pending(http: tuple[Service, httpx.Client]) -> None:
@@ -290,10 +291,14 @@ def test_recent_dead_letters_are_listed_with_their_reason(
     read back from the dead-letter topic."""
     _service, client = http
     produce(env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_INTAKE_TOPIC"], [b"not json at all"])
-    deadline = time.monotonic() + 30
-    while not (items := client.get("/api/v1/dead-letters", headers=AUTH).json()["items"]):
-        assert time.monotonic() < deadline, "no dead letter listed"
-        time.sleep(0.1)
+    found: list[Any] = []
+
+    def listed_dead_letter() -> bool:
+        found[:] = client.get("/api/v1/dead-letters", headers=AUTH).json()["items"]
+        return bool(found)
+
+    wait_until(listed_dead_letter, what="a dead letter listed")
+    items = found
     assert items[0]["reason"] == "invalid_json"
     assert items[0]["preview"] == "not json at all"
 

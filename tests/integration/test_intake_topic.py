@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import orjson
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -23,15 +21,15 @@ def _recreate(service: Service) -> None:
         future.result(15)
     wait_until(lambda: topic not in admin.list_topics(timeout=5).topics, timeout=30,
                what="the intake topic gone")  # fmt: skip
-    deadline = time.monotonic() + 30
-    while True:  # bounded: a deletion still settling refuses the creation for a moment
+
+    def created() -> bool:  # a deletion still settling refuses the creation for a moment
         try:
             kafka.ensure_topics(config, [topic])
-            return
         except KafkaException:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+            return False
+        return True
+
+    wait_until(created, timeout=30, what="the intake topic created again")
 
 
 def _tag(service: Service) -> str:
