@@ -60,6 +60,7 @@ class _Server:
     """A child process serving on one loopback port."""
 
     start_timeout = 15.0  # seconds until the port must listen
+    stop_timeout = 5.0  # seconds a SIGTERM is given before SIGKILL
 
     def __init__(self, port: int, log_path: Path) -> None:
         self.port = port
@@ -76,12 +77,12 @@ class _Server:
         self.process = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT)
         wait_for_port(self.port, self.process, self.start_timeout)
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self) -> None:
         """Ask the server to exit (SIGTERM), killing it if it does not in time."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout)
+                self.process.wait(self.stop_timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
         self._close_log()
@@ -166,6 +167,7 @@ class KafkaBroker(_Server):
     """
 
     start_timeout = 90.0  # a JVM on a busy 2-core machine
+    stop_timeout = 20.0  # a controlled shutdown closes every log first
 
     def __init__(
         self, port: int, data_dir: Path, controller_port: int | None = None, heap: str = "512m"
@@ -187,10 +189,6 @@ class KafkaBroker(_Server):
         self._prepare()
         super().start()
         wait_for_metadata(self.bootstrap, self.start_timeout)
-
-    def stop(self, timeout: float = 20.0) -> None:
-        """A controlled shutdown: Kafka may take a few seconds to close its logs."""
-        super().stop(timeout)
 
     def command(self) -> list[str]:
         java = shutil.which("java")
