@@ -14,7 +14,7 @@ import time
 import redis
 
 from blackbox.clock import now_ms
-from blackbox.keys import Keys
+from blackbox.keys import Layout
 from blackbox.localstack import RedisServer, free_port, scratch_dir
 from blackbox.pending import Filter, Pending
 from blackbox.schedule import Schedule
@@ -79,7 +79,7 @@ def main() -> None:
     server.start()
     try:
         client = redis.Redis.from_url(server.url)
-        store = RedisStore(client, Keys("bench"), 604_800)
+        store = RedisStore(client, Layout("bench"), 604_800)
         started = time.perf_counter()
         fill(store, args.pending)
         print(f"filled {store.counts()[0]:,} pending in {time.perf_counter() - started:.1f} s")  # noqa: T201

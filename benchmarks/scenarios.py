@@ -44,7 +44,7 @@ from benchmarks.stack import (
 )
 from blackbox import kafka
 from blackbox.clock import now_ms
-from blackbox.keys import Keys
+from blackbox.keys import Keys, Layout
 from blackbox.schedule import Schedule, intake_id
 from blackbox.store import IntakeSlice, RedisStore
 
@@ -200,7 +200,7 @@ def s3_intake(count: int = 100_000) -> Result:
 def s4_capacity(count: int = 1_000_000, payload_bytes: int = 100, claims: int = 20) -> Result:
     with local_stack() as stack:
         client = redis.Redis.from_url(stack.redis.url)
-        store = RedisStore(client, Keys(stack.settings.namespace), grace_seconds=604800)
+        store = RedisStore(client, Layout(stack.settings.namespace), grace_seconds=604800)
         before = int(client.info("memory")["used_memory"])
         now = now_ms()
         _fill(store, count, payload_bytes, due_ms=now + 3_600_000)

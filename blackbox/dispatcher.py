@@ -147,25 +147,36 @@ class Dispatcher:
         self.policy = policy
         self.metrics = metrics
         self._unsettled: deque[_Sent] = deque()
+        # The shards this replica fires: all of them, unless a share is set (shares.py).
+        self.shards: Callable[[], Sequence[int]] = lambda: range(store.shards)
         self._unsettled_messages = 0
 
     def fire_due(self, stop: threading.Event, nudged: Nudged = lambda: None) -> Fired:
-        """Send everything due now, batch after batch, until a claim comes back short;
-        settle the batches the broker has reported on, waiting for the rest until shortly
-        before the next due time, or the due time `nudged` tells of meanwhile.
+        """Send everything due now in every shard this replica fires, batch after batch,
+        until each shard's claim comes back short; settle the batches the broker has
+        reported on, waiting for the rest until shortly before the next due time, or the
+        due time `nudged` tells of meanwhile.
         """
         fired = Fired(delivered=0, next_due_ms=None)
+        for shard in self.shards():
+            self._drain(shard, stop, fired)
+        fired.delivered += self._settle_before(fired.next_due_ms, stop, nudged)
+        return fired
+
+    def _drain(self, shard: int, stop: threading.Event, fired: Fired) -> None:
+        """Claim and send what is due in `shard` until a claim comes back short."""
         while not stop.is_set():
-            claim = self.store.claim_due(now_ms(), self.policy.batch_limit, self.policy.lease_ms)
-            fired.next_due_ms = claim.next_due_ms
+            claim = self.store.claim_due(
+                now_ms(), self.policy.batch_limit, self.policy.lease_ms, shard
+            )
+            if claim.next_due_ms is not None:
+                fired.next_due_ms = min(fired.next_due_ms or claim.next_due_ms, claim.next_due_ms)
             if claim.ids:
                 self._unsettled.append(self._send(claim))
                 self._unsettled_messages += len(claim.ids)
             fired.delivered += self._settle_reported(stop)
             if len(claim.ids) < self.policy.batch_limit:
-                break
-        fired.delivered += self._settle_before(fired.next_due_ms, stop, nudged)
-        return fired
+                return
 
     def settle_all(self, stop: threading.Event) -> int:
         """Wait for the reports of every batch sent and settle each; how many were delivered."""
@@ -222,8 +233,11 @@ class Dispatcher:
         return delivered
 
     def reclaim_expired(self) -> int:
-        """Return ids whose replica's lease ran out to due; how many."""
-        return self.store.reclaim(now_ms(), self.policy.batch_limit)
+        """Return ids whose replica's lease ran out to due, in every shard; how many."""
+        return sum(
+            self.store.reclaim(now_ms(), self.policy.batch_limit, shard)
+            for shard in range(self.store.shards)
+        )
 
     def _send(self, claim: Claim) -> _Sent:
         sent = _Sent(claim=replace(claim, loaded=[]))  # the payloads are not kept till settled
@@ -250,7 +264,7 @@ class Dispatcher:
         outcome.done += sent.cancelled
         self._settle(sent.claim, outcome)
         if sent.later:
-            self.store.release(sent.later, sent.claim.token)
+            self.store.release(sent.later, sent.claim.token, sent.claim.shard)
         return outcome.delivered
 
     def _sort(self, item: Loaded, sent: _Sent) -> None:
@@ -346,12 +360,12 @@ class Dispatcher:
             log.error("events_dropped", count=len(errors), error=errors[0].str())
 
     def _settle(self, claim: Claim, outcome: _Outcome) -> None:
-        acked = self.store.ack(outcome.done, claim.token)
+        acked = self.store.ack(outcome.done, claim.token, claim.shard)
         if acked < len(outcome.done):
             log.warning("lease_lost", expected=len(outcome.done), acked=acked)
         for attempt, ids in outcome.retry.items():
             retry_at = now_ms() + self.policy.retry_delay_ms(attempt)
-            self.store.retry(ids, claim.token, retry_at)
+            self.store.retry(ids, claim.token, retry_at, claim.shard)
 
 
 def _dead_event(schedule_id: str, schedule: Schedule | None, letter: DeadLetter) -> Event:

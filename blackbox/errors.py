@@ -66,6 +66,11 @@ class EvictingRedis(SettingsError):
     `noeviction`): an evicted payload is a lost schedule."""
 
 
+class ShardsChanged(SettingsError):
+    """BLACKBOX_SHARDS differs from the shard count the namespace's pending messages were
+    written with: the ids would be looked for in the wrong shards."""
+
+
 class RedisFull(BlackboxError):
     """Redis refuses writes for memory (over `maxmemory`): intake waits, firing drains it."""
 

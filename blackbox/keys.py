@@ -1,26 +1,42 @@
 """Every Redis key blackbox uses. Nothing else builds key names (the claim script joins
 the prefixes `payload("")` and `ended("")` it is handed to the ids it takes).
 
-All keys of one namespace share the hash tag ``{namespace}``, so each Lua script touches a
-single slot and runs unchanged on Redis Cluster. Names are short on purpose: a pending
-message costs one payload key and one sorted-set member, and millions may be pending.
+Pending messages are spread over the shards of a `Layout`: a message's shard is a pure
+function of its id, and every key of one shard shares that shard's hash tag, so each Lua
+script touches a single slot and runs unchanged on Redis Cluster. With one shard (the
+default) the tag is ``{namespace}``. With more, each shard's tag is chosen so that the
+shards' slots spread evenly over the 16,384 slots of a cluster: a cluster whose masters
+hold equal slot ranges (as `redis-cli --cluster create` makes them) gets an equal share of
+shards on each master when the shard count is a multiple of the masters.
+
+Names are short on purpose: a pending message costs one payload key and one sorted-set
+member, and millions may be pending.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+# The most shards a namespace may have: choosing their tags costs about `shards` tries
+# each at start, and more shards than this only add claim calls.
+MAX_SHARDS = 1024
 
 
 @dataclass(frozen=True, slots=True)
 class Keys:
-    """The key names of one blackbox namespace."""
+    """The key names of one shard of a blackbox namespace (with one shard: all of them)."""
 
     namespace: str = "bb"
+    # The shard's hash tag without braces; empty for the namespace itself (one shard).
+    shard_tag: str = ""
     # Built once: payload() and ended() run once per message on the intake and firing paths.
     tag: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tag", "{" + self.namespace + "}")
+        object.__setattr__(self, "tag", "{" + (self.shard_tag or self.namespace) + "}")
 
     @property
     def due(self) -> str:
@@ -38,13 +54,9 @@ class Keys:
         return f"{self.tag}:try"
 
     @property
-    def wake_channel(self) -> str:
-        """Pub/sub channel: a due time (epoch ms) sooner than replicas may have planned for."""
-        return f"{self.tag}:wake"
-
-    @property
     def intake_marks(self) -> str:
-        """Hash: "topic:partition" -> highest intake offset already handled."""
+        """Hash: "topic:partition[:incarnation]" -> highest intake offset whose requests for
+        this shard are handled (each shard keeps its own mark of every partition)."""
         return f"{self.tag}:in"
 
     def payload(self, schedule_id: str) -> str:
@@ -58,3 +70,72 @@ class Keys:
 
         Kept for BLACKBOX_FIRED_RETENTION so a late cancel can answer already_fired."""
         return f"{self.tag}!{schedule_id}"
+
+
+def shard_tag(namespace: str, shard: int, count: int) -> str:
+    """The hash tag (without braces) of shard `shard` of `count`: the namespace itself for
+    one shard; else the first of "ns.i", "ns.i.1", "ns.i.2"... whose slot falls in the
+    i-th of `count` equal slot ranges. A pure function: every replica derives the same."""
+    if count == 1:
+        return namespace
+    low = shard * REDIS_CLUSTER_HASH_SLOTS // count
+    high = (shard + 1) * REDIS_CLUSTER_HASH_SLOTS // count
+    attempt = 0
+    while True:
+        tag = f"{namespace}.{shard}" if attempt == 0 else f"{namespace}.{shard}.{attempt}"
+        if low <= key_slot(tag.encode("utf-8")) < high:
+            return tag
+        attempt += 1
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The shards of one namespace, and the keys the whole namespace shares."""
+
+    namespace: str = "bb"
+    count: int = 1
+    shards: tuple[Keys, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.count <= MAX_SHARDS:
+            raise ValueError(f"shards must be 1..{MAX_SHARDS}, not {self.count}")
+        shards = tuple(
+            Keys(
+                self.namespace, "" if self.count == 1 else shard_tag(self.namespace, i, self.count)
+            )
+            for i in range(self.count)
+        )
+        object.__setattr__(self, "shards", shards)
+
+    def shard_of(self, schedule_id: str) -> int:
+        """The shard holding `schedule_id`: a pure function of the id (CRC-32 of its UTF-8
+        bytes, modulo the count), so an update or cancel finds it again."""
+        if self.count == 1:
+            return 0
+        return zlib.crc32(schedule_id.encode("utf-8")) % self.count
+
+    def keys_of(self, schedule_id: str) -> Keys:
+        """The keys of the shard holding `schedule_id`."""
+        return self.shards[self.shard_of(schedule_id)]
+
+    @property
+    def tag(self) -> str:
+        """The namespace's own hash tag: the keys below live in its slot."""
+        return "{" + self.namespace + "}"
+
+    @property
+    def shard_count(self) -> str:
+        """String: the shard count the namespace's data was written with (see layout.py)."""
+        return f"{self.tag}:shards"
+
+    @property
+    def wake_channel(self) -> str:
+        """Pub/sub channel: "shard:due ms", a due time sooner than replicas may have planned
+        for."""
+        return f"{self.tag}:wake"
+
+    @property
+    def members(self) -> str:
+        """Sorted set: replica name -> expiry (epoch ms) of its last heartbeat, among the
+        replicas that fire (see shares.py)."""
+        return f"{self.tag}:firers"

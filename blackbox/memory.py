@@ -11,13 +11,15 @@ pending.
 from __future__ import annotations
 
 from importlib import resources
+from typing import Any
 
 import redis
 import structlog
 
 from blackbox.errors import EvictingRedis, RedisFull
-from blackbox.keys import Keys
+from blackbox.keys import Layout
 from blackbox.metrics import Metrics
+from blackbox.store import RedisClient, pending_counts
 
 log = structlog.get_logger("blackbox.memory")
 
@@ -59,9 +61,9 @@ class Room:
     """Whether Redis has room for intake, and the gauges of its memory and of what is
     pending. Redis's probe in the readiness check."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, metrics: Metrics) -> None:
+    def __init__(self, client: RedisClient, layout: Layout, metrics: Metrics) -> None:
         self.client = client
-        self.keys = keys
+        self.layout = layout
         self.metrics = metrics
         text = resources.files("blackbox").joinpath("lua", "room.lua").read_text("utf-8")
         self._room = client.register_script(text)
@@ -72,22 +74,42 @@ class Room:
         self.intake_waiting = refused
 
     def probe(self) -> None:
-        """Export Redis's memory and the pending counts; raise RedisFull if Redis has no
-        room for intake (a write would be refused, or intake's last one was)."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.info("memory")
-        pipe.zcard(self.keys.due)
-        pipe.zcard(self.keys.in_flight)
-        memory, due, in_flight = pipe.execute()
-        self.metrics.redis_used_memory.set(int(memory["used_memory"]))
-        self.metrics.redis_maxmemory.set(int(memory["maxmemory"]))
+        """Export Redis's memory (summed over a cluster's masters) and the pending counts;
+        raise RedisFull if a Redis node has no room for intake (a write would be refused),
+        or intake's last write was refused."""
+        used, most = 0, 0
+        for node in primaries(self.client):
+            memory: Any = node.info("memory")
+            used, most = used + int(memory["used_memory"]), most + int(memory["maxmemory"])
+        due, in_flight = pending_counts(self.client, self.layout)
+        self.metrics.redis_used_memory.set(used)
+        self.metrics.redis_maxmemory.set(most)
         self.metrics.pending.labels(state="due").set(due)
         self.metrics.pending.labels(state="in_flight").set(in_flight)
         try:
-            self._room(keys=[self.keys.due])
+            for key in _one_key_per_node(self.client, self.layout):
+                self._room(keys=[key])
         except redis.exceptions.OutOfMemoryError as e:
             self.metrics.redis_full.set(1)
             raise RedisFull(str(e)) from e
         self.metrics.redis_full.set(1 if self.intake_waiting else 0)
         if self.intake_waiting:
             raise RedisFull("intake's last write was refused for memory")
+
+
+def primaries(client: RedisClient) -> list[redis.Redis]:
+    """One client per Redis master: the client itself, or a cluster's masters."""
+    if isinstance(client, redis.RedisCluster):
+        return [client.get_redis_connection(node) for node in client.get_primaries()]  # type: ignore[no-untyped-call]
+    return [client]
+
+
+def _one_key_per_node(client: RedisClient, layout: Layout) -> list[str]:
+    """A due key on each Redis node holding shards: the room script's routes."""
+    if not isinstance(client, redis.RedisCluster):
+        return [layout.shards[0].due]
+    by_node: dict[str, str] = {}
+    for keys in layout.shards:
+        node = client.get_node_from_key(keys.due)  # type: ignore[no-untyped-call]
+        by_node.setdefault(node.name, keys.due)
+    return list(by_node.values())

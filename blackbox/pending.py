@@ -220,7 +220,7 @@ class Pending:
     def __init__(self, store: RedisStore) -> None:
         self.store = store
         self.client = store.client
-        self.keys = store.keys
+        self.keys = store.layout.shards[0]
 
     def get(self, schedule_id: str) -> Detail | None:
         """One schedule with its message and headers; None unless it is pending."""

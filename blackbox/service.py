@@ -20,17 +20,17 @@ import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 from confluent_kafka import KafkaException, Producer
 
-from blackbox import api, kafka, memory, policy
+from blackbox import api, kafka, layout, memory, policy
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
 from blackbox.dispatcher import Dispatcher, RetryPolicy
 from blackbox.endpoints import Endpoints
 from blackbox.envelope import Limits
-from blackbox.errors import EvictingRedis, SettingsError
+from blackbox.errors import SettingsError
 from blackbox.health import Health
 from blackbox.incarnations import Incarnations
 from blackbox.intake import Intake, IntakeConfig
-from blackbox.keys import Keys
+from blackbox.keys import Layout
 from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox
 from blackbox.policy import CallerPolicy
@@ -86,12 +86,14 @@ class Service:
         self.metrics = metrics or Metrics()
         self.stopping = threading.Event()
         self.redis = redis_client(settings.redis_url)
-        keys = Keys(settings.namespace)
-        self.store = RedisStore(self.redis, keys, settings.grace_seconds, settings.fired_retention)
+        sharding = Layout(settings.namespace, settings.shards)
+        self.store = RedisStore(
+            self.redis, sharding, settings.grace_seconds, settings.fired_retention
+        )
         self._probe_client = redis.Redis.from_url(
             settings.redis_url, socket_timeout=2, socket_connect_timeout=2
         )
-        self.room = memory.Room(self._probe_client, keys, self.metrics)
+        self.room = memory.Room(self._probe_client, sharding, self.metrics)
         self._policy_read = False
         self.exit_code = 0
         wait = settings.delivery_timeout + 1.0
@@ -128,7 +130,7 @@ class Service:
         self.endpoints = None if settings.http_port is None else self._endpoints(settings)
         self.waker = Waker(self._fire, self.stopping)
         self._nudges = NudgeListener(
-            redis_client(settings.redis_url), keys.wake_channel, self.waker
+            redis_client(settings.redis_url), sharding.wake_channel, self.waker
         )
         self._threads = [
             threading.Thread(target=self._guard(self._run_intake), name="intake", daemon=True),
@@ -171,7 +173,8 @@ class Service:
         return {"redis": redis_probe, "kafka": kafka_probe}
 
     def start(self) -> None:
-        """Start serving; EvictingRedis (a SettingsError) if Redis may evict schedules."""
+        """Start serving; a SettingsError if Redis may evict schedules (EvictingRedis) or holds
+        messages pending under another shard count (ShardsChanged)."""
         log.info("service_starting", settings=repr(self.settings))
         self._check_eviction()
         if self.endpoints is not None:
@@ -194,13 +197,14 @@ class Service:
 
     def _read_policy(self) -> None:
         memory.check_eviction(self._probe_client, self.settings.accept_eviction)
+        layout.settle(self.redis, self.store.layout)
         self._policy_read = True
 
     def _read_policy_or_stop(self) -> None:
         try:
             self._read_policy()
-        except EvictingRedis as e:
-            log.error("evicting_redis", error=str(e))
+        except SettingsError as e:  # an evicting Redis, or a shard count changed under data
+            log.error("redis_refused", error=str(e))
             self.exit_code = EXIT_SETTINGS
             self.stopping.set()
             raise
@@ -248,7 +252,7 @@ class Service:
         if not self.waker.nudge(due_ms):
             return
         try:
-            self.redis.publish(self.store.keys.wake_channel, due_ms)
+            self.redis.publish(self.store.layout.wake_channel, due_ms)
         except redis.RedisError as e:  # the poll interval still fires it on the other replicas
             log.info("nudge_not_published", error=str(e))
 

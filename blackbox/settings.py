@@ -15,6 +15,7 @@ from typing import Any
 
 from blackbox.envelope import ABSOLUTE_MAX_COUNTDOWN_SECONDS
 from blackbox.errors import SettingsError
+from blackbox.keys import MAX_SHARDS
 
 KAFKA_PREFIX = "KAFKA_"
 # Properties for one kind of client only (KAFKA_CONSUMER_SESSION_TIMEOUT_MS).
@@ -49,6 +50,13 @@ def _batch(text: str) -> int:
     value = _positive_int(text)
     if value > MAX_BATCH:
         raise ValueError(f"must be at most {MAX_BATCH:,} (one Lua call holds Redis)")
+    return value
+
+
+def _shards(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_SHARDS:
+        raise ValueError(f"must be at most {MAX_SHARDS:,}")
     return value
 
 
@@ -129,6 +137,9 @@ VARIABLES: tuple[Var, ...] = (
         "true: start on a Redis whose maxmemory-policy evicts keys (it may delete schedules)"),
     Var("BLACKBOX_NAMESPACE", "namespace", _namespace, "bb",
         "Redis key hash tag; one per deployment"),
+    Var("BLACKBOX_SHARDS", "shards", _shards, "1",
+        "shards the pending messages are spread over (each its own Redis Cluster slot); "
+        "keep it fixed while any are pending"),
     Var("BLACKBOX_INTAKE_TOPIC", "intake_topic", _topic, "blackbox", "topic schedules arrive on"),
     Var("BLACKBOX_GROUP_ID", "group_id", str, "blackbox", "consumer group of the intake"),
     Var("BLACKBOX_DLQ_TOPIC", "dlq_topic", _topic, "blackbox.dlq", "dead-letter topic"),
@@ -186,6 +197,7 @@ class Settings:
     redis_url: str
     accept_eviction: bool
     namespace: str
+    shards: int
     intake_topic: str
     group_id: str
     dlq_topic: str

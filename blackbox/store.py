@@ -19,7 +19,7 @@ import hiredis
 import redis
 
 from blackbox.errors import ConcurrentUpdate
-from blackbox.keys import Keys
+from blackbox.keys import Layout
 from blackbox.schedule import SCOPED_PREFIX, Schedule
 
 # Bounds the work of one script call so Redis never blocks on one huge batch.
@@ -27,6 +27,11 @@ SCRIPT_CHUNK = 500
 # Tries of a reschedule whose payload an intake update replaced between read and write.
 RESCHEDULE_TRIES = 3
 RESCHEDULE_CHANGED = 6  # reschedule.lua: the payload changed since it was read
+# intake.lua's ops: a new id derived from the record, a caller's id stored or replaced, a
+# cancel of a caller's id.
+NEW, UPSERT, CANCEL = "n", "u", "c"
+
+RedisClient = redis.Redis | redis.RedisCluster
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +80,16 @@ class IntakeSlice:
         where = f"{self.topic}:{self.partition}"
         return f"{where}:{self.incarnation}" if self.incarnation else where
 
-    def chunks(self, previous: int = -1) -> Iterator[tuple[Sequence[tuple[int, Write]], int, int]]:
-        """Bounded chunks in offset order, each with the watermark the chunk before it
-        leaves (for the first, `previous`: -1 sets no condition) and the watermark it may
-        move to."""
-        parts = list(_chunks(self.items)) or [()]
+    def chunks(
+        self, items: Sequence[tuple[int, tuple[int, Write]]], previous: int = -1
+    ) -> Iterator[tuple[Sequence[tuple[int, tuple[int, Write]]], int, int]]:
+        """`items` (requests of this slice, each with a position kept for the caller) in
+        bounded chunks in offset order, each with the watermark the chunk before it leaves
+        (for the first, `previous`: -1 sets no condition) and the watermark it may move to:
+        the last chunk moves it past every record of the slice."""
+        parts = list(_chunks(items)) or [()]
         for index, chunk in enumerate(parts):
-            mark = self.last_offset if index == len(parts) - 1 else chunk[-1][0]
+            mark = self.last_offset if index == len(parts) - 1 else chunk[-1][1][0]
             yield chunk, previous, mark
             previous = mark
 
@@ -108,13 +116,25 @@ class Claim:
     next_due_ms: int | None
     at_ms: int = 0
     loaded: list[Loaded] = field(default_factory=list)  # per id, in the same order
+    shard: int = 0
+
+
+def pending_counts(client: RedisClient, layout: Layout) -> tuple[int, int]:
+    """How many ids are due and in flight, over every shard of `layout` (one round trip
+    per Redis node)."""
+    pipe = client.pipeline(transaction=False)
+    for keys in layout.shards:
+        pipe.zcard(keys.due)
+        pipe.zcard(keys.in_flight)
+    replies = [int(n) for n in pipe.execute()]
+    return sum(replies[0::2]), sum(replies[1::2])
 
 
 def _lua(name: str) -> str:
     return resources.files("blackbox").joinpath("lua", f"{name}.lua").read_text("utf-8")
 
 
-def _script(client: redis.Redis, name: str, *, shared: bool = False) -> Any:
+def _script(client: RedisClient, name: str, *, shared: bool = False) -> Any:
     """Register a script; `shared` puts pending.lua's functions in front of it, after its
     shebang line (which must stay the first)."""
     text = _lua(name)
@@ -129,28 +149,45 @@ def _chunks(items: Sequence[Any], size: int = SCRIPT_CHUNK) -> Iterator[Sequence
         yield items[start : start + size]
 
 
-class Applying:
-    """Intake script calls in flight on one connection: Redis runs each part while the
-    intake parses the next, and every reply is read at the end. The store's session
-    object: made by `RedisStore.applying`, which owns the connection.
+@dataclass(slots=True)
+class _Lane:
+    """The script calls sent on one connection (one Redis node), in order, with the
+    positions (in the order sent) of the requests each carries."""
 
-    One connection keeps the calls in the order they were sent, and a partition's first
-    chunk in a part waits for the watermark its previous part leaves (see intake.lua), so
-    a later call never moves a watermark past one that failed.
+    pool: Any
+    connection: Any = None
+    calls: list[list[Any]] = field(default_factory=list)
+    positions: list[list[int]] = field(default_factory=list)
+    read: int = 0  # replies read so far
+
+    @property
+    def unread(self) -> int:
+        return len(self.calls) - self.read
+
+
+class Applying:
+    """Intake script calls in flight: Redis runs each part while the intake parses the
+    next, and every reply is read at the end. The store's session object: made by
+    `RedisStore.applying`, which owns the connections (one per Redis node: one, unless
+    the store is a Redis Cluster).
+
+    A slice's requests go to the shards their ids belong to, one call per shard and chunk;
+    each shard keeps its own watermark of the partition. One connection per node keeps
+    the calls in the order they were sent, and a shard's first chunk of a partition in a
+    part waits for the watermark its previous part leaves (see intake.lua), so a later
+    call never moves a watermark past one that failed.
 
     Calls are packed with hiredis directly: redis-py's pipeline checks each argument in
     Python (six or more per request) and its Script adds a SCRIPT EXISTS round trip. They
     are sent without redis-py's health check: its PING would read a reply of ours.
     """
 
-    def __init__(self, store: RedisStore, connection: Any, now_ms: int) -> None:
+    def __init__(self, store: RedisStore, now_ms: int) -> None:
         self._store = store
-        self._connection = connection
         self._now_ms = now_ms
-        self._calls: list[list[Any]] = []
-        self._sizes: list[int] = []  # per call sent by send(): how many requests it carries
-        self._marks: dict[str, int] = {}  # per partition: the watermark of the last call
-        self._unread = 0
+        self._lanes: dict[int, _Lane] = {}  # by id() of the node's connection pool
+        self._marks: dict[tuple[str, int], int] = {}  # per partition and shard: last mark
+        self._codes: list[Applied | None] = []  # per request sent, once its reply is read
         # Once a call was refused for memory: per request, its code, or None where its call
         # was refused (see codes()).
         self.partial: list[Applied | None] = []
@@ -158,93 +195,138 @@ class Applying:
     @property
     def unread(self) -> int:
         """Replies not read yet: a connection released with any would answer its next user."""
-        return self._unread
+        return sum(lane.unread for lane in self._lanes.values())
 
     def send(self, slices: Sequence[IntakeSlice]) -> None:
         """Send the slices' script calls; Redis runs them while the caller goes on."""
-        calls = []
+        sent: dict[int, tuple[list[list[Any]], list[list[int]]]] = {}
         for part in slices:
-            for chunk, after, mark in part.chunks(self._marks.get(part.field, -1)):
-                calls.append(self._store._intake_call(part, chunk, after, mark, self._now_ms))
-                self._sizes.append(len(chunk))
-                self._marks[part.field] = mark
-        self.send_calls(calls)
+            for shard, items in self._by_shard(part):
+                lane = self._lane(shard)
+                calls, positions = sent.setdefault(id(lane), ([], []))
+                previous = self._marks.get((part.field, shard), -1)
+                for chunk, after, mark in part.chunks(items, previous):
+                    calls.append(
+                        self._store.intake_call(part, shard, chunk, (after, mark), self._now_ms)
+                    )
+                    positions.append([p for p, _ in chunk])
+                    self._marks[(part.field, shard)] = mark
+        for lane in self._lanes.values():
+            if id(lane) in sent:
+                self._send_calls(lane, *sent[id(lane)])
 
-    def send_calls(self, calls: list[list[Any]]) -> None:
+    def _by_shard(self, part: IntakeSlice) -> list[tuple[int, list[tuple[int, tuple[int, Write]]]]]:
+        """The slice's requests by shard, each with its position in the order sent. With
+        no request at all, shard 0 still moves its watermark past the slice."""
+        groups: dict[int, list[tuple[int, tuple[int, Write]]]] = {}
+        layout = self._store.layout
+        for item in part.items:
+            groups.setdefault(layout.shard_of(item[1].id), []).append((len(self._codes), item))
+            self._codes.append(None)
+        return list(groups.items()) or [(0, [])]
+
+    def _lane(self, shard: int) -> _Lane:
+        pool = self._store.pool_of(shard)
+        lane = self._lanes.get(id(pool))
+        if lane is None:
+            lane = self._lanes[id(pool)] = _Lane(pool, pool.get_connection())
+            lane.connection.check_health()  # while none of ours is unread
+        return lane
+
+    def _send_calls(self, lane: _Lane, calls: list[list[Any]], positions: list[list[int]]) -> None:
         """Send prepared EVALSHA arguments (script SHA, key count, keys, arguments)."""
         packed = [hiredis.pack_command(("EVALSHA", *call)) for call in calls]
-        self._connection.send_packed_command(packed, check_health=False)
-        self._calls += calls
-        self._unread += len(calls)
+        lane.connection.send_packed_command(packed, check_health=False)
+        lane.calls += calls
+        lane.positions += positions
 
     def codes(self) -> list[Applied]:
-        """What each request sent did, in the order sent. If Redis lost its script cache (a
-        restart), the call that met it ran nothing and the chunks after it in its partition
-        refuse to run: the script is loaded again and the calls resent from that one on.
+        """What each request sent so far did, in the order sent. If Redis lost its script
+        cache (a restart), the call that met it ran nothing and the chunks after it in its
+        partition refuse to run: the script is loaded again and the calls resent from that
+        one on.
 
         A Redis over `maxmemory` refuses a call whole (OutOfMemoryError, raised): the calls
-        before it, and those of other partitions, may have run. `partial` then tells each
-        request's code, None for those refused, so what ran can be answered: a re-read
-        would skip it as applied already."""
-        replies: list[list[int]] = []
-        try:
-            self._read_into(replies)
-        except redis.exceptions.NoScriptError:
-            self._connection.disconnect()  # the replies after it are left unread
-            self._unread = 0
-            self._store.client.script_load(self._store._intake.script)
-            replies += self._store._run_intake(self._calls[len(replies) :])
-        except redis.exceptions.OutOfMemoryError:
-            self.partial = self._after_refusal(replies)
-            raise
-        return [_APPLIED[code] for codes in replies for code in codes]
+        before it, and those of other partitions and shards, may have run. `partial` then
+        tells each request's code, None for those refused, so what ran can be answered: a
+        re-read would skip it as applied already."""
+        refused: redis.exceptions.OutOfMemoryError | None = None
+        for lane in self._lanes.values():
+            refused = self._read(lane) or refused
+        if refused is not None:
+            self.partial = list(self._codes)
+            raise refused
+        return [code for code in self._codes if code is not None]
 
-    def _after_refusal(self, replies: list[list[int]]) -> list[Applied | None]:
-        """Read the replies left after a refused call (None for each refused one) and give
-        every request its code, None where its call was refused."""
-        self._unread -= 1  # the refused call's reply was read
-        read: list[list[int] | None] = [*replies, None]
-        while self._unread:
-            self._unread -= 1
+    def _read(self, lane: _Lane) -> redis.exceptions.OutOfMemoryError | None:
+        """Read the lane's replies into the codes; the refusal for memory met, if any (the
+        calls after it read as None)."""
+        refused = None
+        while lane.unread:
             try:
-                read.append(self._connection.read_response())
-            except redis.ResponseError:  # refused too, or waiting for a refused one (a gap)
-                read.append(None)
-        return [
-            code
-            for reply, size in zip(read, self._sizes, strict=True)
-            for code in ([None] * size if reply is None else [_APPLIED[c] for c in reply])
-        ]
+                reply = lane.connection.read_response()
+            except redis.exceptions.NoScriptError:
+                self._resend(lane)
+                continue
+            except redis.exceptions.OutOfMemoryError as e:
+                refused, reply = e, None
+            except redis.ResponseError:
+                if refused is None:  # not a gap left by a refused call: a real error
+                    raise
+                reply = None
+            self._take(lane, reply)
+        return refused
 
-    def replies(self) -> list[list[int]]:
-        """The raw replies of the calls sent, in order."""
-        replies: list[list[int]] = []
-        self._read_into(replies)
-        return replies
+    def _take(self, lane: _Lane, reply: list[int] | None) -> None:
+        """Record one call's reply (None: refused) for the requests it carried."""
+        positions = lane.positions[lane.read]
+        codes: list[Applied | None] = (
+            [None] * len(positions) if reply is None else [_APPLIED[code] for code in reply]
+        )
+        for position, code in zip(positions, codes, strict=True):
+            self._codes[position] = code
+        lane.read += 1
 
-    def _read_into(self, replies: list[list[int]]) -> None:
-        while self._unread:
-            replies.append(self._connection.read_response())
-            self._unread -= 1
+    def _resend(self, lane: _Lane) -> None:
+        """Load the intake script on the lane's node again and resend its calls from the
+        one that met NOSCRIPT, on a fresh connection (the replies after it are dropped)."""
+        lane.connection.disconnect()
+        lane.pool.release(lane.connection)
+        left, left_positions = lane.calls[lane.read :], lane.positions[lane.read :]
+        lane.calls, lane.positions = lane.calls[: lane.read], lane.positions[: lane.read]
+        lane.connection = lane.pool.get_connection()
+        lane.connection.send_command("SCRIPT", "LOAD", self._store.intake_script)
+        if lane.connection.read_response() is None:
+            raise redis.ResponseError("SCRIPT LOAD answered nothing")
+        self._send_calls(lane, left, left_positions)
+
+    def release(self, failed: bool) -> None:
+        """Give the connections back; one with replies left unread, or after a failure, is
+        closed first (its replies would answer its next user)."""
+        for lane in self._lanes.values():
+            if failed or lane.unread:
+                lane.connection.disconnect()
+            lane.pool.release(lane.connection)
 
 
 class RedisStore:
-    """The due and in-flight sets of one namespace, and the payloads they point to."""
+    """The due and in-flight sets of every shard of one namespace, and the payloads they
+    point to. Calls about one id go to its shard; claims name the shard they take from."""
 
     def __init__(
         self,
-        client: redis.Redis,
-        keys: Keys,
+        client: RedisClient,
+        layout: Layout,
         grace_seconds: int,
         ended_retention_seconds: int = 86_400,
     ) -> None:
         self.client = client
-        self.keys = keys
+        self.layout = layout
         self.grace_seconds = grace_seconds
         self.ended_retention_seconds = ended_retention_seconds
         self._intake = _script(client, "intake", shared=True)
         # Lua measures strings in bytes: the tag's length to cut an id from its payload key.
-        self._tag_bytes = len(keys.tag.encode("utf-8"))
+        self._tag_bytes = [len(keys.tag.encode("utf-8")) for keys in layout.shards]
         self._claim = _script(client, "claim")
         self._ack = _script(client, "ack")
         self._retry = _script(client, "retry")
@@ -253,12 +335,29 @@ class RedisStore:
         self._cancel = _script(client, "cancel", shared=True)
         self._reschedule = _script(client, "reschedule", shared=True)
 
+    @property
+    def shards(self) -> int:
+        return self.layout.count
+
+    @property
+    def intake_script(self) -> str:
+        """The intake script's text, to load on a node that lost its script cache."""
+        return str(self._intake.script)
+
+    def pool_of(self, shard: int) -> Any:
+        """The connection pool of the Redis node serving `shard`."""
+        key = self.layout.shards[shard].due
+        if isinstance(self.client, redis.RedisCluster):
+            node = self.client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+            return self.client.get_redis_connection(node).connection_pool
+        return self.client.connection_pool
+
     def apply(self, slices: Sequence[IntakeSlice], now_ms: int) -> list[Applied]:
         """Apply what each intake slice holds that is new (replays are no-ops).
 
         Returns one Applied per item, in the order of the slices and their items. Each
-        chunk is one atomic script call that also moves its partition's watermark, so a
-        partial failure leaves Redis consistent.
+        chunk is one atomic script call that also moves its partition's watermark in its
+        shard, so a partial failure leaves Redis consistent.
         """
         with self.applying(now_ms) as applying:
             applying.send(slices)
@@ -266,60 +365,53 @@ class RedisStore:
 
     @contextmanager
     def applying(self, now_ms: int = 0) -> Iterator[Applying]:
-        """Intake slices sent part by part on one connection, their codes read at the end
-        (`now_ms` sets the payloads' TTLs)."""
-        pool = self.client.connection_pool
-        connection = pool.get_connection()
-        applying = Applying(self, connection, now_ms)
+        """Intake slices sent part by part, their codes read at the end (`now_ms` sets the
+        payloads' TTLs)."""
+        applying = Applying(self, now_ms)
+        failed = True
         try:
-            connection.check_health()  # type: ignore[no-untyped-call]  # while none of ours is unread
             yield applying
-        except BaseException:
-            connection.disconnect()  # type: ignore[no-untyped-call]
-            raise
+            failed = False
         finally:
-            if applying.unread:  # replies left on the wire would answer the next user
-                connection.disconnect()  # type: ignore[no-untyped-call]
-            pool.release(connection)
+            applying.release(failed)
 
-    def _intake_call(
+    def intake_call(
         self,
         part: IntakeSlice,
-        chunk: Sequence[tuple[int, Write]],
-        after: int,
-        mark: int,
+        shard: int,
+        chunk: Sequence[tuple[int, tuple[int, Write]]],
+        marks: tuple[int, int],
         now_ms: int,
     ) -> list[Any]:
-        """The EVALSHA arguments of one chunk: the script's keys, then its arguments."""
-        keys = [self.keys.due, self.keys.in_flight, self.keys.intake_marks, self.keys.attempts]
-        args: list[Any] = [part.field, mark, self.ended_retention_seconds, self._tag_bytes, after]
-        for offset, write in chunk:
+        """The EVALSHA arguments of one chunk of one shard: the script's keys, then its
+        arguments. `marks`: the watermark the chunk before leaves, and the one this moves to."""
+        after, mark = marks
+        keys_of = self.layout.shards[shard]
+        keys = [keys_of.due, keys_of.in_flight, keys_of.intake_marks, keys_of.attempts]
+        args: list[Any] = [part.field, mark, self.ended_retention_seconds,
+                           self._tag_bytes[shard], after]  # fmt: skip
+        for _, (offset, write) in chunk:
             request = self._args(offset, write, now_ms)
-            keys.append(self.keys.payload(write.id))
-            if request[1] != "n":  # only a caller's id has an ended-marker
-                keys.append(self.keys.ended(write.id))
+            keys.append(keys_of.payload(write.id))
+            if request[1] != NEW:  # only a caller's id has an ended-marker
+                keys.append(keys_of.ended(write.id))
             args += request
         return [self._intake.sha, len(keys), *keys, *args]
 
-    def _run_intake(self, calls: list[list[Any]]) -> list[list[int]]:
-        """Send chunks' EVALSHA calls at once on a connection of their own, read the replies."""
-        with self.applying() as applying:
-            applying.send_calls(calls)
-            return applying.replies()
-
     def _args(self, offset: int, write: Write, now_ms: int) -> tuple[Any, ...]:
         if isinstance(write, Cancellation):
-            return (offset, "c", 0, 0, b"")
-        op = "u" if write.id.startswith(SCOPED_PREFIX) else "n"
+            return (offset, CANCEL, 0, 0, b"")
+        op = UPSERT if write.id.startswith(SCOPED_PREFIX) else NEW
         ttl = max(0, math.ceil((write.due_ms - now_ms) / 1000)) + self.grace_seconds
         return (offset, op, write.due_ms, ttl, write.encode())
 
-    def claim_due(self, now_ms: int, limit: int, lease_ms: int) -> Claim:
-        """Move up to `limit` ids due by `now_ms` to in flight, leased for `lease_ms`, with
-        their payloads and past attempts, in one round trip."""
+    def claim_due(self, now_ms: int, limit: int, lease_ms: int, shard: int = 0) -> Claim:
+        """Move up to `limit` ids of `shard` due by `now_ms` to in flight, leased for
+        `lease_ms`, with their payloads and past attempts, in one round trip."""
         token = now_ms + lease_ms
-        keys = [self.keys.due, self.keys.in_flight, self.keys.attempts]
-        args = [now_ms, limit, token, self.keys.payload(""), self.keys.ended("")]
+        keys_of = self.layout.shards[shard]
+        keys = [keys_of.due, keys_of.in_flight, keys_of.attempts]
+        args = [now_ms, limit, token, keys_of.payload(""), keys_of.ended("")]
         ids, next_due, payloads, attempts, ended = self._claim(keys=keys, args=args)
         loaded = [
             Loaded(id=i.decode("utf-8"), payload=p, attempts=int(a or 0), ended=e)
@@ -331,64 +423,72 @@ class RedisStore:
             token=token,
             next_due_ms=int(float(next_due)) if next_due else None,
             at_ms=now_ms,
+            shard=shard,
         )
 
-    def ack(self, ids: Sequence[str], token: int) -> int:
-        """Forget ids that were delivered or dead-lettered; return how many were still ours."""
+    def ack(self, ids: Sequence[str], token: int, shard: int = 0) -> int:
+        """Forget ids of `shard` that were delivered or dead-lettered; return how many were
+        still ours."""
         acked = 0
+        keys_of = self.layout.shards[shard]
         for chunk in _chunks(ids):
-            keys = [self.keys.in_flight, self.keys.due, self.keys.attempts]
+            keys = [keys_of.in_flight, keys_of.due, keys_of.attempts]
             for i in chunk:
-                keys += [self.keys.payload(i), self.keys.ended(i)]
+                keys += [keys_of.payload(i), keys_of.ended(i)]
             args = [token, self.ended_retention_seconds, *chunk]
             acked += int(self._ack(keys=keys, args=args))
         return acked
 
-    def retry(self, ids: Sequence[str], token: int, retry_at_ms: int) -> int:
-        """Give failed ids back to due at `retry_at_ms`, counting the attempt."""
+    def retry(self, ids: Sequence[str], token: int, retry_at_ms: int, shard: int = 0) -> int:
+        """Give failed ids of `shard` back to due at `retry_at_ms`, counting the attempt."""
         moved = 0
-        keys = [self.keys.in_flight, self.keys.due, self.keys.attempts]
+        keys_of = self.layout.shards[shard]
+        keys = [keys_of.in_flight, keys_of.due, keys_of.attempts]
         for chunk in _chunks(ids):
             moved += int(self._retry(keys=keys, args=[token, retry_at_ms, *chunk]))
         return moved
 
-    def release(self, dues: Sequence[tuple[str, int]], token: int) -> int:
-        """Hand claimed (id, due ms) back to due untouched: their payloads were not due yet."""
+    def release(self, dues: Sequence[tuple[str, int]], token: int, shard: int = 0) -> int:
+        """Hand claimed (id, due ms) of `shard` back to due untouched: their payloads were
+        not due yet."""
         released = 0
-        keys = [self.keys.in_flight, self.keys.due]
+        keys_of = self.layout.shards[shard]
+        keys = [keys_of.in_flight, keys_of.due]
         for chunk in _chunks(dues):
             args = [token, *(a for pair in chunk for a in pair)]
             released += int(self._release(keys=keys, args=args))
         return released
 
-    def reclaim(self, now_ms: int, limit: int) -> int:
-        """Return up to `limit` ids whose lease expired by `now_ms` to due."""
-        keys = [self.keys.in_flight, self.keys.due, self.keys.attempts]
+    def reclaim(self, now_ms: int, limit: int, shard: int = 0) -> int:
+        """Return up to `limit` ids of `shard` whose lease expired by `now_ms` to due."""
+        keys_of = self.layout.shards[shard]
+        keys = [keys_of.in_flight, keys_of.due, keys_of.attempts]
         return int(self._reclaim(keys=keys, args=[now_ms, limit]))
 
     def next_due_ms(self) -> int | None:
-        """The earliest due time pending, or None when nothing is due."""
-        first = self.client.zrange(self.keys.due, 0, 0, withscores=True)
-        return int(first[0][1]) if first else None
+        """The earliest due time pending in any shard, or None when nothing is due."""
+        pipe = self.client.pipeline(transaction=False)
+        for keys_of in self.layout.shards:
+            pipe.zrange(keys_of.due, 0, 0, withscores=True)
+        firsts = [int(first[0][1]) for first in pipe.execute() if first]
+        return min(firsts) if firsts else None
 
     def counts(self) -> tuple[int, int]:
-        """How many ids are due and in flight."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zcard(self.keys.due)
-        pipe.zcard(self.keys.in_flight)
-        due, in_flight = pipe.execute()
-        return int(due), int(in_flight)
+        """How many ids are due and in flight, over all shards."""
+        return pending_counts(self.client, self.layout)
 
     def load(self, schedule_id: str) -> Schedule | None:
         """The stored schedule of a pending id (due or in flight), None when there is none."""
-        raw: bytes | None = self.client.get(self.keys.payload(schedule_id))  # type: ignore[assignment]
+        key = self.layout.keys_of(schedule_id).payload(schedule_id)
+        raw: bytes | None = self.client.get(key)  # type: ignore[assignment]
         return None if raw is None else Schedule.decode(schedule_id, raw)
 
     def cancel(self, schedule_id: str) -> Applied:
         """Cancel one id as an intake cancel record would (the same Lua function):
         CANCELLED, ALREADY_FIRED or NOT_FOUND."""
-        keys = [self.keys.due, self.keys.in_flight, self.keys.attempts,
-                self.keys.payload(schedule_id), self.keys.ended(schedule_id)]  # fmt: skip
+        keys_of = self.layout.keys_of(schedule_id)
+        keys = [keys_of.due, keys_of.in_flight, keys_of.attempts,
+                keys_of.payload(schedule_id), keys_of.ended(schedule_id)]  # fmt: skip
         args = [schedule_id, self.ended_retention_seconds]
         return _APPLIED[int(self._cancel(keys=keys, args=args))]
 
@@ -397,8 +497,9 @@ class RedisStore:
     ) -> tuple[Applied, Schedule | None]:
         """Move a pending id to `due_ms`: UPDATED with the schedule as now stored; else
         ALREADY_FIRED (in flight or fired), CANCELLED or NOT_FOUND, with None."""
-        keys = [self.keys.due, self.keys.in_flight, self.keys.payload(schedule_id),
-                self.keys.ended(schedule_id)]  # fmt: skip
+        keys_of = self.layout.keys_of(schedule_id)
+        keys = [keys_of.due, keys_of.in_flight, keys_of.payload(schedule_id),
+                keys_of.ended(schedule_id)]  # fmt: skip
         ttl = max(0, math.ceil((due_ms - now_ms) / 1000)) + self.grace_seconds
         for _ in range(RESCHEDULE_TRIES):
             raw: bytes = self.client.get(keys[2]) or b""  # type: ignore[assignment]

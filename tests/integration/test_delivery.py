@@ -10,7 +10,7 @@ import orjson
 
 from blackbox import kafka
 from blackbox.incarnations import tag_of
-from blackbox.keys import Keys
+from blackbox.keys import Layout
 from blackbox.service import Service
 from blackbox.store import RedisStore
 from tests.integration.conftest import ReaderFactory, ServiceFactory
@@ -75,7 +75,7 @@ def test_a_thousand_messages_with_mixed_countdowns_arrive_exactly_once(
     values = [envelope(target, {"n": n}, c) for n, c in enumerate(countdowns)]
     sent_ms = now_ms()
     produce(_bootstrap(service), service.settings.intake_topic, values)
-    store = RedisStore(service.redis, Keys(service.settings.namespace), 60)
+    store = RedisStore(service.redis, Layout(service.settings.namespace), 60)
 
     target_reader = reader(target)
     target_reader.wait_count(1000, timeout=60)

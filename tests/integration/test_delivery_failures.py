@@ -17,7 +17,7 @@ from blackbox import kafka
 from blackbox.clock import now_ms
 from blackbox.errors import DeadLetterReason
 from blackbox.incarnations import tag_of
-from blackbox.keys import Keys
+from blackbox.keys import Layout
 from blackbox.schedule import Schedule
 from blackbox.service import redis_client
 from blackbox.settings import Settings
@@ -99,12 +99,12 @@ def test_an_expired_or_undecodable_payload_goes_through_the_dispatcher_to_the_dl
     """Guarantee 1: an id due whose payload expired (past due + grace) or cannot be decoded
     is dead-lettered by the dispatcher with its reason, never dropped, never delivered."""
     settings = Settings.from_env(env)
-    store = RedisStore(redis_client(settings.redis_url), Keys(settings.namespace), 60)
+    store = RedisStore(redis_client(settings.redis_url), Layout(settings.namespace), 60)
     target, now = unique("lost"), now_ms()
     seeded = [Schedule(f"seed-{n}", target, b"v", now - 1) for n in range(2)]
     store.apply([IntakeSlice("seed", 0, 1, list(enumerate(seeded)))], now)
-    store.client.delete(store.keys.payload("seed-0"))  # as its TTL would
-    store.client.set(store.keys.payload("seed-1"), b"\x07garbled")
+    store.client.delete(store.layout.shards[0].payload("seed-0"))  # as its TTL would
+    store.client.set(store.layout.shards[0].payload("seed-1"), b"\x07garbled")
 
     service = start_service()
     dlq = reader(settings.dlq_topic)

@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 
 from blackbox.clock import now_ms
 from blackbox.dispatcher import Dispatcher, RetryPolicy
-from blackbox.keys import Keys
+from blackbox.keys import Layout
 from blackbox.localstack import RedisServer
 from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox
@@ -30,7 +30,7 @@ REPORT_WAIT_S = 20.0
 @pytest.fixture
 def store(redis_server: RedisServer) -> Iterator[RedisStore]:
     client = redis.Redis.from_url(redis_server.url)
-    yield RedisStore(client, Keys(unique("ns")), grace_seconds=60)
+    yield RedisStore(client, Layout(unique("ns")), grace_seconds=60)
     client.close()
 
 
@@ -101,7 +101,7 @@ def test_reports_missing_past_their_deadline_are_retried_though_nothing_is_due(
 
     assert time.monotonic() - started < REPORT_WAIT_S / 4
     assert store.counts() == (2, 0)
-    assert store.client.hget(store.keys.attempts, first.id) == b"1"
+    assert store.client.hget(store.layout.shards[0].attempts, first.id) == b"1"
 
 
 def test_many_unacknowledged_batches_do_not_hold_back_the_next_one(

@@ -10,7 +10,7 @@ import redis
 
 from blackbox.clock import now_ms
 from blackbox.errors import RedisFull
-from blackbox.keys import Keys
+from blackbox.keys import Layout
 from blackbox.localstack import RedisServer, free_port
 from blackbox.memory import Room
 from blackbox.metrics import Metrics
@@ -36,7 +36,7 @@ def store(small_redis: RedisServer) -> Iterator[RedisStore]:
     client = redis.Redis.from_url(small_redis.url)
     client.flushall()
     client.config_set("maxmemory", FULL_AT["maxmemory"])
-    yield RedisStore(client, Keys(unique("ns")), grace_seconds=60)
+    yield RedisStore(client, Layout(unique("ns")), grace_seconds=60)
     client.flushall()
     client.close()
 
@@ -73,7 +73,7 @@ def _pending(store: RedisStore) -> int:
 
 
 def _marks(store: RedisStore) -> dict[bytes | str, bytes | str]:
-    return store.client.hgetall(store.keys.intake_marks)
+    return store.client.hgetall(store.layout.shards[0].intake_marks)
 
 
 def test_intake_is_refused_whole_on_a_full_redis(store: RedisStore) -> None:
@@ -136,7 +136,7 @@ def test_the_readiness_probe_says_full_exactly_while_intake_would_be_refused(
     runs, exactly when the intake script is; the probe then raises RedisFull, and exports
     Redis's memory and what is pending either way."""
     metrics = Metrics()
-    room = Room(store.client, store.keys, metrics)
+    room = Room(store.client, store.layout, metrics)
     room.probe()
     pending = Filler(store).until_full()
 
@@ -164,7 +164,7 @@ def test_a_poll_refused_part_way_tells_which_requests_ran(store: RedisStore) -> 
 
     with store.applying(now) as applying:
         applying.send([IntakeSlice("other", 0, PART - 1, items[:PART])])
-        wait_until(lambda: store.client.zcard(store.keys.due) == PART, timeout=10)
+        wait_until(lambda: store.client.zcard(store.layout.shards[0].due) == PART, timeout=10)
         used = int(store.client.info("memory")["used_memory"])
         store.client.config_set("maxmemory", used - OVER_BYTES)  # full before the next part
         applying.send([IntakeSlice("other", 0, 2 * PART - 1, items[PART:])])
@@ -173,4 +173,6 @@ def test_a_poll_refused_part_way_tells_which_requests_ran(store: RedisStore) -> 
         partial = applying.partial
 
     assert partial == [Applied.SCHEDULED] * PART + [None] * PART
-    assert store.client.hget(store.keys.intake_marks, "other:0") == str(PART - 1).encode()
+    assert (
+        store.client.hget(store.layout.shards[0].intake_marks, "other:0") == str(PART - 1).encode()
+    )

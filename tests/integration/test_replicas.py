@@ -8,7 +8,7 @@ import orjson
 
 from blackbox import kafka
 from blackbox.clock import now_ms
-from blackbox.keys import Keys
+from blackbox.keys import Layout
 from blackbox.schedule import Schedule
 from blackbox.service import redis_client
 from blackbox.settings import Settings
@@ -48,7 +48,7 @@ def test_a_dead_replicas_in_flight_ids_are_delivered_after_the_lease(
 ) -> None:
     """Guarantee 3: ids claimed by a replica that died return to due when its lease ends."""
     settings = Settings.from_env(env)
-    store = RedisStore(redis_client(settings.redis_url), Keys(settings.namespace), 60)
+    store = RedisStore(redis_client(settings.redis_url), Layout(settings.namespace), 60)
     target = unique("orphans")
     now = now_ms()
     schedules = [Schedule(f"orphan-{n}", target, orjson.dumps(n), now) for n in range(20)]

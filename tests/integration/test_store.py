@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from blackbox.clock import now_ms
-from blackbox.keys import Keys
+from blackbox.keys import Layout
 from blackbox.localstack import RedisServer
 from blackbox.schedule import Schedule, scoped_id
 from blackbox.store import SCRIPT_CHUNK, Applied, Cancellation, IntakeSlice, RedisStore, Write
@@ -21,7 +21,7 @@ ID = scoped_id(b"svc", "order-1")
 @pytest.fixture
 def store(redis_server: RedisServer) -> Iterator[RedisStore]:
     client = redis.Redis.from_url(redis_server.url)
-    yield RedisStore(client, Keys(unique("ns")), grace_seconds=60)
+    yield RedisStore(client, Layout(unique("ns")), grace_seconds=60)
     client.close()
 
 
@@ -48,7 +48,7 @@ def _version(value: bytes, due_ms: int, offset: int) -> Schedule:
 
 def _state(store: RedisStore) -> tuple[bool, bool, bytes | None, bytes | None]:
     """(in due, in flight, payload, ended marker) of ID."""
-    client, keys = store.client, store.keys
+    client, keys = store.client, store.layout.shards[0]
     payload, ended = client.mget([keys.payload(ID), keys.ended(ID)])
     assert not isinstance(payload, str) and not isinstance(ended, str)
     return (
@@ -96,7 +96,7 @@ def test_a_claim_of_several_ids_keeps_each_ones_payload_attempts_and_marker_alig
 ) -> None:
     """A payload gone, attempts on one id only, a marker on a caller's id: each lands on
     its own id (a hole in the script's lists would shift the ones after it)."""
-    client, keys, due = store.client, store.keys, now_ms() - 10
+    client, keys, due = store.client, store.layout.shards[0], now_ms() - 10
     plain, retried, caller = "in:0:0", "in:0:1", ID
     client.zadd(keys.due, {plain: due, retried: due + 1, caller: due + 2})
     client.set(keys.payload(retried), b"r")
@@ -121,7 +121,7 @@ def test_an_update_after_the_claim_leaves_the_claimed_version_to_fire(store: Red
 
     (loaded,) = claim.loaded
     assert Schedule.decode(ID, loaded.payload or b"").value == b"v1"
-    assert store.client.zscore(store.keys.due, ID) == now + 60_000
+    assert store.client.zscore(store.layout.shards[0].due, ID) == now + 60_000
 
 
 def test_a_released_id_goes_back_to_its_due_time_untouched(store: RedisStore) -> None:
@@ -133,7 +133,7 @@ def test_a_released_id_goes_back_to_its_due_time_untouched(store: RedisStore) ->
 
     assert store.release([(ID, now + 60_000)], claim.token) == 1
 
-    assert store.client.zscore(store.keys.due, ID) == now + 60_000
+    assert store.client.zscore(store.layout.shards[0].due, ID) == now + 60_000
     assert _state(store)[1:3] == (False, loaded.payload)
 
 
@@ -191,7 +191,7 @@ def test_an_update_of_a_pending_id_replaces_payload_and_due_time(store: RedisSto
 
     assert intake.send(_version(b"v2", now + 5_000, 1)) is Applied.UPDATED
 
-    assert store.client.zscore(store.keys.due, ID) == now + 5_000
+    assert store.client.zscore(store.layout.shards[0].due, ID) == now + 5_000
     assert Schedule.decode(ID, _state(store)[2] or b"").value == b"v2"
 
 
@@ -213,13 +213,14 @@ def test_a_chunk_whose_predecessor_failed_applies_nothing(store: RedisStore) -> 
     due = now_ms() + 60_000
     items = [(o, Schedule(f"in:0:{o}", "orders", b"v", due)) for o in range(SCRIPT_CHUNK + 100)]
     whole = IntakeSlice("in", 0, SCRIPT_CHUNK + 99, items)
-    (_, _, first_mark), (second, after, mark) = list(whole.chunks())
+    (_, _, first_mark), (second, after, mark) = list(whole.chunks(list(enumerate(items))))
     assert after == first_mark == SCRIPT_CHUNK - 1 and mark == SCRIPT_CHUNK + 99
 
+    call = store.intake_call(whole, 0, second, (after, mark), now_ms())
     with pytest.raises(redis.ResponseError, match="BLACKBOX_GAP"):
-        store._run_intake([store._intake_call(whole, second, after, mark, now_ms())])
+        store.client.execute_command("EVALSHA", *call)  # type: ignore[no-untyped-call]
     assert store.counts() == (0, 0)
-    assert store.client.hget(store.keys.intake_marks, whole.field) is None
+    assert store.client.hget(store.layout.shards[0].intake_marks, whole.field) is None
 
     codes = store.apply([whole], now_ms())
     assert codes == [Applied.SCHEDULED] * (SCRIPT_CHUNK + 100)
@@ -229,7 +230,7 @@ def test_a_chunk_whose_predecessor_failed_applies_nothing(store: RedisStore) -> 
 def test_a_namespace_beyond_ascii_keeps_ids_whole(redis_server: RedisServer) -> None:
     """Ids are cut from payload keys in bytes: a non-ASCII namespace must not shift them."""
     client = redis.Redis.from_url(redis_server.url)
-    store = RedisStore(client, Keys(unique("né-ß")), grace_seconds=60)
+    store = RedisStore(client, Layout(unique("né-ß")), grace_seconds=60)
     due = now_ms() - 1
     store.apply([IntakeSlice("in", 0, 0, [(0, Schedule("in:0:0", "orders", b"v", due))])], due)
     claim = store.claim_due(now_ms(), 10, lease_ms=30_000)
@@ -256,14 +257,17 @@ def test_parts_sent_in_one_session_answer_in_the_order_sent(store: RedisStore) -
 
     assert codes == [Applied.SCHEDULED] * 15 + [Applied.REPLAYED] * 5 + [Applied.SCHEDULED] * 10
     assert store.counts() == (25, 0)
-    assert store.client.hmget(store.keys.intake_marks, ["in:0", "in:1"]) == [b"19", b"4"]
+    assert store.client.hmget(store.layout.shards[0].intake_marks, ["in:0", "in:1"]) == [
+        b"19",
+        b"4",
+    ]
 
 
 def test_a_part_whose_predecessor_failed_moves_no_watermark(store: RedisStore) -> None:
     """Guarantee 1: if an earlier part's script call failed, a later part of the same
     partition must not move the watermark past it, or the retry would skip its records as
     re-reads. The later part here holds only refused records: a bare watermark move."""
-    store.client.set(store.keys.due, "not a sorted set")  # the first part's ZADD fails
+    store.client.set(store.layout.shards[0].due, "not a sorted set")  # the first part's ZADD fails
     with (
         pytest.raises(redis.ResponseError, match="WRONGTYPE"),
         store.applying(now_ms()) as applying,
@@ -272,7 +276,7 @@ def test_a_part_whose_predecessor_failed_moves_no_watermark(store: RedisStore) -
         applying.send([IntakeSlice("in", 0, 19, [])])
         applying.codes()
 
-    assert store.client.hget(store.keys.intake_marks, "in:0") is None
+    assert store.client.hget(store.layout.shards[0].intake_marks, "in:0") is None
     assert store.client.ping()  # the connection left with unread replies was replaced
 
 
@@ -283,11 +287,12 @@ def test_a_health_check_falling_due_between_parts_reads_no_reply_of_ours(
     sending on it; between two parts that PING would read the first part's reply, fail,
     and pause intake for nothing. The session checks once, before it sends anything."""
     client = redis.Redis.from_url(redis_server.url, health_check_interval=10)
-    store = RedisStore(client, Keys(unique("ns")), grace_seconds=60)
+    store = RedisStore(client, Layout(unique("ns")), grace_seconds=60)
     due = now_ms() + 60_000
     with store.applying(now_ms()) as applying:
         applying.send([IntakeSlice("in", 0, 9, _plain(range(10), due))])
-        applying._connection.next_health_check = 0  # as if a dead letter waited 10 s
+        (lane,) = applying._lanes.values()
+        lane.connection.next_health_check = 0  # as if a dead letter waited 10 s
         applying.send([IntakeSlice("in", 0, 19, _plain(range(10, 20), due))])
         codes = applying.codes()
 
@@ -358,7 +363,7 @@ def test_a_stale_lease_token_moves_nothing(store: RedisStore, call: LateCall) ->
 
 def _lease(store: RedisStore) -> tuple[object, ...]:
     """(state, lease score, attempts) of ID."""
-    client, keys = store.client, store.keys
+    client, keys = store.client, store.layout.shards[0]
     return _state(store), client.zscore(keys.in_flight, ID), client.hget(keys.attempts, ID)
 
 
@@ -366,12 +371,14 @@ def test_a_fired_marker_is_forgotten_after_its_retention(redis_server: RedisServ
     """The already_fired marker lives BLACKBOX_FIRED_RETENTION seconds, then expires (a cancel
     then answers not_found): fired ids do not pile up in Redis."""
     client = redis.Redis.from_url(redis_server.url)
-    store = RedisStore(client, Keys(unique("ns")), grace_seconds=60, ended_retention_seconds=1)
+    store = RedisStore(client, Layout(unique("ns")), grace_seconds=60, ended_retention_seconds=1)
     Intake(store).send(_version(b"v1", now_ms() - 1, 0))
     claim = store.claim_due(now_ms(), 10, 30_000)
     assert store.ack([ID], claim.token) == 1
 
-    assert client.get(store.keys.ended(ID)) == b"f"
-    assert 0 < client.pttl(store.keys.ended(ID)) <= 1000
-    wait_until(lambda: not client.exists(store.keys.ended(ID)), timeout=5, what="expiry")
+    assert client.get(store.layout.shards[0].ended(ID)) == b"f"
+    assert 0 < client.pttl(store.layout.shards[0].ended(ID)) <= 1000
+    wait_until(
+        lambda: not client.exists(store.layout.shards[0].ended(ID)), timeout=5, what="expiry"
+    )
     client.close()

@@ -102,8 +102,9 @@ def test_a_later_parts_first_chunk_waits_for_the_earlier_parts_watermark() -> No
     items = [(o, _schedule(o)) for o in range(10, 10 + SCRIPT_CHUNK + 5)]
     part = IntakeSlice("in", 0, 10 + SCRIPT_CHUNK + 5, items)
 
-    (_, first_after, first_mark), (_, second_after, second_mark) = list(part.chunks(9))
+    positioned = list(enumerate(part.items))
+    (_, first_after, first_mark), (_, second_after, second_mark) = list(part.chunks(positioned, 9))
 
     assert first_after == 9 and first_mark == 10 + SCRIPT_CHUNK - 1
     assert second_after == first_mark and second_mark == part.last_offset
-    assert [after for _, after, _ in IntakeSlice("in", 0, 3, []).chunks()] == [-1]
+    assert [after for _, after, _ in IntakeSlice("in", 0, 3, []).chunks([])] == [-1]

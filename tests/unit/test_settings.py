@@ -16,6 +16,7 @@ def test_defaults_from_an_empty_environment() -> None:
         redis_url="redis://localhost:6379/0",
         accept_eviction=False,
         namespace="bb",
+        shards=1,
         intake_topic="blackbox",
         group_id="blackbox",
         dlq_topic="blackbox.dlq",
