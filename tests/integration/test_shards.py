@@ -1,0 +1,176 @@
+"""Shards on a real Redis: requests land in the shard of their id, each shard keeps its own
+intake watermark, every shard is claimed, and a shard count changed under pending messages
+is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from structlog.testing import capture_logs
+
+from blackbox import layout
+from blackbox.clock import now_ms
+from blackbox.errors import ShardsChanged
+from blackbox.keys import Layout
+from blackbox.localstack import RedisServer
+from blackbox.schedule import Schedule, scoped_id
+from blackbox.store import Applied, Cancellation, IntakeSlice, RedisStore, Write
+from tests.kafkatools import unique
+
+SHARDS = 4
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def store(client: redis.Redis) -> RedisStore:
+    return RedisStore(client, Layout(unique("ns"), SHARDS), grace_seconds=60)
+
+
+def _plain(offsets: range, due_ms: int) -> list[tuple[int, Write]]:
+    return [(o, Schedule(f"in:0:{o}", "orders", b"v", due_ms)) for o in offsets]
+
+
+def _per_shard(store: RedisStore) -> list[int]:
+    return [int(store.client.zcard(keys.due)) for keys in store.layout.shards]
+
+
+def test_each_request_lands_in_the_shard_its_id_names(store: RedisStore) -> None:
+    """Scale: a message's shard is a pure function of its id, so the ids of one partition
+    spread over every shard and each is found where `shard_of` says."""
+    due = now_ms() + 60_000
+    codes = store.apply([IntakeSlice("in", 0, 199, _plain(range(200), due))], now_ms())
+
+    assert codes == [Applied.SCHEDULED] * 200
+    assert sum(_per_shard(store)) == 200 and min(_per_shard(store)) > 20
+    for offset in (0, 57, 199):
+        schedule_id = f"in:0:{offset}"
+        keys = store.layout.keys_of(schedule_id)
+        assert store.client.zscore(keys.due, schedule_id) == due
+        assert store.load(schedule_id) is not None
+
+
+def test_a_re_read_is_replayed_in_every_shard(store: RedisStore) -> None:
+    """Guarantee 2 with shards: each shard moves its own watermark of the partition, so
+    re-reading a range after a crash schedules nothing twice, and what is new is applied,
+    answered in the order the records came."""
+    due = now_ms() + 60_000
+    store.apply([IntakeSlice("in", 0, 99, _plain(range(100), due))], now_ms())
+
+    codes = store.apply([IntakeSlice("in", 0, 149, _plain(range(50, 150), due))], now_ms())
+
+    assert codes == [Applied.REPLAYED] * 50 + [Applied.SCHEDULED] * 50
+    assert sum(_per_shard(store)) == 150
+    marks = [store.client.hget(keys.intake_marks, "in:0") for keys in store.layout.shards]
+    assert marks == [b"149"] * SHARDS
+
+
+def test_a_shard_whose_call_failed_is_applied_on_the_retry_and_the_others_replayed(
+    store: RedisStore,
+) -> None:
+    """Guarantee 1 with shards: one shard's script call failing leaves that shard's
+    watermark where it was, while the other shards' calls ran; the retry of the whole
+    range applies the failed shard's requests and replays the rest: nothing lost, nothing
+    twice."""
+    due = now_ms() + 60_000
+    items = _plain(range(40), due)
+    broken = store.layout.shards[store.layout.shard_of("in:0:0")]
+    # That shard's script fails on its first call, before it changes anything.
+    store.client.set(broken.intake_marks, "not a hash")
+
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        store.apply([IntakeSlice("in", 0, 39, items)], now_ms())
+    assert store.client.zcard(broken.due) == 0 and sum(_per_shard(store)) > 0
+    store.client.delete(broken.intake_marks)
+
+    codes = store.apply([IntakeSlice("in", 0, 39, items)], now_ms())
+    in_broken = [store.layout.keys_of(w.id) == broken for _, w in items]
+    assert codes == [Applied.SCHEDULED if b else Applied.REPLAYED for b in in_broken]
+    assert sum(_per_shard(store)) == 40
+
+
+def test_updates_and_cancels_find_ids_in_every_shard(store: RedisStore) -> None:
+    """Scale: a caller's id is updated and cancelled in its own shard, by intake and by
+    the API's cancel and reschedule."""
+    now = now_ms()
+    ids = [scoped_id(b"svc", f"order-{n}") for n in range(12)]
+    assert len({store.layout.shard_of(i) for i in ids}) == SHARDS
+    first = [(n, Schedule(i, "orders", b"v1", now + 60_000, b"svc")) for n, i in enumerate(ids)]
+    store.apply([IntakeSlice("in", 0, 11, first)], now)
+
+    updates: list[tuple[int, Write]] = [
+        (12 + n, Schedule(i, "orders", b"v2", now + 90_000, b"svc")) for n, i in enumerate(ids[:6])
+    ]
+    cancels: list[tuple[int, Write]] = [(18 + n, Cancellation(i)) for n, i in enumerate(ids[6:9])]
+    codes = store.apply([IntakeSlice("in", 0, 20, updates + cancels)], now)
+
+    assert codes == [Applied.UPDATED] * 6 + [Applied.CANCELLED] * 3
+    assert store.cancel(ids[9]) == Applied.CANCELLED
+    assert store.cancel(ids[6]) == Applied.CANCELLED  # as cancelled before
+    code, moved = store.reschedule(ids[10], now + 120_000, now)
+    assert code == Applied.UPDATED and moved is not None
+    assert store.counts() == (8, 0)
+    assert [store.load(i).value for i in ids[:6]] == [b"v2"] * 6  # type: ignore[union-attr]
+
+
+def test_claims_take_from_the_shard_they_name_and_ack_there(store: RedisStore) -> None:
+    """Scale: a claim moves due ids of its shard only, and its ack forgets them there."""
+    due = now_ms() - 1
+    store.apply([IntakeSlice("in", 0, 99, _plain(range(100), due))], due)
+
+    taken = []
+    for shard in range(SHARDS):
+        claim = store.claim_due(now_ms(), 1000, 30_000, shard)
+        assert claim.shard == shard
+        assert {store.layout.shard_of(i) for i in claim.ids} <= {shard}
+        assert store.ack(claim.ids, claim.token, shard) == len(claim.ids)
+        taken += claim.ids
+
+    assert sorted(taken) == sorted(f"in:0:{o}" for o in range(100))
+    assert store.counts() == (0, 0)
+
+
+def test_a_changed_shard_count_is_refused_while_messages_are_pending(
+    client: redis.Redis,
+) -> None:
+    """Scale: changing BLACKBOX_SHARDS under pending messages would look for them in the
+    wrong shards; it is refused at start, naming the count they were written with."""
+    namespace = unique("ns")
+    old = RedisStore(client, Layout(namespace, 2), grace_seconds=60)
+    layout.settle(client, old.layout)
+    old.apply([IntakeSlice("in", 0, 9, _plain(range(10), now_ms() + 60_000))], now_ms())
+
+    with pytest.raises(ShardsChanged, match="BLACKBOX_SHARDS=2"):
+        layout.settle(client, Layout(namespace, 3))
+    with pytest.raises(ShardsChanged, match="10 messages are pending"):
+        layout.settle(client, Layout(namespace, 1))
+    layout.settle(client, Layout(namespace, 2))  # the same count starts
+
+
+def test_an_empty_namespace_changes_count_and_keeps_its_watermarks(client: redis.Redis) -> None:
+    """Scale: once nothing is pending the count may change; the intake watermarks carry
+    over (the lowest of the old shards'), so re-read records are not scheduled again."""
+    namespace, due = unique("ns"), now_ms() - 1
+    old = RedisStore(client, Layout(namespace), grace_seconds=60)
+    layout.settle(client, old.layout)
+    old.apply([IntakeSlice("in", 0, 9, _plain(range(10), due))], due)
+    claim = old.claim_due(now_ms(), 100, 30_000)
+    old.ack(claim.ids, claim.token)
+
+    new = RedisStore(client, Layout(namespace, SHARDS), grace_seconds=60)
+    with capture_logs() as logs:
+        layout.settle(client, new.layout)
+    codes = new.apply([IntakeSlice("in", 0, 14, _plain(range(5, 15), due))], due)
+
+    assert codes == [Applied.REPLAYED] * 5 + [Applied.SCHEDULED] * 5
+    assert client.get(new.layout.shard_count) == str(SHARDS).encode()
+    assert [e for e in logs if e["event"] == "shards_changed"] == [
+        {"event": "shards_changed", "before": 1, "after": SHARDS, "marks": 1, "log_level": "info"}
+    ]
