@@ -9,7 +9,7 @@ producer.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -23,6 +23,7 @@ from blackbox.events import Event, Outcome
 from blackbox.incarnations import Lookup, tag_of
 from blackbox.intake import OUTCOMES
 from blackbox.schedule import Schedule, intake_id, scoped_id
+from blackbox.shares import Nudge
 from blackbox.store import RedisStore
 
 log = structlog.get_logger("blackbox.admin")
@@ -48,7 +49,7 @@ class Admin:
         events_topic: str,
         limits: Limits,
         lookup: Lookup,
-        on_scheduled: Callable[[int], None] = lambda _due_ms: None,
+        on_scheduled: Nudge = lambda _shard, _due_ms: None,
     ) -> None:
         self.store = store
         self.producer = producer
@@ -72,7 +73,7 @@ class Admin:
         code, schedule = self.store.reschedule(blackbox_id, due_ms, now_ms())
         outcome = OUTCOMES[code]
         if schedule is not None:
-            self.on_scheduled(due_ms)
+            self.on_scheduled(self.store.layout.shard_of(blackbox_id), due_ms)
             self._answer(Event.of_stored(outcome, blackbox_id, schedule.caller,
                                          due_ms=due_ms, topic=schedule.topic))  # fmt: skip
         log.info("api_reschedule", blackbox_id=blackbox_id, outcome=outcome.value, due_ms=due_ms)

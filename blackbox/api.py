@@ -8,7 +8,6 @@ models below and in `pending`. Every bad request is answered 4xx with a JSON bod
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Annotated, Any
@@ -32,6 +31,7 @@ from blackbox.httperrors import ApiError
 from blackbox.metrics import Metrics
 from blackbox.pending import Detail, Filter, Page, Pending, PendingGauges, State, Stats
 from blackbox.settings import Settings
+from blackbox.shares import Nudge
 from blackbox.store import RedisStore
 
 PREFIX = "/api/v1"
@@ -322,7 +322,7 @@ def create_app(backend: Backend) -> FastAPI:
 
 def backend_of(
     settings: Settings, store: RedisStore, health: Health, metrics: Metrics,
-    on_scheduled: Callable[[int], None],
+    on_scheduled: Nudge,
 ) -> Backend:  # fmt: skip
     """The API's parts for one service; the pending gauges join its metrics."""
     pending = Pending(store)

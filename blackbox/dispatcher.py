@@ -33,6 +33,7 @@ from blackbox.kafka import lasting_reason
 from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox, Record, Reports
 from blackbox.schedule import Schedule, origin_topic, split_scoped
+from blackbox.shares import Share
 from blackbox.store import Claim, Loaded, RedisStore
 
 log = structlog.get_logger("blackbox.dispatcher")
@@ -140,42 +141,58 @@ class Dispatcher:
     """Moves due schedules from Redis to their target topics."""
 
     def __init__(
-        self, store: RedisStore, outbox: Outbox, policy: RetryPolicy, metrics: Metrics
+        self,
+        store: RedisStore,
+        outbox: Outbox,
+        policy: RetryPolicy,
+        metrics: Metrics,
+        share: Share | None = None,
     ) -> None:
         self.store = store
         self.outbox = outbox
         self.policy = policy
         self.metrics = metrics
         self._unsettled: deque[_Sent] = deque()
-        # The shards this replica fires: all of them, unless a share is set (shares.py).
-        self.shards: Callable[[], Sequence[int]] = lambda: range(store.shards)
+        # The shards this replica fires: all of them until the share beats (shares.py).
+        self.share = share or Share(store.layout)
         self._unsettled_messages = 0
 
-    def fire_due(self, stop: threading.Event, nudged: Nudged = lambda: None) -> Fired:
-        """Send everything due now in every shard this replica fires, batch after batch,
-        until each shard's claim comes back short; settle the batches the broker has
-        reported on, waiting for the rest until shortly before the next due time, or the
-        due time `nudged` tells of meanwhile.
+    def fire_due(
+        self, stop: threading.Event, nudged: Nudged = lambda: None, *, sweep: bool = False
+    ) -> Fired:
+        """Send everything due now in this replica's shards that are due (`sweep`: in all
+        of them, and what is long overdue in the others' shards), batch after batch, until
+        each shard's claim comes back short; settle the batches the broker has reported
+        on, waiting for the rest until shortly before the next due time, or the due time
+        `nudged` tells of meanwhile.
         """
         fired = Fired(delivered=0, next_due_ms=None)
-        for shard in self.shards():
-            self._drain(shard, stop, fired)
+        now = now_ms()
+        for shard in self.share.owned if sweep else self.share.due_by(now):
+            self._drain(shard, now_ms, stop, fired)
+        if sweep:
+            cutoff = now - self.share.sweep_after_ms
+            for shard in self.share.others():
+                self._drain(shard, lambda: cutoff, stop, fired)
+        fired.next_due_ms = self.share.next_due_ms()
         fired.delivered += self._settle_before(fired.next_due_ms, stop, nudged)
         return fired
 
-    def _drain(self, shard: int, stop: threading.Event, fired: Fired) -> None:
-        """Claim and send what is due in `shard` until a claim comes back short."""
+    def _drain(
+        self, shard: int, until: Callable[[], int], stop: threading.Event, fired: Fired
+    ) -> None:
+        """Claim and send what is due by `until()` in `shard` until a claim comes back
+        short; the share learns when the shard is next due."""
         while not stop.is_set():
             claim = self.store.claim_due(
-                now_ms(), self.policy.batch_limit, self.policy.lease_ms, shard
+                until(), self.policy.batch_limit, self.policy.lease_ms, shard
             )
-            if claim.next_due_ms is not None:
-                fired.next_due_ms = min(fired.next_due_ms or claim.next_due_ms, claim.next_due_ms)
             if claim.ids:
                 self._unsettled.append(self._send(claim))
                 self._unsettled_messages += len(claim.ids)
             fired.delivered += self._settle_reported(stop)
             if len(claim.ids) < self.policy.batch_limit:
+                self.share.learned(shard, claim.next_due_ms)
                 return
 
     def settle_all(self, stop: threading.Event) -> int:
@@ -233,10 +250,11 @@ class Dispatcher:
         return delivered
 
     def reclaim_expired(self) -> int:
-        """Return ids whose replica's lease ran out to due, in every shard; how many."""
+        """Return ids whose replica's lease ran out to due, in this replica's shards; how
+        many. (A dead replica's leases come back through whoever owns their shards.)"""
         return sum(
             self.store.reclaim(now_ms(), self.policy.batch_limit, shard)
-            for shard in range(self.store.shards)
+            for shard in self.share.owned
         )
 
     def _send(self, claim: Claim) -> _Sent:

@@ -37,6 +37,7 @@ from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox, Record, Reports
 from blackbox.policy import CallerPolicy
 from blackbox.schedule import Schedule, intake_id, scoped_id
+from blackbox.shares import Nudge
 from blackbox.store import Applied, Cancellation, IntakeSlice, RedisStore, Write
 
 log = structlog.get_logger("blackbox.intake")
@@ -153,7 +154,7 @@ class Intake:
         metrics: Metrics,
         *,
         incarnations: Incarnations,
-        on_scheduled: Callable[[int], None] = lambda _due_ms: None,
+        on_scheduled: Nudge = lambda _shard, _due_ms: None,
         on_refused_for_memory: Callable[[bool], None] = lambda _refused: None,
     ) -> None:
         self.on_scheduled = on_scheduled
@@ -265,18 +266,20 @@ class Intake:
         """Count what applying did, wake the dispatcher for the soonest due time, and answer
         each request applied (None: not applied) and each refusal dead-lettered; `offsets`
         are stored for commit once the answers land."""
-        events, earliest = batch.refusals[: batch.landed], None
+        events, earliest = batch.refusals[: batch.landed], dict[int, int]()
+        shard_of = self.store.layout.shard_of
         for coordinates, write, code in batch.applied(codes):
             if code is None or code is Applied.REPLAYED:
                 continue
             events.append(_event(coordinates, write, code))
             if isinstance(write, Schedule) and code in (Applied.SCHEDULED, Applied.UPDATED):
-                earliest = write.due_ms if earliest is None else min(earliest, write.due_ms)
+                shard = shard_of(write.id)
+                earliest[shard] = min(earliest.get(shard, write.due_ms), write.due_ms)
         for code, count in Counter(c for c in codes if c is not None).items():
             self.metrics.intake_records.labels(outcome=_label(code)).inc(count)
         self.metrics.intake_records.labels(outcome="dead_lettered").inc(batch.landed)
-        if earliest is not None:  # before waiting for the last poll's answers
-            self.on_scheduled(earliest)
+        for shard, due_ms in earliest.items():  # before waiting for the last poll's answers
+            self.on_scheduled(shard, due_ms)
         self._settle(stop)
         answers = [e.record(self.config.events_topic, now) for e in events]
         self._answering = _Answering(self.outbox.submit(answers), answers, offsets)

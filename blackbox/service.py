@@ -20,7 +20,7 @@ import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 from confluent_kafka import KafkaException, Producer
 
-from blackbox import api, kafka, layout, memory, policy
+from blackbox import api, kafka, layout, memory, policy, shares
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
 from blackbox.dispatcher import Dispatcher, RetryPolicy
@@ -35,8 +35,9 @@ from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox
 from blackbox.policy import CallerPolicy
 from blackbox.settings import Settings
+from blackbox.shares import Share, sweep_after_ms
 from blackbox.store import RedisStore
-from blackbox.waker import NudgeListener, Waker
+from blackbox.waker import NudgeListener, Waker, nudge_message
 
 log = structlog.get_logger("blackbox.service")
 
@@ -109,8 +110,9 @@ class Service:
             renew_reporting_errors(), wait, renew_reporting_errors, only_errors=True
         )
         self._dispatch_outbox = Outbox(renew(), wait, renew)
+        share = Share(sharding, sweep_after_ms=sweep_after_ms(settings.poll_interval))
         self.dispatcher = Dispatcher(
-            self.store, self._dispatch_outbox, retry_policy_of(settings), self.metrics
+            self.store, self._dispatch_outbox, retry_policy_of(settings), self.metrics, share
         )
         config = IntakeConfig(
             topic=settings.intake_topic,
@@ -130,7 +132,7 @@ class Service:
         self.endpoints = None if settings.http_port is None else self._endpoints(settings)
         self.waker = Waker(self._fire, self.stopping)
         self._nudges = NudgeListener(
-            redis_client(settings.redis_url), sharding.wake_channel, self.waker
+            redis_client(settings.redis_url), sharding.wake_channel, self._nudged, self.stopping
         )
         self._threads = [
             threading.Thread(target=self._guard(self._run_intake), name="intake", daemon=True),
@@ -210,22 +212,27 @@ class Service:
             raise
 
     def tick(self) -> None:
-        """The poll-interval safety net: return expired leases, and fire if the waker is idle."""
+        """The poll-interval safety net: renew this replica's share of the shards, return
+        expired leases, and fire every shard of the share (and what is long overdue in the
+        others'), after the waker's current run."""
+        share, poll_interval = self.dispatcher.share, self.settings.poll_interval
         try:
+            share.beat(self.redis, now_ms(), shares.ttl_ms(poll_interval))
             if self.dispatcher.reclaim_expired():
                 self.waker.nudge(now_ms())
         except redis.RedisError as e:
             log.warning("reclaim_failed", error=str(e))
-        if not self._fire_lock.locked():
-            self._fire()
+        self.waker.nudge(self._fire(sweep=True))
         self.health.beat()
 
-    def _fire(self) -> int:
+    def _fire(self, *, sweep: bool = False) -> int:
         """Deliver what is due; return when to fire next (epoch ms)."""
         poll_ms = int(self.settings.poll_interval * 1000)
         with self._fire_lock:
             try:
-                fired = self.dispatcher.fire_due(self.stopping, self.waker.nudged_while_firing)
+                fired = self.dispatcher.fire_due(
+                    self.stopping, self.waker.nudged_while_firing, sweep=sweep
+                )
             except (redis.RedisError, KafkaException) as e:
                 return now_ms() + self._paused(e)
             self._fire_backoff.reset()
@@ -247,14 +254,21 @@ class Service:
         log.warning("firing_paused", dependency=dependency, error=str(error), retry_in_s=delay)
         return int(delay * 1000)
 
-    def _scheduled(self, due_ms: int) -> None:
-        """Intake stored a schedule due at `due_ms`: wake this replica, and the others."""
-        if not self.waker.nudge(due_ms):
+    def _scheduled(self, shard: int, due_ms: int) -> None:
+        """Intake stored a schedule due at `due_ms`: wake this replica if it fires that
+        shard, else the replica that does."""
+        if self.dispatcher.share.nudged(shard, due_ms):
+            self.waker.nudge(due_ms)
             return
         try:
-            self.redis.publish(self.store.layout.wake_channel, due_ms)
+            self.redis.publish(self.store.layout.wake_channel, nudge_message(shard, due_ms))
         except redis.RedisError as e:  # the poll interval still fires it on the other replicas
             log.info("nudge_not_published", error=str(e))
+
+    def _nudged(self, shard: int, due_ms: int) -> None:
+        """Another process published a due time: wake the waker if this replica fires it."""
+        if self.dispatcher.share.nudged(shard, due_ms):
+            self.waker.nudge(due_ms)
 
     def _run_intake(self) -> None:
         self.intake.run(self.stopping)
@@ -292,6 +306,10 @@ class Service:
             self.endpoints.stop()
         self.redis.close()
         self._nudges.client.close()
+        try:
+            self.dispatcher.share.leave(self.redis)
+        except redis.RedisError as e:  # its heartbeat runs out instead
+            log.info("share_not_left", error=str(e))
         self._probe_client.close()
         log.info("service_stopped", unflushed=undelivered)
 

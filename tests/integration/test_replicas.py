@@ -6,7 +6,7 @@ from collections import Counter
 
 import orjson
 
-from blackbox import kafka
+from blackbox import kafka, layout
 from blackbox.clock import now_ms
 from blackbox.keys import Layout
 from blackbox.schedule import Schedule
@@ -20,13 +20,15 @@ from tests.kafkatools import envelope, produce, unique, wait_until
 def test_two_replicas_never_deliver_one_id_twice(
     start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str]
 ) -> None:
-    """Guarantee 3: two healthy replicas sharing Redis and intake deliver each id once."""
+    """Guarantee 3: two healthy replicas sharing Redis and intake deliver each id once,
+    each firing its share of the shards."""
     settings = Settings.from_env(env)
     kafka.ensure_topics(settings.kafka, [settings.intake_topic], partitions=2)
     first, second = (
-        start_service(BLACKBOX_BATCH_LIMIT="50"),
-        start_service(BLACKBOX_BATCH_LIMIT="50"),
+        start_service(BLACKBOX_BATCH_LIMIT="50", BLACKBOX_SHARDS="4"),
+        start_service(BLACKBOX_BATCH_LIMIT="50", BLACKBOX_SHARDS="4"),
     )
+    wait_until(lambda: first.dispatcher.share.members == 2, what="both replicas in the share")
     target = unique("shared")
     values = [envelope(target, {"n": n}, 3) for n in range(2000)]
     produce(settings.kafka["bootstrap.servers"], settings.intake_topic, values)
@@ -49,6 +51,7 @@ def test_a_dead_replicas_in_flight_ids_are_delivered_after_the_lease(
     """Guarantee 3: ids claimed by a replica that died return to due when its lease ends."""
     settings = Settings.from_env(env)
     store = RedisStore(redis_client(settings.redis_url), Layout(settings.namespace), 60)
+    layout.settle(store.client, store.layout)
     target = unique("orphans")
     now = now_ms()
     schedules = [Schedule(f"orphan-{n}", target, orjson.dumps(n), now) for n in range(20)]

@@ -16,6 +16,7 @@ from blackbox.errors import ShardsChanged
 from blackbox.keys import Layout
 from blackbox.localstack import RedisServer
 from blackbox.schedule import Schedule, scoped_id
+from blackbox.shares import Share
 from blackbox.store import Applied, Cancellation, IntakeSlice, RedisStore, Write
 from tests.kafkatools import unique
 
@@ -174,3 +175,22 @@ def test_an_empty_namespace_changes_count_and_keeps_its_watermarks(client: redis
     assert [e for e in logs if e["event"] == "shards_changed"] == [
         {"event": "shards_changed", "before": 1, "after": SHARDS, "marks": 1, "log_level": "info"}
     ]
+
+
+def test_replicas_split_the_shards_by_heartbeat_and_take_over_a_leaver(
+    client: redis.Redis,
+) -> None:
+    """Scale: replicas beating in one Redis split the shards between them; when one leaves
+    (or its heartbeat runs out) the others take its shards at their next beat."""
+    shards = Layout(unique("ns"), 6)
+    first, second, third = (Share(shards, name) for name in ("a", "b", "c"))
+    now = now_ms()
+    for share in (first, second, third, first, second):
+        share.beat(client, now, ttl_ms=5_000)
+
+    assert sorted(first.owned + second.owned + third.owned) == list(range(6))
+    assert [len(s.owned) for s in (first, second, third)] == [2, 2, 2]
+
+    third.leave(client)
+    second.beat(client, now + 6_000, ttl_ms=5_000)  # the first's heartbeat ran out too
+    assert second.owned == list(range(6)) and second.members == 1

@@ -1,0 +1,136 @@
+"""Share: the shards one replica fires, and when each is next due as far as it knows.
+
+Replicas that fire keep a heartbeat in Redis (`Layout.members`, a sorted set scored by
+expiry). At every beat a replica reads the live members and takes the shards whose index,
+modulo their number, is its rank among them: every shard has one owner, the shares differ
+by one shard at most, and when a replica joins or leaves (or its heartbeat runs out) the
+shares move at the next beat. Ownership only spreads the work: claims stay atomic with
+leases, so two replicas that both think they own a shard for a moment still never fire
+one message twice.
+
+A replica claims from its own shards when they are due, and so does not hammer the others:
+a 1,000,000-message burst is drained by each replica from its own shards. The safety-net
+tick also sweeps the other shards, for what is overdue by more than `sweep_after_ms`: a
+dead owner's messages are fired late, not never, even before its heartbeat runs out.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import structlog
+
+from blackbox.keys import Layout
+from blackbox.store import RedisClient
+
+log = structlog.get_logger("blackbox.shares")
+
+# Something stored in a shard is due at a time: (shard, due ms). Intake and the API tell
+# the firers through one of these.
+Nudge = Callable[[int, int], None]
+
+# A known next due time meaning "nothing pending as of the last claim".
+EMPTY = 2**62
+# A replica's heartbeat lives this many poll intervals (at least MIN_TTL_MS).
+TTL_INTERVALS = 3
+MIN_TTL_MS = 5_000
+MIN_SWEEP_AFTER_MS = 2_000
+
+
+def replica_name() -> str:
+    """This process's name among the firers: host, pid and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def owned_by(rank: int, members: int, shards: int) -> list[int]:
+    """The shards of the member at `rank` among `members`: every `members`-th from `rank`."""
+    return list(range(rank, shards, members))
+
+
+class Share:
+    """The shards this replica fires (all of them until its first beat) and their next due
+    times: learned from claims, lowered by nudges, unknown (0: look now) when newly owned."""
+
+    def __init__(self, layout: Layout, name: str | None = None, sweep_after_ms: int = 0) -> None:
+        self.layout = layout
+        self.name = name or replica_name()
+        # How overdue a message of another replica's shard must be before a sweep takes it.
+        self.sweep_after_ms = sweep_after_ms
+        self._lock = threading.Lock()
+        self._owned: list[int] = list(range(layout.count))
+        self._due: dict[int, int] = dict.fromkeys(self._owned, 0)
+        self.members = 1
+
+    @property
+    def owned(self) -> list[int]:
+        with self._lock:
+            return list(self._owned)
+
+    def others(self) -> list[int]:
+        """The shards other replicas fire."""
+        owned = set(self.owned)
+        return [s for s in range(self.layout.count) if s not in owned]
+
+    def due_by(self, now_ms: int) -> list[int]:
+        """The owned shards due by `now_ms`, or never claimed yet."""
+        with self._lock:
+            return [s for s in self._owned if self._due[s] <= now_ms]
+
+    def next_due_ms(self) -> int | None:
+        """The earliest known next due time of the owned shards; None if all are empty."""
+        with self._lock:
+            soonest = min((self._due[s] for s in self._owned), default=EMPTY)
+        return None if soonest >= EMPTY else soonest
+
+    def learned(self, shard: int, next_due_ms: int | None) -> None:
+        """A claim of `shard` left its earliest at `next_due_ms` (None: nothing left)."""
+        with self._lock:
+            if shard in self._due:
+                self._due[shard] = EMPTY if next_due_ms is None else next_due_ms
+
+    def nudged(self, shard: int, due_ms: int) -> bool:
+        """Something in `shard` is due at `due_ms`: True if this replica fires that shard."""
+        with self._lock:
+            if shard not in self._due:
+                return False
+            self._due[shard] = min(self._due[shard], due_ms)
+            return True
+
+    def beat(self, client: RedisClient, now_ms: int, ttl_ms: int) -> None:
+        """Renew this replica's heartbeat, drop the expired ones, and take this replica's
+        share of the live members (one round trip)."""
+        pipe = client.pipeline(transaction=False)
+        pipe.zadd(self.layout.members, {self.name: now_ms + ttl_ms})
+        pipe.zremrangebyscore(self.layout.members, "-inf", now_ms)
+        pipe.zrange(self.layout.members, 0, -1)
+        members: Any = pipe.execute()[2]
+        names = sorted(m.decode("utf-8") for m in members)
+        self._take(owned_by(names.index(self.name), len(names), self.layout.count), len(names))
+
+    def _take(self, shards: Sequence[int], members: int) -> None:
+        with self._lock:
+            if list(shards) == self._owned and members == self.members:
+                return
+            self._owned, self.members = list(shards), members
+            self._due = {s: self._due.get(s, 0) for s in shards}
+        log.info("share_changed", replica=self.name, members=members, shards=len(shards))
+
+    def leave(self, client: RedisClient) -> None:
+        """Drop this replica's heartbeat, so the others take its shards at their next beat."""
+        client.zrem(self.layout.members, self.name)
+
+
+def ttl_ms(poll_interval_s: float) -> int:
+    """How long a heartbeat lives: a few poll intervals, at least MIN_TTL_MS."""
+    return max(MIN_TTL_MS, int(TTL_INTERVALS * poll_interval_s * 1000))
+
+
+def sweep_after_ms(poll_interval_s: float) -> int:
+    """How overdue another replica's message must be before a sweep fires it: two poll
+    intervals, at least MIN_SWEEP_AFTER_MS (its owner fires it on time while alive)."""
+    return max(MIN_SWEEP_AFTER_MS, int(2 * poll_interval_s * 1000))

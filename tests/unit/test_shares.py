@@ -1,0 +1,70 @@
+"""A replica's share of the shards: who fires what, and when each shard is next due."""
+
+from __future__ import annotations
+
+import pytest
+
+from blackbox.keys import Layout
+from blackbox.shares import EMPTY, Share, owned_by, sweep_after_ms, ttl_ms
+from blackbox.waker import nudge_message, parse_nudge
+
+
+@pytest.mark.parametrize(("members", "shards"), [(1, 4), (3, 12), (3, 16), (5, 3)])
+def test_every_shard_has_one_owner_and_shares_differ_by_one_at_most(
+    members: int, shards: int
+) -> None:
+    """Scale: replicas share the firing fairly; no shard is left without an owner."""
+    shares = [owned_by(rank, members, shards) for rank in range(members)]
+    flat = sorted(s for share in shares for s in share)
+    assert flat == list(range(shards))
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_a_new_share_fires_every_shard_at_once() -> None:
+    """Scale: before its first heartbeat a replica fires everything (alone, it must)."""
+    share = Share(Layout("bb", 3))
+    assert share.due_by(0) == [0, 1, 2] and share.others() == []
+
+
+def test_a_shard_is_claimed_only_once_it_is_due_or_nudged() -> None:
+    """Scale, no herd: a waker claims the shards whose next due time has come, learned from
+    the last claim or lowered by a nudge, not every shard at every wake-up."""
+    share = Share(Layout("bb", 3))
+    share.learned(0, None)
+    share.learned(1, 5_000)
+    share.learned(2, 9_000)
+
+    assert share.due_by(4_999) == [] and share.next_due_ms() == 5_000
+    assert share.nudged(0, 3_000) is True
+    assert share.due_by(4_000) == [0] and share.next_due_ms() == 3_000
+    share.learned(0, None)
+    share.learned(1, None)
+    share.learned(2, None)
+    assert share.next_due_ms() is None and share._due[0] == EMPTY
+
+
+def test_a_shard_taken_over_is_looked_at_at_once_and_one_given_away_ignored() -> None:
+    """Scale: when shares move, a newly owned shard is claimed at once (its due time is
+    unknown here), and nudges for shards now fired by another replica are left to it."""
+    share = Share(Layout("bb", 4))
+    for shard in range(4):
+        share.learned(shard, None)
+
+    share._take(owned_by(1, 2, 4), members=2)
+
+    assert share.owned == [1, 3] and share.others() == [0, 2]
+    assert share.nudged(0, 1) is False and share.due_by(10) == []
+    share._take(owned_by(0, 1, 4), members=1)
+    assert share.due_by(10) == [0, 2]  # taken back: unknown, so looked at now
+
+
+def test_nudges_travel_as_shard_and_due_time() -> None:
+    """Scale: a published nudge names its shard, so only that shard's firer wakes."""
+    assert parse_nudge(nudge_message(7, 1_234).encode()) == (7, 1_234)
+    assert parse_nudge(b"garbage") is None
+
+
+def test_heartbeats_and_sweeps_scale_with_the_poll_interval() -> None:
+    """Scale: a heartbeat outlives a few ticks; a sweep waits past two poll intervals."""
+    assert ttl_ms(1.0) == 5_000 and ttl_ms(10.0) == 30_000
+    assert sweep_after_ms(0.1) == 2_000 and sweep_after_ms(5.0) == 10_000
