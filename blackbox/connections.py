@@ -1,0 +1,93 @@
+"""Connections to Redis: one client for a single Redis or a Redis Cluster, chosen by the
+scheme of REDIS_URL, and the plain clients of a cluster's masters for work each node does.
+
+`redis://`, `rediss://` and `unix://` name one Redis. `redis+cluster://host:port` (or
+`rediss+cluster://` for TLS) names any node of a Redis Cluster: redis-py's cluster client
+learns the other nodes from it and sends each command to the master holding its keys' slot.
+Credentials and query options are written as for `redis://`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+import redis
+from redis.cluster import RedisCluster
+from redis.connection import parse_url
+
+from blackbox.errors import SettingsError
+from blackbox.settings import mask_url
+
+RedisClient: TypeAlias = redis.Redis | RedisCluster
+
+# Each cluster scheme and the single-node scheme redis-py's cluster client reads in its place.
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def is_cluster(url: str) -> bool:
+    """Whether `url` names a Redis Cluster (`redis+cluster://` or `rediss+cluster://`)."""
+    scheme, separator, _ = url.partition("://")
+    return bool(separator) and scheme in CLUSTER_SCHEMES
+
+
+def node_url(url: str) -> str:
+    """The cluster URL `url` written as its node's `redis://` (or `rediss://`) URL: the same
+    address, credentials and options."""
+    scheme, _, rest = url.partition("://")
+    return f"{CLUSTER_SCHEMES[scheme]}://{rest}"
+
+
+def redis_client(
+    url: str,
+    *,
+    socket_timeout: float = 5.0,
+    connect_timeout: float = 2.0,
+    health_check_interval: int = 10,
+) -> RedisClient:
+    """A client for the Redis or Redis Cluster that `url` names, failing fast when Redis is
+    away so callers can back off; SettingsError naming REDIS_URL if the URL is malformed.
+
+    A single Redis's client connects on first use. The cluster client asks the node for the
+    slot map at once (an unreachable cluster raises redis.RedisError here), and redis-py does
+    not hand `health_check_interval` to its nodes' connections: it reconnects through its
+    own retries instead.
+    """
+    options: dict[str, Any] = {
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": connect_timeout,
+        "health_check_interval": health_check_interval,
+    }
+    if is_cluster(url):
+        check_cluster_url(url)
+        return RedisCluster.from_url(node_url(url), **options)
+    try:
+        return redis.Redis.from_url(url, **options)
+    except ValueError as e:
+        raise bad_url(url, e) from e
+
+
+def check_cluster_url(url: str) -> None:
+    """Raise SettingsError if the cluster URL `url` cannot name a cluster node, before any
+    connection is tried (the cluster client connects as it is made)."""
+    try:
+        options = parse_url(node_url(url))  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+    except ValueError as e:
+        raise bad_url(url, e) from e
+    if not options.get("host"):
+        raise bad_url(url, "a Redis Cluster URL names one of its nodes as host:port")
+    if options.get("db", 0) != 0:
+        raise bad_url(url, "a Redis Cluster has only database 0")
+
+
+def bad_url(url: str, reason: object) -> SettingsError:
+    """The error for a malformed REDIS_URL, its password masked."""
+    return SettingsError(f"REDIS_URL={mask_url(url)!r} is invalid: {reason}")
+
+
+def primaries(client: RedisClient) -> list[redis.Redis]:
+    """One plain client per master, for work every node must do (CONFIG GET, probes, script
+    loads); a single Redis's client is its own only master."""
+    if isinstance(client, RedisCluster):
+        nodes = client.get_primaries()  # type: ignore[no-untyped-call]  # unannotated in redis-py
+        return [client.get_redis_connection(node) for node in nodes]
+    return [client]
