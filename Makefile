@@ -12,12 +12,14 @@ PROMTOOL := $(BIN)/promtool
 
 setup: system-packages $(STAMP) $(PROMTOOL)
 
-# Redis, Java with Maven for the local Apache Kafka broker (its jars come from Maven Central),
-# kcat, the third-party client the end-to-end test speaks to it with, and chromium for the
-# admin page's test (driven by Playwright from PyPI; never `playwright install`).
+# Redis (and redis-cli, which forms the tests' local Redis Cluster), Java with Maven for the
+# local Apache Kafka broker (its jars come from Maven Central), kcat, the third-party client
+# the end-to-end test speaks to it with, and chromium for the admin page's test (driven by
+# Playwright from PyPI; never `playwright install`).
 system-packages:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
 	command -v java >/dev/null || missing="$$missing default-jre-headless"; \
 	command -v mvn >/dev/null || missing="$$missing maven"; \
 	command -v kcat >/dev/null || missing="$$missing kcat"; \

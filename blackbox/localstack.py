@@ -1,5 +1,5 @@
-"""The embedded local stack: a redis-server and an Apache Kafka broker (or the light Tansu
-Kafka-protocol broker) on loopback.
+"""The embedded local stack: a redis-server (or a Redis Cluster of several) and an Apache
+Kafka broker (or the light Tansu Kafka-protocol broker) on loopback.
 
 Used by `blackbox dev` (and so `make run`), the test fixtures and the benchmarks. Each server
 is a child process on a port of its own; `stop()` ends it, `kill()` ends it hard, and
@@ -16,11 +16,12 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from shlex import split
 from typing import IO
 
+import redis
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
@@ -28,6 +29,7 @@ from blackbox import maven
 from blackbox.errors import StackError
 
 LOOPBACK = "127.0.0.1"
+CLUSTER_SLOTS = 16384  # every hash slot of a Redis Cluster
 
 
 def free_port() -> int:
@@ -130,6 +132,101 @@ class RedisServer(_Server):
         extra = [a for name, value in self.config.items() for a in (f"--{name}", *split(value))]
         return [binary, "--port", str(self.port), "--bind", LOOPBACK, "--save", "",
                 "--dir", str(self.data_dir), "--daemonize", "no", *persistence, *extra]  # fmt: skip
+
+
+class RedisCluster:
+    """A Redis Cluster of masters only: one cluster-mode `RedisServer` per port (each with its
+    own data folder under `data_dir`, no persistence), joined by `redis-cli --cluster create`
+    on the first start. Ready when every node reports `cluster_state:ok` with all 16384 slots
+    assigned and knows every other node.
+
+    Each node's cluster bus listens on a free port of its own (`cluster-port`), not the
+    default port + 10000, which may be taken or above 65535. The slot map is kept in each
+    node's `nodes.conf`: `start()` after `stop()` brings back the same cluster, empty.
+    """
+
+    start_timeout = 30.0  # seconds until the cluster must be formed and ready
+    node_timeout_ms = 3000  # short, yet long enough that a busy node on 2 cores is not failed
+
+    def __init__(self, ports: Sequence[int], data_dir: Path) -> None:
+        self.nodes = [self._node(port, data_dir / f"node-{port}") for port in ports]
+
+    def _node(self, port: int, node_dir: Path) -> RedisServer:
+        config = {
+            "cluster-enabled": "yes",
+            "cluster-config-file": str(node_dir / "nodes.conf"),
+            "cluster-node-timeout": str(self.node_timeout_ms),
+            "cluster-port": str(free_port()),
+        }
+        return RedisServer(port, node_dir, config=config)
+
+    @property
+    def url(self) -> str:
+        """The `redis+cluster://` URL blackbox reads as REDIS_URL: the first node's address."""
+        return f"redis+cluster://{LOOPBACK}:{self.nodes[0].port}"
+
+    def start(self) -> None:
+        """Start every node, form the cluster if it was never formed, wait until it serves;
+        on failure no node is left running."""
+        try:
+            for node in self.nodes:
+                node.data_dir.mkdir(parents=True, exist_ok=True)
+                node.start()
+            if not self._formed():
+                self._create()
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> RedisCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def cluster_info(self, node: RedisServer) -> dict[str, str]:
+        """The node's CLUSTER INFO fields."""
+        with redis.Redis(host=LOOPBACK, port=node.port, socket_timeout=2) as client:
+            return dict(client.cluster("INFO"))
+
+    def _formed(self) -> bool:
+        return int(self.cluster_info(self.nodes[0])["cluster_slots_assigned"]) > 0
+
+    def _create(self) -> None:
+        binary = shutil.which("redis-cli")
+        if binary is None:
+            raise StackError("redis-cli is not installed (apt-get install redis-tools)")
+        addresses = [f"{LOOPBACK}:{node.port}" for node in self.nodes]
+        create = [binary, "--cluster", "create", *addresses,
+                  "--cluster-replicas", "0", "--cluster-yes"]  # fmt: skip
+        try:
+            done = subprocess.run(create, capture_output=True, text=True, check=False,
+                                  timeout=self.start_timeout)  # fmt: skip
+        except subprocess.TimeoutExpired as e:
+            raise StackError(f"redis-cli --cluster create took over {e.timeout} s") from e
+        if done.returncode != 0:
+            raise StackError(f"redis-cli --cluster create failed: {done.stdout}{done.stderr}")
+
+    def _ready(self, node: RedisServer) -> bool:
+        info = self.cluster_info(node)
+        return (info["cluster_state"] == "ok"
+                and int(info["cluster_slots_assigned"]) == CLUSTER_SLOTS
+                and int(info["cluster_known_nodes"]) == len(self.nodes))  # fmt: skip
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if all(self._ready(node) for node in self.nodes):
+                return
+            time.sleep(0.05)
+        raise StackError(f"the Redis Cluster on {self.url} was not ready within "
+                         f"{self.start_timeout} s; see the nodes' redis.log")  # fmt: skip
 
 
 def tansu_binary() -> str:
