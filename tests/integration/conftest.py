@@ -1,4 +1,5 @@
-"""Fixtures starting a real redis-server and a real Apache Kafka broker on free ports.
+"""Fixtures starting a real redis-server (or a Redis Cluster) and a real Apache Kafka broker
+on free ports.
 
 One broker serves the whole test session (a JVM takes seconds to start); each test is kept
 apart by topics, a consumer group and a Redis namespace of its own."""
@@ -12,7 +13,7 @@ import pytest
 import redis
 
 from blackbox.keys import Keys
-from blackbox.localstack import KafkaBroker, RedisServer, free_port
+from blackbox.localstack import KafkaBroker, RedisCluster, RedisServer, free_port
 from blackbox.service import Service
 from blackbox.settings import Settings
 from tests.kafkatools import TopicReader, unique, wait_until
@@ -34,6 +35,15 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A Redis Cluster of three masters on free ports, started when a test first asks for it
+    and stopped at the end of the session."""
+    ports = [free_port() for _ in range(3)]
+    with RedisCluster(ports, tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster
 
 
 def service_env(redis_url: str, bootstrap: str, **overrides: str) -> dict[str, str]:
