@@ -48,9 +48,10 @@ def redis_client(
     away so callers can back off; SettingsError naming REDIS_URL if the URL is malformed.
 
     A single Redis's client connects on first use. The cluster client asks the node for the
-    slot map at once (an unreachable cluster raises redis.RedisError here), and redis-py does
-    not hand `health_check_interval` to its nodes' connections: it reconnects through its
-    own retries instead.
+    slot map at once: an unreachable cluster raises redis.exceptions.RedisClusterException
+    here, which is not a redis.RedisError. redis-py does not hand `health_check_interval` (nor
+    unknown query options) to a cluster's node connections: it reconnects through its own
+    retries instead.
     """
     options: dict[str, Any] = {
         "socket_timeout": socket_timeout,
@@ -58,25 +59,29 @@ def redis_client(
         "health_check_interval": health_check_interval,
     }
     if is_cluster(url):
-        check_cluster_url(url)
-        return RedisCluster.from_url(node_url(url), **options)
+        # Made from the URL's parts, not with from_url: redis-py's close() leaves the nodes'
+        # connections open on a cluster client made from a URL.
+        return RedisCluster(**{**options, **cluster_options(url)})
     try:
         return redis.Redis.from_url(url, **options)
     except ValueError as e:
         raise bad_url(url, e) from e
 
 
-def check_cluster_url(url: str) -> None:
-    """Raise SettingsError if the cluster URL `url` cannot name a cluster node, before any
-    connection is tried (the cluster client connects as it is made)."""
+def cluster_options(url: str) -> dict[str, Any]:
+    """The cluster client's arguments written in the cluster URL `url` (node address,
+    credentials, TLS, query options), read as redis-py reads a `redis://` URL; SettingsError
+    if they cannot name a node, before any connection is tried."""
     try:
-        options = parse_url(node_url(url))  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+        options: dict[str, Any] = parse_url(node_url(url))  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
     except ValueError as e:
         raise bad_url(url, e) from e
     if not options.get("host"):
         raise bad_url(url, "a Redis Cluster URL names one of its nodes as host:port")
     if options.get("db", 0) != 0:
         raise bad_url(url, "a Redis Cluster has only database 0")
+    options.pop("connection_class", None)  # rediss: the cluster client takes ssl=True instead
+    return {**options, "ssl": url.startswith("rediss+")}
 
 
 def bad_url(url: str, reason: object) -> SettingsError:

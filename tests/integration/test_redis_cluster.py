@@ -13,7 +13,7 @@ from redis.cluster import RedisCluster as ClusterClient
 from blackbox import connections
 from blackbox.connections import RedisClient
 from blackbox.localstack import CLUSTER_SLOTS, LOOPBACK, RedisCluster
-from tests.kafkatools import unique
+from tests.kafkatools import unique, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -57,6 +57,12 @@ def one_key_per_master(port: int, prefix: str) -> dict[int, str]:
         if len(found) == 3:
             return found
     raise AssertionError(f"1000 keys hashed to only {len(found)} masters")
+
+
+def connected(port: int) -> int:
+    """How many clients the node at `port` has connected, this question's own included."""
+    with node(port) as plain:
+        return int(plain.info("clients")["connected_clients"])
 
 
 def stored(port: int, pattern: str) -> set[str]:
@@ -124,3 +130,19 @@ def test_primaries_gives_one_plain_client_per_master(
     ports = {m.config_get("port")["port"] for m in masters}
     assert len(masters) == 3
     assert ports == {str(n.port) for n in redis_cluster.nodes}
+
+
+def test_closing_the_cluster_client_closes_every_masters_connections(
+    redis_cluster: RedisCluster,
+) -> None:
+    """close() on the client of a redis+cluster:// URL disconnects it from every master,
+    the per-master clients of primaries() included (nothing is left to the garbage
+    collector, which would warn of unclosed sockets)."""
+    ports = [n.port for n in redis_cluster.nodes]
+    before = [connected(port) for port in ports]
+    client = connections.redis_client(redis_cluster.url)
+    for master in connections.primaries(client):
+        master.ping()
+    assert all(connected(port) > n for port, n in zip(ports, before, strict=True))
+    client.close()
+    wait_until(lambda: [connected(port) for port in ports] == before, 5, "connections closed")

@@ -71,3 +71,14 @@ def test_bad_url_is_a_settings_error_naming_redis_url(url: str, reason: str) -> 
         connections.redis_client(url)
     assert str(raised.value).startswith("REDIS_URL=")
     assert "hunter22" not in str(raised.value)
+
+
+def test_cluster_url_options_are_read_as_redis_py_reads_a_node_url() -> None:
+    """A cluster URL's node, credentials and query options reach the cluster client as
+    redis-py would read them from `redis://`; `rediss+cluster://` turns TLS on."""
+    url = "rediss+cluster://app:s%40cret@node-1:7000/0?ssl_cert_reqs=none&socket_timeout=0.5"
+    assert connections.cluster_options(url) == {
+        "host": "node-1", "port": 7000, "db": 0, "username": "app", "password": "s@cret",
+        "ssl": True, "ssl_cert_reqs": "none", "socket_timeout": 0.5,
+    }  # fmt: skip
+    assert connections.cluster_options("redis+cluster://node-2:7001")["ssl"] is False
