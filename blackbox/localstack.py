@@ -134,6 +134,14 @@ class RedisServer(_Server):
                 "--dir", str(self.data_dir), "--daemonize", "no", *persistence, *extra]  # fmt: skip
 
 
+def redis_cli() -> str:
+    """The redis-cli binary, which forms a Redis Cluster; StackError if it is missing."""
+    binary = shutil.which("redis-cli")
+    if binary is None:
+        raise StackError("redis-cli is not installed (apt-get install redis-tools)")
+    return binary
+
+
 class RedisCluster:
     """A Redis Cluster of masters only: one cluster-mode `RedisServer` per port (each with its
     own data folder under `data_dir`, no persistence), joined by `redis-cli --cluster create`
@@ -199,11 +207,8 @@ class RedisCluster:
         return int(self.cluster_info(self.nodes[0])["cluster_slots_assigned"]) > 0
 
     def _create(self) -> None:
-        binary = shutil.which("redis-cli")
-        if binary is None:
-            raise StackError("redis-cli is not installed (apt-get install redis-tools)")
         addresses = [f"{LOOPBACK}:{node.port}" for node in self.nodes]
-        create = [binary, "--cluster", "create", *addresses,
+        create = [redis_cli(), "--cluster", "create", *addresses,
                   "--cluster-replicas", "0", "--cluster-yes"]  # fmt: skip
         try:
             done = subprocess.run(create, capture_output=True, text=True, check=False,
