@@ -132,7 +132,8 @@ class Var:
 
 
 VARIABLES: tuple[Var, ...] = (
-    Var("REDIS_URL", "redis_url", str, "redis://localhost:6379/0", "Redis to keep schedules in"),
+    Var("REDIS_URL", "redis_url", str, "redis://localhost:6379/0",
+        "Redis to keep schedules in; redis+cluster://host:port (any node) for Redis Cluster"),
     Var("BLACKBOX_ACCEPT_EVICTION", "accept_eviction", _flag, "false",
         "true: start on a Redis whose maxmemory-policy evicts keys (it may delete schedules)"),
     Var("BLACKBOX_NAMESPACE", "namespace", _namespace, "bb",
