@@ -1,0 +1,103 @@
+"""Roles: an intake-only process and a dispatch-only process share the work apart."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import httpx
+from confluent_kafka.admin import AdminClient
+from structlog.testing import capture_logs
+
+from blackbox.role import Role
+from blackbox.service import Service
+from blackbox.settings import Settings
+from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
+from tests.kafkatools import envelope, produce, unique, wait_until
+
+MESSAGES = 200
+
+
+def _members(settings: Settings) -> int:
+    """How many consumers the intake consumer group has now."""
+    admin = AdminClient(dict(settings.kafka))
+    futures = admin.describe_consumer_groups([settings.group_id], request_timeout=10)
+    return len(futures[settings.group_id].result(timeout=10).members)
+
+
+def _ready(service: Service) -> httpx.Response:
+    assert service.endpoints is not None
+    return httpx.get(f"http://127.0.0.1:{service.endpoints.port}/ready", timeout=5)
+
+
+def _ready_report(service: Service) -> dict[str, object]:
+    """/ready's body once it answers 200."""
+    wait_until(lambda: _ready(service).status_code == 200, 30, f"{service.role} ready")
+    body: dict[str, object] = _ready(service).json()
+    return body
+
+
+def test_intake_and_dispatch_processes_deliver_everything_apart(
+    start_service: ServiceFactory, reader: ReaderFactory
+) -> None:
+    """Roles: every message stored by an intake-only process is fired once by a dispatch-only
+    one; the intake process fires nothing, the dispatch process consumes nothing and never
+    joins the intake consumer group."""
+    intake = start_service(Role.INTAKE)
+    dispatch = start_service(Role.DISPATCH)
+    settings = intake.settings
+    target = unique("apart")
+    values = [envelope(target, {"n": n}, 0.5) for n in range(MESSAGES)]
+    produce(settings.kafka["bootstrap.servers"], settings.intake_topic, values)
+
+    reader(target).wait_count(MESSAGES, timeout=60)
+    reader(settings.events_topic).wait_count(MESSAGES, timeout=30)  # intake answered each
+    settle(dispatch)
+    records = reader(target).read_to_end()
+
+    ids = Counter(r.header("blackbox-id") for r in records)
+    assert len(records) == len(ids) == MESSAGES
+    assert (intake.firing, dispatch.receiving) == (None, None)
+    delivered = [s.metrics.value("blackbox_delivered_total") for s in (intake, dispatch)]
+    assert delivered == [0, MESSAGES]
+    scheduled = [
+        s.metrics.value("blackbox_intake_records_total", {"outcome": "scheduled"})
+        for s in (intake, dispatch)
+    ]
+    assert scheduled == [MESSAGES, 0]
+    assert _members(settings) == 1  # the intake process alone
+
+
+def test_an_intake_process_wakes_the_dispatch_process_at_the_due_time(
+    start_service: ServiceFactory, reader: ReaderFactory
+) -> None:
+    """Roles: a schedule stored by an intake-only process is fired near its due time by a
+    dispatch-only process woken through Redis, not at its next safety-net tick (every 60 s
+    here, past the test's deadline)."""
+    intake = start_service(Role.INTAKE)
+    start_service(Role.DISPATCH, BLACKBOX_POLL_INTERVAL="60")
+    settings = intake.settings
+    target = unique("woken")
+    produce(settings.kafka["bootstrap.servers"], settings.intake_topic,
+            [envelope(target, {"soon": True}, 1.0)])  # fmt: skip
+
+    (record,) = reader(target).wait_count(1, timeout=20)
+    assert record.header("blackbox-id")
+
+
+def test_each_role_is_ready_on_what_it_uses_and_says_its_role(
+    start_service: ServiceFactory,
+) -> None:
+    """Roles: each role's /ready probes Redis and the broker; the intake role has no firing
+    clock, the dispatch role's ticks; the role is logged at start and exported as
+    blackbox_role_info."""
+    with capture_logs() as logs:
+        services = {Role.INTAKE: start_service(Role.INTAKE),
+                    Role.DISPATCH: start_service(Role.DISPATCH)}  # fmt: skip
+    starting = [e["role"] for e in logs if e["event"] == "service_starting"]
+    assert starting == ["intake", "dispatch"]
+    clocks = {Role.INTAKE: "none", Role.DISPATCH: "ticking"}
+    for role, service in services.items():
+        report = _ready_report(service)
+        assert report["clock"] == clocks[role]
+        assert report["dependencies"] == {"redis": "up", "kafka": "up"}
+        assert service.metrics.value("blackbox_role_info", {"role": role.value}) == 1
