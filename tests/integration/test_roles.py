@@ -3,18 +3,34 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
+import pytest
+import redis
 from confluent_kafka.admin import AdminClient
 from structlog.testing import capture_logs
 
+from blackbox import kafka
+from blackbox.localstack import KafkaBroker, RedisServer, free_port
 from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.settings import Settings
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
 from tests.kafkatools import envelope, produce, unique, wait_until
+from tests.process import BlackboxProcess
 
 MESSAGES = 200
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis of the test's own, whose maxmemory it may change."""
+    server = RedisServer(free_port(), tmp_path)
+    server.start()
+    yield server
+    server.stop()
 
 
 def _members(settings: Settings) -> int:
@@ -101,3 +117,51 @@ def test_each_role_is_ready_on_what_it_uses_and_says_its_role(
         assert report["clock"] == clocks[role]
         assert report["dependencies"] == {"redis": "up", "kafka": "up"}
         assert service.metrics.value("blackbox_role_info", {"role": role.value}) == 1
+
+
+def test_a_redis_full_for_intake_leaves_only_the_dispatch_role_ready(
+    own_redis: RedisServer, start_service: ServiceFactory
+) -> None:
+    """Roles: readiness probes what a role uses. A Redis refusing intake's writes for memory
+    makes an intake-only process not ready ("redis": "full"), while a dispatch-only one
+    stays ready: its firing is what frees the room."""
+    intake = start_service(Role.INTAKE, REDIS_URL=own_redis.url)
+    dispatch = start_service(Role.DISPATCH, REDIS_URL=own_redis.url)
+    for service in (intake, dispatch):
+        _ready_report(service)
+    client = redis.Redis.from_url(own_redis.url)
+    try:
+        client.config_set("maxmemory", 1)
+        wait_until(lambda: _ready(intake).status_code == 503, 30, "intake not ready")
+        # The dispatch process's probe saw the full Redis too, and stayed ready.
+        wait_until(lambda: dispatch.metrics.value("blackbox_redis_full") == 1, 30, "seen full")
+        assert _ready(intake).json()["dependencies"]["redis"] == "full"
+        assert _ready(dispatch).status_code == 200
+    finally:
+        client.config_set("maxmemory", 0)
+        client.close()
+
+
+def test_blackbox_run_role_processes_deliver_everything_and_stop_cleanly(
+    env: dict[str, str], reader: ReaderFactory, broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """Roles: `blackbox run --role intake` and `blackbox run --role dispatch`, as an operator
+    starts them, deliver every message between them, log their role, and exit 0 on
+    SIGTERM."""
+    settings = Settings.from_env(env)
+    kafka.ensure_topics(settings.kafka, settings.own_topics)
+    processes = {
+        role: BlackboxProcess(env, tmp_path / f"{role}.log", "run", "--role", role)
+        for role in ("intake", "dispatch")
+    }
+    target = unique("processes")
+    produce(broker.bootstrap, settings.intake_topic,
+            [envelope(target, {"n": n}, 0.5) for n in range(50)])  # fmt: skip
+
+    records = reader(target).wait_count(50, timeout=60)
+
+    assert len({r.header("blackbox-id") for r in records}) == 50
+    assert "intake_started" not in processes["dispatch"].output()
+    for role, process in processes.items():
+        assert process.terminate(timeout=20) == 0, process.output()[-2000:]
+        assert f'"role": "{role}"' in process.output()
