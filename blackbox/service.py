@@ -37,6 +37,8 @@ from blackbox.waker import nudge_message
 log = structlog.get_logger("blackbox.service")
 
 STOP_TIMEOUT_SECONDS = 8.0
+# How often the main thread looks for a signal received (or a crash).
+SIGNAL_POLL_SECONDS = 0.2
 # The process's exit codes (the `blackbox` command documents them).
 EXIT_FAILED, EXIT_SETTINGS = 1, 2
 
@@ -230,10 +232,13 @@ class Service:
 
     def run_until_signalled(self) -> int:
         """Start, block until SIGTERM/SIGINT (or a crash), stop; return the exit code."""
+        received: list[int] = []
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:
-            log.info("signal_received", signal=signal.Signals(signum).name)
-            self.stopping.set()
+            # Only noted here: the handler runs in the main thread between two bytecodes,
+            # maybe while it holds the lock inside `stopping.wait()` (or the log's), and
+            # taking that lock again here (`stopping.set()`, a log line) never returns.
+            received.append(signum)
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
@@ -243,7 +248,9 @@ class Service:
         # Before the threads start, so nothing they are busy with is frozen.
         gc.freeze()
         self.start()
-        while not self.stopping.wait(0.5):
+        while not received and not self.stopping.wait(SIGNAL_POLL_SECONDS):
             pass
+        if received:
+            log.info("signal_received", signal=signal.Signals(received[0]).name)
         self.stop()
         return self.exit_code
