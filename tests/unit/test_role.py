@@ -1,13 +1,10 @@
-"""Roles: `blackbox run --role`, what each role runs, and when an intake-only process
-publishes a due time."""
+"""Roles: `blackbox run --role` and what each role runs."""
 
 from __future__ import annotations
 
 import pytest
 
 from blackbox import cli
-from blackbox.announcer import Told
-from blackbox.clock import now_ms
 from blackbox.role import Role
 
 
@@ -39,20 +36,3 @@ def test_intake_never_fires_and_dispatch_never_takes_intake() -> None:
         Role.INTAKE: (True, False),
         Role.DISPATCH: (False, True),
     }
-
-
-def test_a_due_time_is_told_once_until_it_passes() -> None:
-    """An intake-only process publishes a due time sooner than the soonest told; a later
-    one is not published while the told one is ahead (the firing processes wake by then)."""
-    told, soon = Told(), now_ms() + 60_000
-    assert told.sooner(soon)
-    assert not told.sooner(soon)
-    assert not told.sooner(soon + 1)
-    assert told.sooner(soon - 1)
-
-
-def test_a_due_time_is_told_again_once_the_told_one_passed() -> None:
-    """Once the told due time passed, the next due time is published whatever it is."""
-    told, past = Told(), now_ms() - 1
-    assert told.sooner(past)
-    assert told.sooner(past + 10_000_000)
