@@ -13,7 +13,7 @@ from confluent_kafka.admin import AdminClient
 from structlog.testing import capture_logs
 
 from blackbox import kafka
-from blackbox.localstack import KafkaBroker, RedisServer, free_port
+from blackbox.localstack import RedisServer, free_port
 from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.settings import Settings
@@ -142,26 +142,36 @@ def test_a_redis_full_for_intake_leaves_only_the_dispatch_role_ready(
         client.close()
 
 
+@pytest.fixture
+def role_processes(env: dict[str, str], tmp_path: Path) -> Iterator[dict[str, BlackboxProcess]]:
+    """`blackbox run --role intake` and `--role dispatch` (topics created first); killed at
+    the end if a test left one running."""
+    kafka.ensure_topics(Settings.from_env(env).kafka, Settings.from_env(env).own_topics)
+    processes = {
+        role: BlackboxProcess(env, tmp_path / f"{role}.log", "run", "--role", role)
+        for role in ("intake", "dispatch")
+    }
+    yield processes
+    for process in processes.values():
+        if process.process.poll() is None:
+            process.kill()
+
+
 def test_blackbox_run_role_processes_deliver_everything_and_stop_cleanly(
-    env: dict[str, str], reader: ReaderFactory, broker: KafkaBroker, tmp_path: Path
+    role_processes: dict[str, BlackboxProcess], env: dict[str, str], reader: ReaderFactory
 ) -> None:
     """Roles: `blackbox run --role intake` and `blackbox run --role dispatch`, as an operator
     starts them, deliver every message between them, log their role, and exit 0 on
     SIGTERM."""
     settings = Settings.from_env(env)
-    kafka.ensure_topics(settings.kafka, settings.own_topics)
-    processes = {
-        role: BlackboxProcess(env, tmp_path / f"{role}.log", "run", "--role", role)
-        for role in ("intake", "dispatch")
-    }
     target = unique("processes")
-    produce(broker.bootstrap, settings.intake_topic,
+    produce(settings.kafka["bootstrap.servers"], settings.intake_topic,
             [envelope(target, {"n": n}, 0.5) for n in range(50)])  # fmt: skip
 
     records = reader(target).wait_count(50, timeout=60)
 
     assert len({r.header("blackbox-id") for r in records}) == 50
-    assert "intake_started" not in processes["dispatch"].output()
-    for role, process in processes.items():
+    assert "intake_started" not in role_processes["dispatch"].output()
+    for role, process in role_processes.items():
         assert process.terminate(timeout=20) == 0, process.output()[-2000:]
         assert f'"role": "{role}"' in process.output()
