@@ -2,10 +2,9 @@
 
 It builds the parts its role names (`Receiving`: the intake consumer; `Firing`: the
 dispatcher with its waker and safety-net tick), the health loop and the HTTP endpoints,
-and tells the firing processes what intake and the API store; starts them; and on
-SIGTERM/SIGINT (or
-a crashed thread) stops them in order: intake first (committing its offsets), then firing
-settles what it sent, and the producers flush.
+and tells the firing processes what intake and the API store. It starts them, and on
+SIGTERM/SIGINT (or a crashed thread) stops them in order: intake first (committing its
+offsets), then firing settles what it sent, and the producers flush.
 """
 
 from __future__ import annotations
