@@ -27,7 +27,9 @@ from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import InvalidEnvelope, SettingsError, SparkMissing, StackError
 from blackbox.events import Outcome
 from blackbox.progress import Progress
-from blackbox.service import Service, limits_of
+from blackbox.receiving import limits_of
+from blackbox.role import Role
+from blackbox.service import Service
 from blackbox.settings import Settings, describe
 from blackbox.spark import command as spark_command
 
@@ -68,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
     epilog = "settings (environment variables):\n" + describe()
     run = commands.add_parser("run", help="run the service", epilog=epilog, formatter_class=raw)
+    run.add_argument("--role", choices=[r.value for r in Role], default=Role.ALL.value,
+                     help="intake: consume the intake topic into Redis, never fire; dispatch: "
+                     "fire what is due, never consume; all: both (default)")  # fmt: skip
     run.set_defaults(command=cmd_run)
     dev = commands.add_parser("dev", help="start a local Redis and broker, then run the service",
                               epilog=epilog, formatter_class=raw)  # fmt: skip
@@ -129,8 +134,8 @@ def _add_send(commands: Any) -> None:
     send.set_defaults(command=cmd_send)
 
 
-def cmd_run(_args: argparse.Namespace, settings: Settings) -> int:
-    return Service(settings).run_until_signalled()
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    return Service(settings, role=Role(args.role)).run_until_signalled()
 
 
 def cmd_create_topics(args: argparse.Namespace, settings: Settings) -> int:

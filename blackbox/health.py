@@ -5,7 +5,8 @@ room for intake; Kafka: a metadata request for the intake topic). A dependency i
 `full` (it answers but refuses intake's writes for memory: firing still drains it) or down
 with the error. The replica is ready while every dependency is up, its firing clock ticks
 and no worker thread has died; it is live while the clock ticks (a tick completed within
-`stall_seconds`) and no worker thread has died. Every change is logged once
+`stall_seconds`) and no worker thread has died. A process that does not fire (the intake
+role) has no clock: it is live while no worker thread has died. Every change is logged once
 (`dependency_up`, `dependency_full`, `dependency_down`) and exported as
 `blackbox_up{dependency}` (1 while it answers, full or not) and `blackbox_ready`.
 """
@@ -32,8 +33,9 @@ class Health:
     """The last answer of each dependency's probe, and whether a worker thread crashed."""
 
     def __init__(
-        self, probes: Mapping[str, Probe], metrics: Metrics, stall_seconds: float = 60.0
+        self, probes: Mapping[str, Probe], metrics: Metrics, stall_seconds: float | None = 60.0
     ) -> None:
+        """`stall_seconds`: how long the firing clock may go without a tick; None: no clock."""
         self.probes = dict(probes)
         self.stall_seconds = stall_seconds
         self._last_beat = time.monotonic()
@@ -56,6 +58,8 @@ class Health:
     @property
     def stalled(self) -> bool:
         """The firing clock stopped: no tick completed for `stall_seconds`."""
+        if self.stall_seconds is None:
+            return False
         return time.monotonic() - self._last_beat > self.stall_seconds
 
     def beat(self) -> None:
@@ -67,12 +71,17 @@ class Health:
         return {
             "ready": self.ready,
             "live": self.live,
-            "clock": "stalled" if self.stalled else "ticking",
+            "clock": self._clock(),
             "dependencies": {
                 name: self.errors.get(name, DOWN) if state == DOWN else state
                 for name, state in self.states.items()
             },
         }
+
+    def _clock(self) -> str:
+        if self.stall_seconds is None:
+            return "none"
+        return "stalled" if self.stalled else "ticking"
 
     def probe_all(self) -> None:
         """Run every probe once and record the answers."""

@@ -6,7 +6,7 @@ tests and several services in one process do not share counts.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from blackbox.errors import DeadLetterReason
 
@@ -90,6 +90,11 @@ class Metrics:
             "blackbox_pending_messages",
             "Schedules in Redis, by state (due: in the set by due time; in_flight: leased).",
             ["state"],
+            registry=self.registry,
+        )
+        self.role = Info(
+            "blackbox_role",
+            "The role this process runs (all, intake or dispatch), as the label of a 1.",
             registry=self.registry,
         )
         for reason in DeadLetterReason:

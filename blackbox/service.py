@@ -1,8 +1,10 @@
-"""Service: wires intake, store and dispatcher together, and runs their lifecycle.
+"""Service: one `blackbox run` process of a role, and its lifecycle.
 
-Threads: one intake consumer loop, and APScheduler's worker running the firing tick every
-poll interval. `stop()` (SIGTERM/SIGINT) stops intake, lets the current tick finish,
-flushes the producers and commits offsets.
+It builds the parts its role names (`Receiving`: the intake consumer; `Firing`: the
+dispatcher with its waker and safety-net tick), the health loop and the HTTP endpoints,
+and tells the firing processes what intake and the API store. It starts them, and on
+SIGTERM/SIGINT (or a crashed thread) stops them in order: intake first (committing its
+offsets), then firing settles what it sent, and the producers flush.
 """
 
 from __future__ import annotations
@@ -12,36 +14,30 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from types import FrameType
 
 import redis
 import structlog
-from apscheduler.schedulers.background import BackgroundScheduler
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Producer
 
-from blackbox import api, kafka, layout, memory, policy, shares
-from blackbox.backoff import Backoff
-from blackbox.clock import now_ms
-from blackbox.dispatcher import Dispatcher, RetryPolicy
+from blackbox import api, layout, memory
 from blackbox.endpoints import Endpoints
-from blackbox.envelope import Limits
-from blackbox.errors import SettingsError
-from blackbox.health import Health
-from blackbox.incarnations import Incarnations
-from blackbox.intake import Intake, IntakeConfig
+from blackbox.errors import RedisFull, SettingsError
+from blackbox.firing import Firing, Loop
+from blackbox.health import Health, Probe
 from blackbox.keys import Layout
 from blackbox.metrics import Metrics
-from blackbox.outbox import Outbox
-from blackbox.policy import CallerPolicy
+from blackbox.receiving import Receiving, caller_policy_of
+from blackbox.role import Role
 from blackbox.settings import Settings
-from blackbox.shares import Share, sweep_after_ms
 from blackbox.store import RedisStore
-from blackbox.waker import NudgeListener, Waker, nudge_message
+from blackbox.waker import nudge_message
 
 log = structlog.get_logger("blackbox.service")
 
 STOP_TIMEOUT_SECONDS = 8.0
+# How often the main thread looks for a signal received (or a crash).
+SIGNAL_POLL_SECONDS = 0.2
 # The process's exit codes (the `blackbox` command documents them).
 EXIT_FAILED, EXIT_SETTINGS = 1, 2
 
@@ -53,39 +49,18 @@ def redis_client(url: str) -> redis.Redis:
     )
 
 
-def limits_of(settings: Settings) -> Limits:
-    return Limits(
-        max_value_bytes=settings.max_message_bytes,
-        forbidden_topics=frozenset(settings.own_topics),
-    )
-
-
-def caller_policy_of(settings: Settings) -> CallerPolicy:
-    """The policy file's rules, or the open policy; SettingsError if the file is bad."""
-    base = policy.open_policy(settings.max_countdown, settings.max_message_bytes)
-    return policy.load(settings.policy_file, base) if settings.policy_file else base
-
-
-def retry_policy_of(settings: Settings) -> RetryPolicy:
-    return RetryPolicy(
-        batch_limit=settings.batch_limit,
-        lease_ms=int(settings.lease_seconds * 1000),
-        max_attempts=settings.max_attempts,
-        backoff_ms=int(settings.retry_backoff * 1000),
-        backoff_max_ms=int(settings.retry_backoff_max * 1000),
-        dlq_topic=settings.dlq_topic,
-        events_topic=settings.events_topic,
-    )
-
-
 class Service:
-    """One blackbox replica: intake and dispatch against one Redis and one Kafka cluster."""
+    """One blackbox process: the parts of its role against one Redis and one Kafka cluster."""
 
-    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
-        self.settings = settings
+    def __init__(
+        self, settings: Settings, metrics: Metrics | None = None, role: Role = Role.ALL
+    ) -> None:
         caller_policy = caller_policy_of(settings)  # a bad policy file fails before any I/O
+        self.settings, self.role = settings, role
         self.metrics = metrics or Metrics()
+        self.metrics.role.info({"role": role.value})
         self.stopping = threading.Event()
+        self.exit_code = 0
         self.redis = redis_client(settings.redis_url)
         sharding = Layout(settings.namespace, settings.shards)
         self.store = RedisStore(
@@ -96,58 +71,40 @@ class Service:
         )
         self.room = memory.Room(self._probe_client, sharding, self.metrics)
         self._policy_read = False
-        self.exit_code = 0
-        wait = settings.delivery_timeout + 1.0
-
-        def renew() -> Producer:
-            return kafka.new_producer(settings, linger_ms=kafka.FIRING_LINGER_MS)
-
-        def renew_reporting_errors() -> Producer:
-            return kafka.new_producer(settings, report_only_errors=True)
-
-        # The intake sends an answer per request: its producer reports failures only.
-        self._intake_outbox = Outbox(
-            renew_reporting_errors(), wait, renew_reporting_errors, only_errors=True
-        )
-        self._dispatch_outbox = Outbox(renew(), wait, renew)
-        share = Share(sharding, sweep_after_ms=sweep_after_ms(settings.poll_interval))
-        self.dispatcher = Dispatcher(
-            self.store, self._dispatch_outbox, retry_policy_of(settings), self.metrics, share
-        )
-        config = IntakeConfig(
-            topic=settings.intake_topic,
-            batch=settings.intake_batch,
-            dlq_topic=settings.dlq_topic,
-            events_topic=settings.events_topic,
-            limits=limits_of(settings),
-            policy=caller_policy,
-        )
-        self.intake = Intake(
-            kafka.new_consumer(settings), self.store, self._intake_outbox, config, self.metrics,
-            incarnations=Incarnations(kafka.topic_id_lookup(settings.kafka)),
-            on_scheduled=self._scheduled, on_refused_for_memory=self.room.intake_refused,
+        self.firing = self._firing() if role.fires else None
+        self.receiving = (
+            Receiving(settings, self.store, self.metrics, caller_policy=caller_policy,
+                      room=self.room, stopping=self.stopping, announce=self._scheduled)
+            if role.takes_intake else None
         )  # fmt: skip
-        stall_seconds = max(60.0, 10 * settings.poll_interval)
-        self.health = Health(self._probes(), self.metrics, stall_seconds)
+        self.health = Health(self._probes(), self.metrics, self._stall_seconds())
         self.endpoints = None if settings.http_port is None else self._endpoints(settings)
-        self.waker = Waker(self._fire, self.stopping)
-        self._nudges = NudgeListener(
-            redis_client(settings.redis_url), sharding.wake_channel, self._nudged, self.stopping
-        )
         self._threads = [
-            threading.Thread(target=self._guard(self._run_intake), name="intake", daemon=True),
-            threading.Thread(target=self._guard(self.waker.run), name="waker", daemon=True),
-            threading.Thread(target=self._guard(self._nudges.run), name="nudges", daemon=True),
-            threading.Thread(target=self._guard(self._run_health), name="health", daemon=True),
+            threading.Thread(target=self._guard(loop), name=name, daemon=True)
+            for name, loop in self._loops().items()
         ]
-        self._scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
-        self._fire_lock = threading.Lock()
-        self._fire_backoff = Backoff(base=settings.poll_interval, cap=30.0)
 
     @property
     def failed(self) -> bool:
         """The service stopped for a failure (a crashed thread, an evicting Redis)."""
         return self.exit_code != 0
+
+    def _firing(self) -> Firing:
+        nudges = redis_client(self.settings.redis_url)
+        return Firing(self.settings, self.store, self.metrics, client=self.redis,
+                      nudge_client=nudges, stopping=self.stopping, on_tick=self._beat)  # fmt: skip
+
+    def _stall_seconds(self) -> float | None:
+        """The firing clock's stall limit; none in a role that does not fire."""
+        return None if self.firing is None else max(60.0, 10 * self.settings.poll_interval)
+
+    def _loops(self) -> dict[str, Loop]:
+        """Every thread of this process, by name: the parts' and health."""
+        loops = {"health": self._run_health}
+        for part in (self.receiving, self.firing):
+            if part is not None:
+                loops.update(part.loops())
+        return loops
 
     def _endpoints(self, settings: Settings) -> Endpoints:
         """The HTTP server: health, metrics, the API and its page."""
@@ -161,33 +118,44 @@ class Service:
                 f"{settings.http_host}: {e}"
             ) from e
 
-    def _probes(self) -> dict[str, Callable[[], None]]:
-        outbox, topic = self._dispatch_outbox, self.settings.intake_topic
-
-        def redis_probe() -> None:
-            if not self._policy_read:
-                self._read_policy_or_stop()
-            self.room.probe()
+    def _probes(self) -> dict[str, Probe]:
+        """Redis (its eviction policy and memory) and the broker, through this role's
+        producer. Redis too full for intake leaves a dispatch-only process ready: its
+        firing is what frees room."""
+        producer, topic = self._producer(), self.settings.intake_topic
 
         def kafka_probe() -> None:
-            outbox.producer.list_topics(topic, timeout=2)
+            producer.list_topics(topic, timeout=2)
 
-        return {"redis": redis_probe, "kafka": kafka_probe}
+        return {"redis": self._probe_redis, "kafka": kafka_probe}
+
+    def _producer(self) -> Producer:
+        """The producer whose metadata request probes the broker: firing's, else intake's."""
+        part = self.firing or self.receiving
+        if part is None:
+            raise SettingsError(f"role {self.role} runs neither intake nor firing")
+        return part.outbox.producer
+
+    def _probe_redis(self) -> None:
+        if not self._policy_read:
+            self._read_policy_or_stop()
+        try:
+            self.room.probe()
+        except RedisFull:
+            if self.receiving is not None:
+                raise
 
     def start(self) -> None:
         """Start serving; a SettingsError if Redis may evict schedules (EvictingRedis) or holds
         messages pending under another shard count (ShardsChanged)."""
-        log.info("service_starting", settings=repr(self.settings))
+        log.info("service_starting", role=self.role.value, settings=repr(self.settings))
         self._check_eviction()
         if self.endpoints is not None:
             self.endpoints.start()
         for thread in self._threads:
             thread.start()
-        self._scheduler.add_job(  # guarded: APScheduler would log a crash and carry on
-            self._guard(self.tick), "interval", seconds=self.settings.poll_interval, id="tick",
-            next_run_time=datetime.now(UTC), misfire_grace_time=None,
-        )  # fmt: skip
-        self._scheduler.start()
+        if self.firing is not None:
+            self.firing.start(self._guard)
 
     def _check_eviction(self) -> None:
         """Read Redis's eviction policy now if Redis answers; if not, the first probe that
@@ -211,67 +179,19 @@ class Service:
             self.stopping.set()
             raise
 
-    def tick(self) -> None:
-        """The poll-interval safety net: renew this replica's share of the shards, return
-        expired leases, and fire every shard of the share (and what is long overdue in the
-        others'), after the waker's current run."""
-        share, poll_interval = self.dispatcher.share, self.settings.poll_interval
-        try:
-            share.beat(self.redis, now_ms(), shares.ttl_ms(poll_interval))
-            if self.dispatcher.reclaim_expired():
-                self.waker.nudge(now_ms())
-        except redis.RedisError as e:
-            log.warning("reclaim_failed", error=str(e))
-        self.waker.nudge(self._fire(sweep=True))
-        self.health.beat()
-
-    def _fire(self, *, sweep: bool = False) -> int:
-        """Deliver what is due; return when to fire next (epoch ms)."""
-        poll_ms = int(self.settings.poll_interval * 1000)
-        with self._fire_lock:
-            try:
-                fired = self.dispatcher.fire_due(
-                    self.stopping, self.waker.nudged_while_firing, sweep=sweep
-                )
-            except (redis.RedisError, KafkaException) as e:
-                return now_ms() + self._paused(e)
-            self._fire_backoff.reset()
-        next_poll = now_ms() + poll_ms
-        return next_poll if fired.next_due_ms is None else min(fired.next_due_ms, next_poll)
-
-    def _settle_sent(self) -> None:
-        """Settle what the dispatcher sent before stopping (what never left is retried)."""
-        with self._fire_lock:
-            try:
-                self.dispatcher.settle_all(self.stopping)
-            except (redis.RedisError, KafkaException) as e:  # their leases run out instead
-                log.warning("settle_on_stop_failed", error=str(e))
-
-    def _paused(self, error: Exception) -> int:
-        dependency = "redis" if isinstance(error, redis.RedisError) else "kafka"
-        self.metrics.dependency_errors.labels(dependency=dependency).inc()
-        delay = self._fire_backoff.next()
-        log.warning("firing_paused", dependency=dependency, error=str(error), retry_in_s=delay)
-        return int(delay * 1000)
-
     def _scheduled(self, shard: int, due_ms: int) -> None:
-        """Intake stored a schedule due at `due_ms`: wake this replica if it fires that
-        shard, else the replica that does."""
-        if self.dispatcher.share.nudged(shard, due_ms):
-            self.waker.nudge(due_ms)
+        """Intake (or the API) stored a schedule due at `due_ms` in `shard`: wake this
+        process's waker if it fires that shard, else tell the process that does."""
+        if self.firing is not None and self.firing.nudge(shard, due_ms):
             return
         try:
             self.redis.publish(self.store.layout.wake_channel, nudge_message(shard, due_ms))
-        except redis.RedisError as e:  # the poll interval still fires it on the other replicas
+        except redis.RedisError as e:  # the poll interval still fires it elsewhere
             log.info("nudge_not_published", error=str(e))
 
-    def _nudged(self, shard: int, due_ms: int) -> None:
-        """Another process published a due time: wake the waker if this replica fires it."""
-        if self.dispatcher.share.nudged(shard, due_ms):
-            self.waker.nudge(due_ms)
-
-    def _run_intake(self) -> None:
-        self.intake.run(self.stopping)
+    def _beat(self) -> None:
+        """A firing tick completed: the liveness clock."""
+        self.health.beat()
 
     def _run_health(self) -> None:
         self.health.run(self.stopping, self.settings.health_interval)
@@ -291,34 +211,33 @@ class Service:
         return guarded
 
     def stop(self) -> None:
-        """Stop intake, finish the current firing, flush producers, commit offsets."""
-        log.info("service_stopping")
+        """Stop intake (its offsets committed), let firing settle, flush the producers."""
+        log.info("service_stopping", role=self.role.value)
         self.stopping.set()
-        self.waker.wake()
-        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        if self._scheduler.running:
-            self._scheduler.shutdown(wait=True)
-        self._settle_sent()
-        undelivered = self._intake_outbox.close(1.0) + self._dispatch_outbox.close(1.0)
+        if self.firing is not None:
+            self.firing.wake()
+        self._join_threads()
+        unflushed = sum(part.stop() for part in (self.receiving, self.firing) if part)
         if self.endpoints is not None:
             self.endpoints.stop()
         self.redis.close()
-        self._nudges.client.close()
-        try:
-            self.dispatcher.share.leave(self.redis)
-        except redis.RedisError as e:  # its heartbeat runs out instead
-            log.info("share_not_left", error=str(e))
         self._probe_client.close()
-        log.info("service_stopped", unflushed=undelivered)
+        log.info("service_stopped", role=self.role.value, unflushed=unflushed)
+
+    def _join_threads(self) -> None:
+        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def run_until_signalled(self) -> int:
         """Start, block until SIGTERM/SIGINT (or a crash), stop; return the exit code."""
+        received: list[int] = []
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:
-            log.info("signal_received", signal=signal.Signals(signum).name)
-            self.stopping.set()
+            # Only noted here: the handler runs in the main thread between two bytecodes,
+            # maybe while it holds the lock inside `stopping.wait()` (or the log's), and
+            # taking that lock again here (`stopping.set()`, a log line) never returns.
+            received.append(signum)
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
@@ -328,7 +247,9 @@ class Service:
         # Before the threads start, so nothing they are busy with is frozen.
         gc.freeze()
         self.start()
-        while not self.stopping.wait(0.5):
+        while not received and not self.stopping.wait(SIGNAL_POLL_SECONDS):
             pass
+        if received:
+            log.info("signal_received", signal=signal.Signals(received[0]).name)
         self.stop()
         return self.exit_code

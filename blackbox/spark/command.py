@@ -172,13 +172,13 @@ def _schedule_run(args: argparse.Namespace, settings: Settings) -> Any:
 
 
 def _limits(settings: Settings) -> Any:
-    from blackbox.service import limits_of  # noqa: PLC0415 - the service's own limits
+    from blackbox.receiving import limits_of  # noqa: PLC0415 - the service's own limits
 
     return limits_of(settings)
 
 
 def _policy(settings: Settings) -> Any:
-    from blackbox.service import caller_policy_of  # noqa: PLC0415 - the service's own policy
+    from blackbox.receiving import caller_policy_of  # noqa: PLC0415 - the service's own policy
 
     return caller_policy_of(settings)
 

@@ -20,7 +20,7 @@ import yaml
 from kubernetes_validate.utils import SchemaNotFoundError
 from prometheus_client.utils import floatToGoString
 
-from blackbox import policy
+from blackbox import cli, policy
 from blackbox.api import probes_app
 from blackbox.endpoints import Endpoints
 from blackbox.health import Health
@@ -325,6 +325,16 @@ def test_a_second_role_is_a_values_change() -> None:
         assert service["spec"]["selector"].items() <= labels.items()
 
 
+def test_each_roles_args_name_that_role_to_the_command() -> None:
+    """The two-role value set runs `blackbox run --role intake` and `--role dispatch`, and
+    the command's own parser reads them as those roles (a misspelt role fails here)."""
+    docs = manifests({"roles": TWO_ROLES})
+    deployments = {d["metadata"]["name"]: d for d in of_kind(docs, "Deployment")}
+    for role in ("intake", "dispatch"):
+        args = container(deployments[f"bb-blackbox-{role}"])["args"]
+        assert cli._parser().parse_args(args).role == role
+
+
 def test_policy_is_mounted_where_the_setting_points() -> None:
     """A `policy` value becomes a mounted file that BLACKBOX_POLICY_FILE names and that the
     service's own policy loader accepts."""
@@ -351,10 +361,11 @@ def test_topics_job_runs_create_topics_after_its_config() -> None:
 
 
 def _metric_names() -> set[str]:
-    """Every sample name the service can export (counters, histograms, health gauges)."""
+    """Every sample name the service can export (counters, histograms, gauges, infos)."""
     metrics = Metrics()
     Health({}, metrics)
-    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"], "gauge": [""]}
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"], "gauge": [""],
+                "info": ["_info"]}  # fmt: skip
     return {
         family.name + suffix
         for family in metrics.registry.collect()

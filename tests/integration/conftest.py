@@ -14,6 +14,7 @@ import redis
 
 from blackbox.keys import Keys
 from blackbox.localstack import KafkaBroker, RedisCluster, RedisServer, free_port
+from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.settings import Settings
 from tests.kafkatools import TopicReader, unique, wait_until
@@ -98,12 +99,12 @@ def start_service(env: dict[str, str]) -> Iterator[ServiceFactory]:
     """Start in-process services (the topics created first); stop them all at the end."""
     started: list[Service] = []
 
-    def start(**overrides: str) -> Service:
+    def start(role: Role = Role.ALL, **overrides: str) -> Service:
         settings = Settings.from_env({**env, **overrides})
         from blackbox import kafka  # noqa: PLC0415
 
         kafka.ensure_topics(settings.kafka, settings.own_topics)
-        service = Service(settings)
+        service = Service(settings, role=role)
         service.start()
         started.append(service)
         return service

@@ -28,7 +28,8 @@ def test_two_replicas_never_deliver_one_id_twice(
         start_service(BLACKBOX_BATCH_LIMIT="50", BLACKBOX_SHARDS="4"),
         start_service(BLACKBOX_BATCH_LIMIT="50", BLACKBOX_SHARDS="4"),
     )
-    wait_until(lambda: first.dispatcher.share.members == 2, what="both replicas in the share")
+    share = first.firing.share if first.firing is not None else None
+    wait_until(lambda: share is not None and share.members == 2, what="both in the share")
     target = unique("shared")
     values = [envelope(target, {"n": n}, 3) for n in range(2000)]
     produce(settings.kafka["bootstrap.servers"], settings.intake_topic, values)

@@ -1,0 +1,172 @@
+"""Firing: the dispatcher, and the two triggers that run it.
+
+The waker fires this process's share of the shards at each due instant (woken early by
+this process's intake, its API, or a nudge another process published for one of those
+shards); APScheduler's tick, every poll interval, is the safety net: it renews the share's
+heartbeat, returns expired leases to due, and fires the share and what is long overdue in
+the others' shards. A lock keeps the two apart, and a backoff pauses firing while Redis or
+the broker fails.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import redis
+import structlog
+from apscheduler.schedulers.background import BackgroundScheduler
+from confluent_kafka import KafkaException, Producer
+
+from blackbox import kafka, shares
+from blackbox.backoff import Backoff
+from blackbox.clock import now_ms
+from blackbox.dispatcher import Dispatcher, RetryPolicy
+from blackbox.metrics import Metrics
+from blackbox.outbox import Outbox
+from blackbox.settings import Settings
+from blackbox.shares import Share, sweep_after_ms
+from blackbox.store import RedisStore
+from blackbox.waker import NudgeListener, Waker
+
+log = structlog.get_logger("blackbox.firing")
+
+Loop = Callable[[], None]
+# Wraps a thread's loop (or the tick) so that a crash stops the process with a failure.
+Guard = Callable[[Loop], Loop]
+
+
+def retry_policy_of(settings: Settings) -> RetryPolicy:
+    return RetryPolicy(
+        batch_limit=settings.batch_limit,
+        lease_ms=int(settings.lease_seconds * 1000),
+        max_attempts=settings.max_attempts,
+        backoff_ms=int(settings.retry_backoff * 1000),
+        backoff_max_ms=int(settings.retry_backoff_max * 1000),
+        dlq_topic=settings.dlq_topic,
+        events_topic=settings.events_topic,
+    )
+
+
+def firing_outbox(settings: Settings) -> Outbox:
+    """The producer of deliveries: it does not linger (a due message leaves at once)."""
+
+    def renew() -> Producer:
+        return kafka.new_producer(settings, linger_ms=kafka.FIRING_LINGER_MS)
+
+    return Outbox(renew(), settings.delivery_timeout + 1.0, renew)
+
+
+class Firing:
+    """Fires due messages from one store: `loops()` run on threads, `start` adds the tick."""
+
+    def __init__(  # noqa: PLR0913 - its collaborators, each injected
+        self, settings: Settings, store: RedisStore, metrics: Metrics, *,
+        client: redis.Redis, nudge_client: redis.Redis, stopping: threading.Event,
+        on_tick: Callable[[], None],
+    ) -> None:  # fmt: skip
+        """`client` keeps the share's heartbeat; `nudge_client` listens for the due times
+        other processes publish; `on_tick` is called after each safety-net tick (the
+        liveness clock)."""
+        self.poll_interval = settings.poll_interval
+        self.client = client
+        self.metrics = metrics
+        self.stopping = stopping
+        self._on_tick = on_tick
+        self.outbox = firing_outbox(settings)
+        share = Share(store.layout, sweep_after_ms=sweep_after_ms(settings.poll_interval))
+        self.dispatcher = Dispatcher(store, self.outbox, retry_policy_of(settings), metrics, share)
+        self.share = share
+        self.waker = Waker(self.fire, stopping)
+        self.nudges = NudgeListener(nudge_client, store.layout.wake_channel, self._nudged, stopping)
+        self._scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
+        self._lock = threading.Lock()
+        self._backoff = Backoff(base=settings.poll_interval, cap=30.0)
+
+    def loops(self) -> dict[str, Loop]:
+        """The threads it needs, by name."""
+        return {"waker": self.waker.run, "nudges": self.nudges.run}
+
+    def start(self, guard: Guard) -> None:
+        """Start the safety-net tick (guarded: APScheduler would log a crash and carry on)."""
+        self._scheduler.add_job(
+            guard(self.tick), "interval", seconds=self.poll_interval, id="tick",
+            next_run_time=datetime.now(UTC), misfire_grace_time=None,
+        )  # fmt: skip
+        self._scheduler.start()
+
+    def nudge(self, shard: int, due_ms: int) -> bool:
+        """Something in `shard` is due at `due_ms`: True if this process fires that shard
+        (its waker then fires by `due_ms`)."""
+        if not self.share.nudged(shard, due_ms):
+            return False
+        self.waker.nudge(due_ms)
+        return True
+
+    def _nudged(self, shard: int, due_ms: int) -> None:
+        """Another process published a due time (the listener's callback)."""
+        self.nudge(shard, due_ms)
+
+    def tick(self) -> None:
+        """The poll-interval safety net: renew this process's share of the shards, return
+        expired leases, and fire every shard of the share (and what is long overdue in the
+        others'), after the waker's current run."""
+        try:
+            self.share.beat(self.client, now_ms(), shares.ttl_ms(self.poll_interval))
+            if self.dispatcher.reclaim_expired():
+                self.waker.nudge(now_ms())
+        except redis.RedisError as e:
+            log.warning("reclaim_failed", error=str(e))
+        self.waker.nudge(self.fire(sweep=True))
+        self._on_tick()
+
+    def fire(self, *, sweep: bool = False) -> int:
+        """Deliver what is due; return when to fire next (epoch ms)."""
+        poll_ms = int(self.poll_interval * 1000)
+        with self._lock:
+            try:
+                fired = self.dispatcher.fire_due(
+                    self.stopping, self.waker.nudged_while_firing, sweep=sweep
+                )
+            except (redis.RedisError, KafkaException) as e:
+                return now_ms() + self._paused(e)
+            self._backoff.reset()
+        next_poll = now_ms() + poll_ms
+        return next_poll if fired.next_due_ms is None else min(fired.next_due_ms, next_poll)
+
+    def _paused(self, error: Exception) -> int:
+        dependency = "redis" if isinstance(error, redis.RedisError) else "kafka"
+        self.metrics.dependency_errors.labels(dependency=dependency).inc()
+        delay = self._backoff.next()
+        log.warning("firing_paused", dependency=dependency, error=str(error), retry_in_s=delay)
+        return int(delay * 1000)
+
+    def wake(self) -> None:
+        """Wake the waker now, so that it sees the process stopping."""
+        self.waker.wake()
+
+    def stop(self) -> int:
+        """After its threads ended: let the current tick finish, settle what was sent,
+        flush the producer; how many records it could not flush."""
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=True)
+        self._settle_sent()
+        self._leave()
+        self.nudges.client.close()
+        return self.outbox.close(1.0)
+
+    def _leave(self) -> None:
+        """Drop this process's heartbeat, so the others take its shards at their next beat."""
+        try:
+            self.share.leave(self.client)
+        except redis.RedisError as e:  # its heartbeat runs out instead
+            log.info("share_not_left", error=str(e))
+
+    def _settle_sent(self) -> None:
+        """Settle what the dispatcher sent before stopping (what never left is retried)."""
+        with self._lock:
+            try:
+                self.dispatcher.settle_all(self.stopping)
+            except (redis.RedisError, KafkaException) as e:  # their leases run out instead
+                log.warning("settle_on_stop_failed", error=str(e))

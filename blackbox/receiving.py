@@ -1,0 +1,94 @@
+"""Receiving: the intake consumer with its answering outbox, wired to the store.
+
+It consumes the intake topic into Redis, answers each request on the events topic and
+dead-letters what it cannot take. The earliest due time it stored in each shard is
+announced (so that firing wakes then) and a write refused for memory is reported to the
+memory probe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from confluent_kafka import Producer
+
+from blackbox import kafka, policy
+from blackbox.envelope import Limits
+from blackbox.incarnations import Incarnations
+from blackbox.intake import Intake, IntakeConfig
+from blackbox.memory import Room
+from blackbox.metrics import Metrics
+from blackbox.outbox import Outbox
+from blackbox.policy import CallerPolicy
+from blackbox.settings import Settings
+from blackbox.shares import Nudge
+from blackbox.store import RedisStore
+
+Loop = Callable[[], None]
+
+
+def limits_of(settings: Settings) -> Limits:
+    return Limits(
+        max_value_bytes=settings.max_message_bytes,
+        forbidden_topics=frozenset(settings.own_topics),
+    )
+
+
+def caller_policy_of(settings: Settings) -> CallerPolicy:
+    """The policy file's rules, or the open policy; SettingsError if the file is bad."""
+    base = policy.open_policy(settings.max_countdown, settings.max_message_bytes)
+    return policy.load(settings.policy_file, base) if settings.policy_file else base
+
+
+def intake_config_of(settings: Settings, caller_policy: CallerPolicy) -> IntakeConfig:
+    return IntakeConfig(
+        topic=settings.intake_topic,
+        batch=settings.intake_batch,
+        dlq_topic=settings.dlq_topic,
+        events_topic=settings.events_topic,
+        limits=limits_of(settings),
+        policy=caller_policy,
+    )
+
+
+def answers_outbox(settings: Settings) -> Outbox:
+    """The producer of answers and dead letters: one answer per request, so it reports
+    failures only."""
+
+    def renew() -> Producer:
+        return kafka.new_producer(settings, report_only_errors=True)
+
+    return Outbox(renew(), settings.delivery_timeout + 1.0, renew, only_errors=True)
+
+
+class Receiving:
+    """Consumes the intake topic into the store on one thread (`loops()`)."""
+
+    def __init__(  # noqa: PLR0913 - its collaborators, each injected
+        self, settings: Settings, store: RedisStore, metrics: Metrics, *,
+        caller_policy: CallerPolicy, room: Room, stopping: threading.Event,
+        announce: Nudge,
+    ) -> None:  # fmt: skip
+        """`announce(shard, due_ms)` is called with the earliest due time of each shard
+        written to, once per batch."""
+        self.stopping = stopping
+        self.outbox = answers_outbox(settings)
+        self.intake = Intake(
+            kafka.new_consumer(settings), store, self.outbox,
+            intake_config_of(settings, caller_policy), metrics,
+            incarnations=Incarnations(kafka.topic_id_lookup(settings.kafka)),
+            on_scheduled=announce, on_refused_for_memory=room.intake_refused,
+        )  # fmt: skip
+
+    def loops(self) -> dict[str, Loop]:
+        """The threads it needs, by name."""
+        return {"intake": self._run}
+
+    def _run(self) -> None:
+        self.intake.run(self.stopping)
+
+    def stop(self) -> int:
+        """After its thread ended (offsets committed): flush the answers; how many could
+        not be flushed."""
+        return self.outbox.close(1.0)
