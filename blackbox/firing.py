@@ -22,6 +22,7 @@ from confluent_kafka import KafkaException, Producer
 from blackbox import kafka, shares
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
+from blackbox.connections import RedisClient
 from blackbox.dispatcher import Dispatcher, RetryPolicy
 from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox
@@ -63,7 +64,7 @@ class Firing:
 
     def __init__(  # noqa: PLR0913 - its collaborators, each injected
         self, settings: Settings, store: RedisStore, metrics: Metrics, *,
-        client: redis.Redis, nudge_client: redis.Redis, stopping: threading.Event,
+        client: RedisClient, nudge_client: RedisClient, stopping: threading.Event,
         on_tick: Callable[[], None],
     ) -> None:  # fmt: skip
         """`client` keeps the share's heartbeat; `nudge_client` listens for the due times

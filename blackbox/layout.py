@@ -15,9 +15,10 @@ from typing import Any
 
 import structlog
 
+from blackbox.connections import RedisClient
 from blackbox.errors import ShardsChanged
 from blackbox.keys import Layout
-from blackbox.store import RedisClient, pending_counts
+from blackbox.store import pending_counts
 
 log = structlog.get_logger("blackbox.layout")
 

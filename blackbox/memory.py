@@ -16,10 +16,11 @@ from typing import Any
 import redis
 import structlog
 
+from blackbox.connections import RedisClient, primaries
 from blackbox.errors import EvictingRedis, RedisFull
 from blackbox.keys import Layout
 from blackbox.metrics import Metrics
-from blackbox.store import RedisClient, pending_counts
+from blackbox.store import pending_counts
 
 log = structlog.get_logger("blackbox.memory")
 
@@ -41,11 +42,13 @@ def eviction_policy(client: redis.Redis) -> str | None:
     return None if policy is None else str(policy)
 
 
-def check_eviction(client: redis.Redis, accept: bool) -> None:
-    """Raise EvictingRedis if Redis may evict keys, unless `accept`; log what was found."""
-    policy = eviction_policy(client)
-    if policy is None or policy == SAFE_POLICY:
+def check_eviction(client: RedisClient, accept: bool) -> None:
+    """Raise EvictingRedis if Redis (any master of a cluster) may evict keys, unless
+    `accept`; log what was found."""
+    policies = {eviction_policy(node) for node in primaries(client)} - {None, SAFE_POLICY}
+    if not policies:
         return
+    policy = ", ".join(sorted(p for p in policies if p is not None))
     if accept:
         log.warning("eviction_accepted", setting=POLICY, policy=policy)
         return
@@ -95,13 +98,6 @@ class Room:
         self.metrics.redis_full.set(1 if self.intake_waiting else 0)
         if self.intake_waiting:
             raise RedisFull("intake's last write was refused for memory")
-
-
-def primaries(client: RedisClient) -> list[redis.Redis]:
-    """One client per Redis master: the client itself, or a cluster's masters."""
-    if isinstance(client, redis.RedisCluster):
-        return [client.get_redis_connection(node) for node in client.get_primaries()]  # type: ignore[no-untyped-call]
-    return [client]
 
 
 def _one_key_per_node(client: RedisClient, layout: Layout) -> list[str]:

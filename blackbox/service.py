@@ -21,6 +21,8 @@ import structlog
 from confluent_kafka import Producer
 
 from blackbox import api, layout, memory
+from blackbox.clock import now_ms
+from blackbox.connections import redis_client
 from blackbox.endpoints import Endpoints
 from blackbox.errors import RedisFull, SettingsError
 from blackbox.firing import Firing, Loop
@@ -30,6 +32,7 @@ from blackbox.metrics import Metrics
 from blackbox.receiving import Receiving, caller_policy_of
 from blackbox.role import Role
 from blackbox.settings import Settings
+from blackbox.shares import Announcements
 from blackbox.store import RedisStore
 from blackbox.waker import nudge_message
 
@@ -40,13 +43,6 @@ STOP_TIMEOUT_SECONDS = 8.0
 SIGNAL_POLL_SECONDS = 0.2
 # The process's exit codes (the `blackbox` command documents them).
 EXIT_FAILED, EXIT_SETTINGS = 1, 2
-
-
-def redis_client(url: str) -> redis.Redis:
-    """A Redis client that fails fast when Redis is away, so callers can back off."""
-    return redis.Redis.from_url(
-        url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=10
-    )
 
 
 class Service:
@@ -66,11 +62,10 @@ class Service:
         self.store = RedisStore(
             self.redis, sharding, settings.grace_seconds, settings.fired_retention
         )
-        self._probe_client = redis.Redis.from_url(
-            settings.redis_url, socket_timeout=2, socket_connect_timeout=2
-        )
+        self._probe_client = redis_client(settings.redis_url, socket_timeout=2)
         self.room = memory.Room(self._probe_client, sharding, self.metrics)
         self._policy_read = False
+        self._announced = Announcements()
         self.firing = self._firing() if role.fires else None
         self.receiving = (
             Receiving(settings, self.store, self.metrics, caller_policy=caller_policy,
@@ -183,6 +178,8 @@ class Service:
         """Intake (or the API) stored a schedule due at `due_ms` in `shard`: wake this
         process's waker if it fires that shard, else tell the process that does."""
         if self.firing is not None and self.firing.nudge(shard, due_ms):
+            return
+        if not self._announced.worth_publishing(shard, due_ms, now_ms()):
             return
         try:
             self.redis.publish(self.store.layout.wake_channel, nudge_message(shard, due_ms))

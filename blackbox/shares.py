@@ -25,8 +25,8 @@ from typing import Any
 
 import structlog
 
+from blackbox.connections import RedisClient
 from blackbox.keys import Layout
-from blackbox.store import RedisClient
 
 log = structlog.get_logger("blackbox.shares")
 
@@ -123,6 +123,26 @@ class Share:
     def leave(self, client: RedisClient) -> None:
         """Drop this replica's heartbeat, so the others take its shards at their next beat."""
         client.zrem(self.layout.members, self.name)
+
+
+class Announcements:
+    """The due times this process published, per shard: one is published only if it is
+    sooner than the last still ahead. The shard's firer, woken for that one, learns the
+    shard's next due time from its claim, so a steady stream of later messages costs no
+    publish each (and a lost one is found by the safety-net tick)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ahead: dict[int, int] = {}
+
+    def worth_publishing(self, shard: int, due_ms: int, now_ms: int) -> bool:
+        """True (and remembered) if `due_ms` must be published for `shard`."""
+        with self._lock:
+            last = self._ahead.get(shard)
+            if last is not None and now_ms < last <= due_ms:
+                return False
+            self._ahead[shard] = due_ms
+            return True
 
 
 def ttl_ms(poll_interval_s: float) -> int:

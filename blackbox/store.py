@@ -18,6 +18,7 @@ from typing import Any
 import hiredis
 import redis
 
+from blackbox.connections import RedisClient
 from blackbox.errors import ConcurrentUpdate
 from blackbox.keys import Layout
 from blackbox.schedule import SCOPED_PREFIX, Schedule
@@ -30,8 +31,6 @@ RESCHEDULE_CHANGED = 6  # reschedule.lua: the payload changed since it was read
 # intake.lua's ops: a new id derived from the record, a caller's id stored or replaced, a
 # cancel of a caller's id.
 NEW, UPSERT, CANCEL = "n", "u", "c"
-
-RedisClient = redis.Redis | redis.RedisCluster
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ import structlog
 
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
+from blackbox.connections import RedisClient
 from blackbox.shares import Nudge
 
 log = structlog.get_logger("blackbox.waker")
@@ -97,7 +98,7 @@ class NudgeListener:
     """Relays the due times other processes publish ("shard:due ms") to `on_nudge`."""
 
     def __init__(
-        self, client: redis.Redis, channel: str, on_nudge: Nudge, stop: threading.Event
+        self, client: RedisClient, channel: str, on_nudge: Nudge, stop: threading.Event
     ) -> None:
         self.client = client
         self.channel = channel

@@ -15,11 +15,11 @@ from structlog.testing import capture_logs
 
 from blackbox import kafka
 from blackbox.clock import now_ms
+from blackbox.connections import redis_client
 from blackbox.errors import DeadLetterReason
 from blackbox.incarnations import tag_of
 from blackbox.keys import Layout
 from blackbox.schedule import Schedule
-from blackbox.service import redis_client
 from blackbox.settings import Settings
 from blackbox.store import IntakeSlice, RedisStore
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle

@@ -8,9 +8,9 @@ import orjson
 
 from blackbox import kafka, layout
 from blackbox.clock import now_ms
+from blackbox.connections import redis_client
 from blackbox.keys import Layout
 from blackbox.schedule import Schedule
-from blackbox.service import redis_client
 from blackbox.settings import Settings
 from blackbox.store import IntakeSlice, RedisStore
 from tests.integration.conftest import ReaderFactory, ServiceFactory
