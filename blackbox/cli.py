@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -22,9 +23,16 @@ from confluent_kafka import KafkaException
 
 from blackbox import client, console, envelope, kafka, logs
 from blackbox.answers import Answers
+from blackbox.backoff import Backoff
 from blackbox.devstack import BROKERS, DevOptions, DevStack
 from blackbox.envelope import CALLER_HEADER
-from blackbox.errors import InvalidEnvelope, SettingsError, SparkMissing, StackError
+from blackbox.errors import (
+    InvalidEnvelope,
+    RedisUnreachable,
+    SettingsError,
+    SparkMissing,
+    StackError,
+)
 from blackbox.events import Outcome
 from blackbox.progress import Progress
 from blackbox.receiving import limits_of
@@ -135,7 +143,16 @@ def _add_send(commands: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
-    return Service(settings, role=Role(args.role)).run_until_signalled()
+    backoff = Backoff(base=1.0, cap=30.0)
+    while True:  # a Redis Cluster must answer before the service can be built
+        try:
+            service = Service(settings, role=Role(args.role))
+        except RedisUnreachable as e:
+            delay = backoff.next()
+            log.warning("redis_unreachable", error=str(e), retry_in_s=delay)
+            time.sleep(delay)
+            continue
+        return service.run_until_signalled()
 
 
 def cmd_create_topics(args: argparse.Namespace, settings: Settings) -> int:

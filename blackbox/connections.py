@@ -14,8 +14,9 @@ from typing import Any, TypeAlias
 import redis
 from redis.cluster import RedisCluster
 from redis.connection import parse_url
+from redis.exceptions import RedisClusterException
 
-from blackbox.errors import SettingsError
+from blackbox.errors import RedisUnreachable, SettingsError
 from blackbox.settings import mask_url
 
 RedisClient: TypeAlias = redis.Redis | RedisCluster
@@ -48,10 +49,9 @@ def redis_client(
     away so callers can back off; SettingsError naming REDIS_URL if the URL is malformed.
 
     A single Redis's client connects on first use. The cluster client asks the node for the
-    slot map at once: an unreachable cluster raises redis.exceptions.RedisClusterException
-    here, which is not a redis.RedisError. redis-py does not hand `health_check_interval` (nor
-    unknown query options) to a cluster's node connections: it reconnects through its own
-    retries instead.
+    slot map at once: an unreachable cluster raises RedisUnreachable here. redis-py does not
+    hand `health_check_interval` (nor unknown query options) to a cluster's node
+    connections: it reconnects through its own retries instead.
     """
     options: dict[str, Any] = {
         "socket_timeout": socket_timeout,
@@ -61,7 +61,10 @@ def redis_client(
     if is_cluster(url):
         # Made from the URL's parts, not with from_url: redis-py's close() leaves the nodes'
         # connections open on a cluster client made from a URL.
-        return RedisCluster(**{**options, **cluster_options(url)})
+        try:
+            return RedisCluster(**{**options, **cluster_options(url)})
+        except RedisClusterException as e:
+            raise RedisUnreachable(f"Redis Cluster at {mask_url(url)}: {e}") from e
     try:
         return redis.Redis.from_url(url, **options)
     except ValueError as e:

@@ -71,6 +71,11 @@ class ShardsChanged(SettingsError):
     written with: the ids would be looked for in the wrong shards."""
 
 
+class RedisUnreachable(BlackboxError):
+    """No node of the Redis Cluster named by REDIS_URL answered: the cluster client cannot
+    learn the slot map it needs to be built."""
+
+
 class RedisFull(BlackboxError):
     """Redis refuses writes for memory (over `maxmemory`): intake waits, firing drains it."""
 

@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from blackbox import connections
-from blackbox.errors import SettingsError
+from blackbox.errors import RedisUnreachable, SettingsError
 
 
 @pytest.mark.parametrize(
@@ -82,3 +82,11 @@ def test_cluster_url_options_are_read_as_redis_py_reads_a_node_url() -> None:
         "ssl": True, "ssl_cert_reqs": "none", "socket_timeout": 0.5,
     }  # fmt: skip
     assert connections.cluster_options("redis+cluster://node-2:7001")["ssl"] is False
+
+
+def test_an_unreachable_cluster_is_named_with_its_password_masked() -> None:
+    """Guarantee 5: a cluster client cannot be built without a node answering; the error
+    says which cluster (password masked), so `blackbox run` can log it and try again."""
+    with pytest.raises(RedisUnreachable, match=r"127\.0\.0\.1:1") as caught:
+        connections.redis_client("redis+cluster://:secret@127.0.0.1:1", connect_timeout=0.5)
+    assert "secret" not in str(caught.value)
