@@ -7,7 +7,12 @@ so a backlog drains at full speed.
 
 Sending does not wait for the broker: a batch is settled in Redis (acked, retried or
 dead-lettered) once its reports are in, on a later run, so the next due messages are
-claimed while the broker acknowledges earlier ones. Before the dispatcher idles it waits
+claimed while the broker acknowledges earlier ones.
+
+One verb per step: a batch is *sent* (`_send`), then *settled* (`_settle_batch`: judged
+by its reports, dead-lettered where it must be, and *recorded* in Redis by `_record`);
+`_settle_ready`, `_settle_until_due` and `settle_all` choose which batches to settle
+when. Before the dispatcher idles it waits
 for the reports of what it sent, but only until shortly before the next due time: what is
 unreported then is settled on a later run, well inside the lease.
 """
@@ -175,7 +180,7 @@ class Dispatcher:
             for shard in self.share.others():
                 self._drain(shard, lambda: cutoff, stop, fired)
         fired.next_due_ms = self.share.next_due_ms()
-        fired.delivered += self._settle_before(fired.next_due_ms, stop, nudged)
+        fired.delivered += self._settle_until_due(fired.next_due_ms, stop, nudged)
         return fired
 
     def _drain(
@@ -190,7 +195,7 @@ class Dispatcher:
             if claim.ids:
                 self._unsettled.append(self._send(claim))
                 self._unsettled_messages += len(claim.ids)
-            fired.delivered += self._settle_reported(stop)
+            fired.delivered += self._settle_ready(stop)
             if len(claim.ids) < self.policy.batch_limit:
                 self.share.learned(shard, claim.next_due_ms)
                 return
@@ -199,10 +204,12 @@ class Dispatcher:
         """Wait for the reports of every batch sent and settle each; how many were delivered."""
         delivered = 0
         while self._unsettled:
-            delivered += self._complete(self._oldest(), stop)
+            delivered += self._settle_batch(self._oldest(), stop)
         return delivered
 
-    def _settle_before(self, next_due_ms: int | None, stop: threading.Event, nudged: Nudged) -> int:
+    def _settle_until_due(
+        self, next_due_ms: int | None, stop: threading.Event, nudged: Nudged
+    ) -> int:
         """Settle the batches sent, waiting for their reports while nothing is due: never
         within SETTLE_AHEAD_MS of the next due time (a broker slow to acknowledge must not
         make the next message late). What is still unreported then is settled on a later
@@ -213,7 +220,7 @@ class Dispatcher:
         while self._unsettled:
             if not self._await_reports(self._unsettled[0], next_due_ms, stop, nudged):
                 break
-            delivered += self._complete(self._oldest(), stop)
+            delivered += self._settle_batch(self._oldest(), stop)
         return delivered
 
     def _oldest(self) -> _Sent:
@@ -238,7 +245,7 @@ class Dispatcher:
             self.outbox.producer.poll(min(left_s, overdue_in_s, REPORT_POLL_S))
         return sent.reported
 
-    def _settle_reported(self, stop: threading.Event) -> int:
+    def _settle_ready(self, stop: threading.Event) -> int:
         """Settle the oldest batches whose reports are all in (or that must be awaited)."""
         self.outbox.producer.poll(0)
         delivered = 0
@@ -246,7 +253,7 @@ class Dispatcher:
             self._unsettled[0].reported
             or self._unsettled_messages > MAX_UNSETTLED_CLAIMS * self.policy.batch_limit
         ):
-            delivered += self._complete(self._oldest(), stop)
+            delivered += self._settle_batch(self._oldest(), stop)
         return delivered
 
     def reclaim_expired(self) -> int:
@@ -260,7 +267,7 @@ class Dispatcher:
     def _send(self, claim: Claim) -> _Sent:
         sent = _Sent(claim=replace(claim, loaded=[]))  # the payloads are not kept till settled
         for item in claim.loaded:
-            self._sort(item, sent)
+            self._classify(item, sent)
         records = [delivery_record(s, a) for s, a in sent.schedules]
         self._observe_send(sent.schedules, now_ms())
         sent.reports = self.outbox.submit(records) if records else None
@@ -271,7 +278,10 @@ class Dispatcher:
         for schedule, _ in schedules:
             self.metrics.send_lateness.observe(max(0, at_ms - schedule.due_ms) / 1000)
 
-    def _complete(self, sent: _Sent, stop: threading.Event) -> int:
+    def _settle_batch(self, sent: _Sent, stop: threading.Event) -> int:
+        """Judge one sent batch by its reports (waiting for the missing ones until its
+        deadline), dead-letter what must be, and record the outcome in Redis; how many
+        were delivered."""
         outcome = _Outcome(done=[], retry=defaultdict(list))
         if sent.reports is not None:
             left_s = max(0.0, sent.deadline - time.monotonic())
@@ -280,12 +290,12 @@ class Dispatcher:
             self._judge(sent.schedules, errors, acked_ms, outcome, sent.dead)
         self._dead_letter(sent, outcome, stop)
         outcome.done += sent.cancelled
-        self._settle(sent.claim, outcome)
+        self._record(sent.claim, outcome)
         if sent.later:
             self.store.release(sent.later, sent.claim.token, sent.claim.shard)
         return outcome.delivered
 
-    def _sort(self, item: Loaded, sent: _Sent) -> None:
+    def _classify(self, item: Loaded, sent: _Sent) -> None:
         """Deliver, dead-letter, or skip a claimed id (cancelled while a failed attempt held
         it, or not due after all)."""
         if item.ended == b"c":  # cancelled while a failed attempt held it
@@ -377,7 +387,8 @@ class Dispatcher:
             self.metrics.events_dropped.inc(len(errors))
             log.error("events_dropped", count=len(errors), error=errors[0].str())
 
-    def _settle(self, claim: Claim, outcome: _Outcome) -> None:
+    def _record(self, claim: Claim, outcome: _Outcome) -> None:
+        """Ack what is done and give what failed back to due, under the claim's lease."""
         acked = self.store.ack(outcome.done, claim.token, claim.shard)
         if acked < len(outcome.done):
             log.warning("lease_lost", expected=len(outcome.done), acked=acked)
