@@ -1,9 +1,10 @@
 """Pending: read-only views of what is scheduled, for the HTTP API and its page.
 
-Every view is bounded in the work it asks of Redis, whatever the number pending: a listing
-reads at most `SCAN_BUDGET` ids per call (a rare filter answers a partial page with a
-cursor rather than walking a million ids at once), and the counts are ZCARD/ZCOUNT calls,
-each O(log n).
+Every view reads all shards and is bounded in the work it asks of Redis, whatever the number
+pending: a listing takes at most `SCAN_BUDGET` ids per call from the shards' merged order
+(a rare filter answers a partial page with a cursor rather than walking a million ids at
+once; see listing.py for what positioning and reading ahead add), and the counts are
+ZCARD/ZCOUNT calls, each O(log n), per shard in one pipeline.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import heapq
+import itertools
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +25,11 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from blackbox import listing
 from blackbox.clock import now_ms
 from blackbox.errors import BadCursor, CorruptSchedule
+from blackbox.keys import Keys
+from blackbox.listing import Member
 from blackbox.schedule import Schedule, split_scoped
 from blackbox.store import RedisStore
 
@@ -215,20 +221,24 @@ def _header(name: str, value: bytes | None) -> HeaderView:
 
 
 class Pending:
-    """The views over one store's due and in-flight sets."""
+    """The views over one store's due and in-flight sets, over all its shards."""
 
     def __init__(self, store: RedisStore) -> None:
         self.store = store
         self.client = store.client
-        self.keys = store.layout.shards[0]
+        self.layout = store.layout
+        # Members read of each shard per round trip: the first read of every shard, made
+        # before the merge can pick any, stays within the budget.
+        self.step = max(1, min(SCAN_STEP, SCAN_BUDGET // self.layout.count))
 
     def get(self, schedule_id: str) -> Detail | None:
         """One schedule with its message and headers; None unless it is pending."""
+        keys = self.layout.keys_of(schedule_id)
         pipe = self.client.pipeline(transaction=False)
-        pipe.get(self.keys.payload(schedule_id))
-        pipe.zscore(self.keys.due, schedule_id)
-        pipe.zscore(self.keys.in_flight, schedule_id)
-        pipe.hget(self.keys.attempts, schedule_id)
+        pipe.get(keys.payload(schedule_id))
+        pipe.zscore(keys.due, schedule_id)
+        pipe.zscore(keys.in_flight, schedule_id)
+        pipe.hget(keys.attempts, schedule_id)
         raw, due, flying, attempt = pipe.execute()
         if raw is None or (due is None and flying is None):
             return None
@@ -237,67 +247,78 @@ class Pending:
 
     def page(self, kept: Filter, cursor: str | None, limit: int) -> Page:
         """Up to `limit` schedules by due time (lease expiry in flight) from `cursor` on,
-        reading at most SCAN_BUDGET ids."""
-        at, after = self._start(kept, Position.decode(cursor) if cursor else None)
+        over all shards, taking at most SCAN_BUDGET ids from their merged order."""
+        names = self._sets(kept.state)
+        starts = self._starts(names, kept, Position.decode(cursor) if cursor else None)
+        members = listing.merged(self.client, names, starts, self.step)
+        if kept.state is State.PENDING and kept.due_to_ms is not None:
+            members = itertools.takewhile(lambda m: m[0] <= (kept.due_to_ms or 0), members)
         items: list[Item] = []
         scanned, last = 0, None
         while scanned < SCAN_BUDGET:
-            members = self._members(kept.state, at)
-            at += len(members)
-            for (member, score), head, attempt in self._loaded(members):
-                if kept.state is State.PENDING and score > (kept.due_to_ms or score):
-                    return Page(items, None, scanned)
+            # The first read is the page's size; later ones are full: a filter drops ids.
+            size = min(SCAN_STEP, SCAN_BUDGET - scanned, SCAN_STEP if scanned else limit)
+            chunk = list(itertools.islice(members, size))
+            for (score, member), head, attempt in zip(chunk, *self._loaded(chunk), strict=True):
                 scanned, last = scanned + 1, Position(score, member)
-                if after is not None and (score, member) <= (after.score, after.id):
-                    continue
                 if head is not None and kept.keeps(head.schedule):
                     items.append(item_of(head.schedule, kept.state, attempt, head.size))
                 if len(items) >= limit:
                     return Page(items, last.encode(), scanned)
-            if len(members) < SCAN_STEP:
+            if len(chunk) < size:
                 return Page(items, None, scanned)
         return Page(items, None if last is None else last.encode(), scanned)
 
-    def _start(self, kept: Filter, position: Position | None) -> tuple[int, Position | None]:
-        """The rank to read from, and the position at and before which ids are skipped."""
-        name = self._set(kept.state)
+    def _starts(self, names: list[str], kept: Filter, position: Position | None) -> list[int]:
+        """The rank each shard's set is read from: just after the cursor's (score, id),
+        else from the first due at or after `due_from_ms`, else from the start."""
         if position is not None:
-            rank: Any = self.client.zrank(name, position.id)
-            if rank is not None:
-                return int(rank) + 1, None
-            return int(self.client.zcount(name, "-inf", f"({position.score}")), position
+            owner = self.layout.shard_of(position.id)
+            return listing.ranks_after(self.client, names, owner, (position.score, position.id))
         if kept.state is State.PENDING and kept.due_from_ms is not None:
-            return int(self.client.zcount(name, "-inf", f"({kept.due_from_ms}")), None
-        return 0, None
+            return listing.first_ranks(self.client, names, kept.due_from_ms)
+        return [0] * len(names)
 
-    def _set(self, state: State) -> str:
-        return self.keys.due if state is State.PENDING else self.keys.in_flight
+    def _sets(self, state: State) -> list[str]:
+        """Each shard's set of ids in `state`."""
+        if state is State.PENDING:
+            return [keys.due for keys in self.layout.shards]
+        return [keys.in_flight for keys in self.layout.shards]
 
-    def _members(self, state: State, at: int) -> list[tuple[str, int]]:
-        """A step of members with their scores, from rank `at`."""
-        rows: Any = self.client.zrange(self._set(state), at, at + SCAN_STEP - 1, withscores=True)
-        return [(m.decode("utf-8"), int(s)) for m, s in rows]
-
-    def _loaded(
-        self, members: Sequence[tuple[str, int]]
-    ) -> Iterator[tuple[tuple[str, int], Head | None, int]]:
-        """Each member with the head of its schedule (None once gone or unreadable) and
-        its attempts."""
-        if not members:
-            return
-        ids = [m for m, _ in members]
-        attempts: Any = self.client.hmget(self.keys.attempts, ids)
-        for member, head, attempt in zip(members, self._heads(ids), attempts, strict=True):
-            yield member, head, int(attempt or 0)
+    def _loaded(self, members: Sequence[Member]) -> tuple[list[Head | None], list[int]]:
+        """The head of each member's schedule (None once gone or unreadable) and its
+        attempts, in one round trip per Redis node."""
+        ids = [m for _, m in members]
+        pipe = self.client.pipeline(transaction=False)
+        self._queue_heads(pipe, ids)
+        groups: dict[int, list[int]] = {}
+        for index, schedule_id in enumerate(ids):
+            groups.setdefault(self.layout.shard_of(schedule_id), []).append(index)
+        for shard, indexes in groups.items():
+            pipe.hmget(self.layout.shards[shard].attempts, [ids[i] for i in indexes])
+        replies = pipe.execute() if ids else []
+        attempts = [0] * len(ids)
+        for indexes, reply in zip(groups.values(), replies[2 * len(ids) :], strict=True):
+            for index, attempt in zip(indexes, reply, strict=True):
+                attempts[index] = int(attempt or 0)
+        return self._read_heads(ids, replies), attempts
 
     def _heads(self, ids: Sequence[str]) -> list[Head | None]:
         """The first HEAD_BYTES of each payload, decoded, with the message's whole size:
         a page of big messages costs Redis no more than a page of small ones."""
+        if not ids:
+            return []
         pipe = self.client.pipeline(transaction=False)
+        self._queue_heads(pipe, ids)
+        return self._read_heads(ids, pipe.execute())
+
+    def _queue_heads(self, pipe: Any, ids: Sequence[str]) -> None:
         for i in ids:
-            pipe.getrange(self.keys.payload(i), 0, HEAD_BYTES - 1)
-            pipe.strlen(self.keys.payload(i))
-        replies = pipe.execute()
+            key = self.layout.keys_of(i).payload(i)
+            pipe.getrange(key, 0, HEAD_BYTES - 1)
+            pipe.strlen(key)
+
+    def _read_heads(self, ids: Sequence[str], replies: Sequence[Any]) -> list[Head | None]:
         return [self._head(i, replies[2 * n], int(replies[2 * n + 1])) for n, i in enumerate(ids)]
 
     def _head(self, schedule_id: str, raw: bytes, stored: int) -> Head | None:
@@ -314,42 +335,62 @@ class Pending:
         return Head(schedule, len(schedule.value) + stored - len(raw))
 
     def stats(self) -> Stats:
-        """Counts, due buckets ahead and the next due schedules per target topic."""
+        """Counts, due buckets ahead and the next due schedules per target topic, summed
+        over the shards (one pipeline)."""
         now = now_ms()
         pipe = self.client.pipeline(transaction=False)
-        self._counts(pipe, now)
-        for _, width, count in BUCKETS:
-            for index in range(count):
-                start = now + index * width
-                pipe.zcount(self.keys.due, start, f"({start + width}")
-        pending, in_flight, overdue, first, *counts = pipe.execute()
+        for keys in self.layout.shards:
+            self._counts(pipe, keys, now)
+            for _, width, count in BUCKETS:
+                for index in range(count):
+                    start = now + index * width
+                    pipe.zcount(keys.due, start, f"({start + width}")
+        replies = pipe.execute()
+        per_shard = len(replies) // self.layout.count
+        rows = [replies[at : at + per_shard] for at in range(0, len(replies), per_shard)]
+        # Per shard: due, in flight, overdue, its first due (not summed), then the buckets.
+        sums = [sum(int(row[k]) for row in rows) for k in range(per_shard) if k != 3]
+        pending, in_flight, overdue, *counts = sums
         buckets = _buckets(now, counts)
         topics = self._topics()
         return Stats(
-            pending=int(pending), in_flight=int(in_flight), overdue=int(overdue),
-            earliest_due_ms=int(first[0][1]) if first else None, at_ms=now,
+            pending=pending, in_flight=in_flight, overdue=overdue,
+            earliest_due_ms=_earliest(row[3] for row in rows), at_ms=now,
             per_minute=buckets[0], per_hour=buckets[1], per_day=buckets[2],
             per_topic=dict(topics.most_common(TOPICS_SHOWN)), topic_sample=topics.total(),
         )  # fmt: skip
 
-    def _counts(self, pipe: Any, now: int) -> None:
-        pipe.zcard(self.keys.due)
-        pipe.zcard(self.keys.in_flight)
-        pipe.zcount(self.keys.due, "-inf", now)
-        pipe.zrange(self.keys.due, 0, 0, withscores=True)
+    def _counts(self, pipe: Any, keys: Keys, now: int) -> None:
+        pipe.zcard(keys.due)
+        pipe.zcard(keys.in_flight)
+        pipe.zcount(keys.due, "-inf", now)
+        pipe.zrange(keys.due, 0, 0, withscores=True)
 
     def gauges(self) -> tuple[int, int | None]:
-        """Overdue ids and the earliest due time: two O(log n) calls."""
+        """Overdue ids and the earliest due time: two O(log n) calls per shard, one pipeline."""
+        now = now_ms()
         pipe = self.client.pipeline(transaction=False)
-        pipe.zcount(self.keys.due, "-inf", now_ms())
-        pipe.zrange(self.keys.due, 0, 0, withscores=True)
-        overdue, first = pipe.execute()
-        return int(overdue), int(first[0][1]) if first else None
+        for keys in self.layout.shards:
+            pipe.zcount(keys.due, "-inf", now)
+            pipe.zrange(keys.due, 0, 0, withscores=True)
+        replies = pipe.execute()
+        return sum(int(n) for n in replies[0::2]), _earliest(replies[1::2])
 
     def _topics(self) -> Counter[str]:
-        members: Any = self.client.zrange(self.keys.due, 0, TOPIC_SAMPLE - 1)
-        heads = self._heads([m.decode("utf-8") for m in members])
+        """Target topics of the TOPIC_SAMPLE earliest due over all shards."""
+        pipe = self.client.pipeline(transaction=False)
+        for keys in self.layout.shards:
+            pipe.zrange(keys.due, 0, TOPIC_SAMPLE - 1, withscores=True)
+        shards = [[(int(s), m.decode("utf-8")) for m, s in rows] for rows in pipe.execute()]
+        earliest = itertools.islice(heapq.merge(*shards), TOPIC_SAMPLE)
+        heads = self._heads([m for _, m in earliest])
         return Counter(h.schedule.topic for h in heads if h is not None)
+
+
+def _earliest(firsts: Iterable[Any]) -> int | None:
+    """The lowest score among each shard's first member (ZRANGE 0 0 WITHSCORES replies)."""
+    scores = [int(first[0][1]) for first in firsts if first]
+    return min(scores) if scores else None
 
 
 def _buckets(now: int, counts: Sequence[int]) -> list[list[Bucket]]:
