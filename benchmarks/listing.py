@@ -2,7 +2,10 @@
 by page through `Pending` (what GET /api/v1/schedules runs) and print the time per page and
 Redis's own time per command (from SLOWLOG, every command logged).
 
-    python -m benchmarks.listing [--pending 1000000] [--pages 200]
+    python -m benchmarks.listing [--pending 1000000] [--pages 200] [--shards 1]
+
+With `--shards N` the pending ids are spread over N shards on the one Redis, and every page
+merges them.
 """
 
 from __future__ import annotations
@@ -74,15 +77,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pending", type=int, default=1_000_000)
     parser.add_argument("--pages", type=int, default=200)
+    parser.add_argument("--shards", type=int, default=1)
     args = parser.parse_args()
     server = RedisServer(free_port(), scratch_dir("blackbox-listing-"))
     server.start()
     try:
         client = redis.Redis.from_url(server.url)
-        store = RedisStore(client, Layout("bench"), 604_800)
+        store = RedisStore(client, Layout("bench", args.shards), 604_800)
         started = time.perf_counter()
         fill(store, args.pending)
-        print(f"filled {store.counts()[0]:,} pending in {time.perf_counter() - started:.1f} s")  # noqa: T201
+        print(f"filled {store.counts()[0]:,} pending over {args.shards} shards in "  # noqa: T201
+              f"{time.perf_counter() - started:.1f} s")  # fmt: skip
         pending = Pending(store)
         client.config_set("slowlog-log-slower-than", 0)
         client.config_set("slowlog-max-len", 100_000)

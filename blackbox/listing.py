@@ -100,30 +100,31 @@ def _narrowed(
 
 
 def merged(
-    client: RedisClient, names: Sequence[str], starts: Sequence[int], step: int
+    client: RedisClient, names: Sequence[str], starts: Sequence[int], steps: tuple[int, int]
 ) -> Iterator[Member]:
-    """The members of every set from its start rank on, in (score, id) order: the first
-    `step` of each in one round trip, then `step` more of a set when the merge reaches
-    the end of what was read of it."""
+    """The members of every set from its start rank on, in (score, id) order. `steps`: how
+    many of each set the first read takes (all sets in one round trip), and how many more
+    of one set each later read takes, when the merge reaches the end of what was read."""
+    first, step = steps
     pipe = client.pipeline(transaction=False)
     for name, start in zip(names, starts, strict=True):
-        pipe.zrange(name, start, start + step - 1, withscores=True)
-    firsts = [_rows(reply) for reply in pipe.execute()]
+        pipe.zrange(name, start, start + first - 1, withscores=True)
     shards = [
-        _members(client, name, start, first, step)
-        for name, start, first in zip(names, starts, firsts, strict=True)
+        _members(client, name, (start, first), _rows(rows), step)
+        for name, start, rows in zip(names, starts, pipe.execute(), strict=True)
     ]
     return heapq.merge(*shards)
 
 
 def _members(
-    client: RedisClient, name: str, start: int, first: list[Member], step: int
+    client: RedisClient, name: str, read: tuple[int, int], rows: list[Member], step: int
 ) -> Iterator[Member]:
-    """One set's members from rank `start`, `first` already read, then `step` at a time."""
-    rows, at = first, start
+    """One set's members: `rows` read from `read` (its rank, how many were asked), then
+    `step` at a time; a read shorter than asked ends the set."""
+    at, asked = read
     while True:
         yield from rows
-        if len(rows) < step:
+        if len(rows) < asked:
             return
-        at += len(rows)
+        at, asked = at + len(rows), step
         rows = _rows(client.zrange(name, at, at + step - 1, withscores=True))

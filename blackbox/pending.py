@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
-import heapq
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -39,6 +38,8 @@ log = structlog.get_logger("blackbox.pending")
 SCAN_BUDGET = 1_000
 # Ids read per round trip while listing.
 SCAN_STEP = 200
+# The fewest ids a page reads of each shard at first (more: a share of the page).
+FIRST_READ = 8
 PREVIEW_CHARS = 80
 # What a listing reads of each payload: its fields and the start of its message.
 HEAD_BYTES = 2_048
@@ -250,7 +251,7 @@ class Pending:
         over all shards, taking at most SCAN_BUDGET ids from their merged order."""
         names = self._sets(kept.state)
         starts = self._starts(names, kept, Position.decode(cursor) if cursor else None)
-        members = listing.merged(self.client, names, starts, self.step)
+        members = listing.merged(self.client, names, starts, self._reads(limit, self.step))
         if kept.state is State.PENDING and kept.due_to_ms is not None:
             members = itertools.takewhile(lambda m: m[0] <= (kept.due_to_ms or 0), members)
         items: list[Item] = []
@@ -268,6 +269,12 @@ class Pending:
             if len(chunk) < size:
                 return Page(items, None, scanned)
         return Page(items, None if last is None else last.encode(), scanned)
+
+    def _reads(self, wanted: int, most: int) -> tuple[int, int]:
+        """How many ids of each shard a view that wants `wanted` reads first: twice its share
+        (ids spread evenly over the shards), at least FIRST_READ, at most `most`; and how
+        many a shard the merge has taken all that was read of reads next: `most`."""
+        return min(most, max(FIRST_READ, 2 * -(-wanted // self.layout.count))), most
 
     def _starts(self, names: list[str], kept: Filter, position: Position | None) -> list[int]:
         """The rank each shard's set is read from: just after the cursor's (score, id),
@@ -378,12 +385,10 @@ class Pending:
 
     def _topics(self) -> Counter[str]:
         """Target topics of the TOPIC_SAMPLE earliest due over all shards."""
-        pipe = self.client.pipeline(transaction=False)
-        for keys in self.layout.shards:
-            pipe.zrange(keys.due, 0, TOPIC_SAMPLE - 1, withscores=True)
-        shards = [[(int(s), m.decode("utf-8")) for m, s in rows] for rows in pipe.execute()]
-        earliest = itertools.islice(heapq.merge(*shards), TOPIC_SAMPLE)
-        heads = self._heads([m for _, m in earliest])
+        names = self._sets(State.PENDING)
+        reads = self._reads(TOPIC_SAMPLE, TOPIC_SAMPLE)
+        members = listing.merged(self.client, names, [0] * len(names), reads)
+        heads = self._heads([m for _, m in itertools.islice(members, TOPIC_SAMPLE)])
         return Counter(h.schedule.topic for h in heads if h is not None)
 
 
