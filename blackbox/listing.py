@@ -4,10 +4,12 @@ A listing walks members in (score, id) order. Redis orders the members of one so
 score, then by the bytes of the member; Python orders str by code point, which for UTF-8 is
 the same order, so a k-way merge of the shards' sets yields exactly the order one set would.
 
-Every call is bounded whatever the number pending: a shard's members are read `step` at a
-time, only when the merge reaches them, and the rank each shard starts from is found with
-O(log n) calls (ZRANK, ZCOUNT) and, when many members share the cursor's score, a search
-over that tie reading at most TIE_PROBES members per shard per round trip.
+Every call is bounded whatever the number pending: all shards are read at once a few members
+each, then one shard a step more only when the merge has taken all that was read of it (so
+at most one step per shard is read and not taken). The rank each shard starts from costs
+O(log n) calls (ZRANK, ZCOUNT), and when many members share the cursor's score (a burst due
+at one ms) a search over that tie, reading TIE_PROBES members per shard per round trip:
+about log9(tie) round trips, never a walk through the tie.
 """
 
 from __future__ import annotations
