@@ -11,69 +11,35 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
+from blackbox import connections
 from blackbox.clock import now_ms
 from blackbox.keys import Layout
-from blackbox.localstack import LOOPBACK, RedisServer, free_port
+from blackbox.localstack import RedisCluster, RedisServer
 from blackbox.pending import SCAN_BUDGET, TOPIC_SAMPLE, Filter, Item, Pending, Position, State
 from blackbox.schedule import Schedule
 from blackbox.store import IntakeSlice, RedisStore
 from tests.integration.conftest import ServiceFactory
-from tests.kafkatools import unique, wait_until
+from tests.kafkatools import unique
 
 SHARDS = 4
-MASTERS = 3
 # More ids than any test stores: a walk listing more repeats some.
 MOST_LISTED = 5_000
 TOKEN = "test-token-0123456789abcdef"  # noqa: S105 - a test token
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def _cluster_ok(client: redis.Redis) -> bool:
-    info: dict[str, str] = client.cluster("INFO")
-    return info["cluster_state"] == "ok" and info["cluster_known_nodes"] == str(MASTERS)
+@pytest.fixture(params=["redis_server", "redis_cluster"])
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """One Redis, or the three-master Redis Cluster."""
+    server: RedisServer | RedisCluster = request.getfixturevalue(request.param)
+    return server.url
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.RedisCluster]:
-    """Three cluster-enabled masters on free ports, each with an equal range of slots (the
-    bus port is named: by default it is the port + 10,000, beyond 65,535 for a high port)."""
-    buses = [free_port() for _ in range(MASTERS)]
-    servers = [
-        RedisServer(free_port(), tmp_path_factory.mktemp("cluster"),
-                    config={"cluster-enabled": "yes", "cluster-port": str(bus)})
-        for bus in buses
-    ]  # fmt: skip
-    nodes: list[redis.Redis] = []
-    try:
-        for index, server in enumerate(servers):
-            server.start()
-            nodes.append(redis.Redis(host=LOOPBACK, port=server.port))
-            low = index * REDIS_CLUSTER_HASH_SLOTS // MASTERS
-            high = (index + 1) * REDIS_CLUSTER_HASH_SLOTS // MASTERS - 1
-            nodes[-1].cluster("ADDSLOTSRANGE", low, high)
-        for server, bus in zip(servers[1:], buses[1:], strict=True):
-            nodes[0].cluster("MEET", LOOPBACK, server.port, bus)
-        wait_until(lambda: all(_cluster_ok(n) for n in nodes), 30, "the cluster to form")
-        client = redis.RedisCluster(host=LOOPBACK, port=servers[0].port)
-        yield client
-        client.close()
-    finally:
-        for node in nodes:
-            node.close()
-        for server in servers:
-            server.stop()
-
-
-@pytest.fixture(params=["redis", "cluster"])
-def store(request: pytest.FixtureRequest) -> Iterator[RedisStore]:
+@pytest.fixture
+def store(redis_url: str) -> Iterator[RedisStore]:
     """A store of SHARDS shards in a namespace of its own, on one Redis or on the cluster."""
-    if request.param == "cluster":
-        client: Any = request.getfixturevalue("cluster")
-        yield RedisStore(client, Layout(unique("ns"), SHARDS), 60)
-        return
-    client = redis.Redis.from_url(request.getfixturevalue("redis_server").url)
+    client = connections.redis_client(redis_url)
     yield RedisStore(client, Layout(unique("ns"), SHARDS), 60)
     client.close()
 
@@ -241,10 +207,12 @@ def test_detail_and_cancel_in_each_shard(store: RedisStore) -> None:
     assert ids(walk(pending, Filter(), 5)) == order(kept)
 
 
-def test_the_api_of_a_sharded_service(start_service: ServiceFactory) -> None:
+def test_the_api_of_a_sharded_service(start_service: ServiceFactory, redis_url: str) -> None:
     """A service with BLACKBOX_SHARDS=4 lists, details, counts and cancels through its
     HTTP API ids that are spread over all its shards."""
-    service = start_service(BLACKBOX_API_TOKEN=TOKEN, BLACKBOX_SHARDS=str(SHARDS))
+    service = start_service(
+        REDIS_URL=redis_url, BLACKBOX_API_TOKEN=TOKEN, BLACKBOX_SHARDS=str(SHARDS)
+    )
     assert service.endpoints is not None
     schedules = burst(now_ms() + 3_600_000, 60, caller="api")
     fill(service.store, schedules)
