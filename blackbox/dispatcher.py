@@ -175,20 +175,27 @@ class Dispatcher:
         now = now_ms()
         for shard in self.share.owned if sweep else self.share.due_by(now):
             self._drain(shard, now_ms, stop, fired)
-        if sweep:
+        if sweep:  # one claim per other shard: its owner drains it, a sweep only helps
             cutoff = now - self.share.sweep_after_ms
             for shard in self.share.others():
-                self._drain(shard, lambda: cutoff, stop, fired)
+                self._drain(shard, lambda: cutoff, stop, fired, once=True)
         fired.next_due_ms = self.share.next_due_ms()
         fired.delivered += self._settle_until_due(fired.next_due_ms, stop, nudged)
         return fired
 
     def _drain(
-        self, shard: int, until: Callable[[], int], stop: threading.Event, fired: Fired
+        self,
+        shard: int,
+        until: Callable[[], int],
+        stop: threading.Event,
+        fired: Fired,
+        *,
+        once: bool = False,
     ) -> None:
         """Claim and send what is due by `until()` in `shard` until a claim comes back
-        short; the share learns when the shard is next due."""
+        short (`once`: one claim); the share learns when the shard is next due."""
         while not stop.is_set():
+            self.share.claiming(shard)
             claim = self.store.claim_due(
                 until(), self.policy.batch_limit, self.policy.lease_ms, shard
             )
@@ -198,6 +205,9 @@ class Dispatcher:
             fired.delivered += self._settle_ready(stop)
             if len(claim.ids) < self.policy.batch_limit:
                 self.share.learned(shard, claim.next_due_ms)
+                return
+            self.share.learned(shard, claim.at_ms)  # more is due: look again
+            if once:
                 return
 
     def settle_all(self, stop: threading.Event) -> int:
@@ -293,6 +303,7 @@ class Dispatcher:
         self._record(sent.claim, outcome)
         if sent.later:
             self.store.release(sent.later, sent.claim.token, sent.claim.shard)
+            self.share.nudged(sent.claim.shard, min(due for _, due in sent.later))
         return outcome.delivered
 
     def _classify(self, item: Loaded, sent: _Sent) -> None:
@@ -395,6 +406,7 @@ class Dispatcher:
         for attempt, ids in outcome.retry.items():
             retry_at = now_ms() + self.policy.retry_delay_ms(attempt)
             self.store.retry(ids, claim.token, retry_at, claim.shard)
+            self.share.nudged(claim.shard, retry_at)
 
 
 def _dead_event(schedule_id: str, schedule: Schedule | None, letter: DeadLetter) -> Event:

@@ -95,6 +95,12 @@ class Firing:
             guard(self.tick), "interval", seconds=self.poll_interval, id="tick",
             next_run_time=datetime.now(UTC), misfire_grace_time=None,
         )  # fmt: skip
+        # Apart from the tick, which waits for the fire lock while a burst drains: the
+        # heartbeat must not stop then, or the others would take this process's shards.
+        self._scheduler.add_job(
+            guard(self.beat), "interval", seconds=self.poll_interval, id="beat",
+            next_run_time=datetime.now(UTC), misfire_grace_time=None,
+        )  # fmt: skip
         self._scheduler.start()
 
     def nudge(self, shard: int, due_ms: int) -> bool:
@@ -110,17 +116,22 @@ class Firing:
         self.nudge(shard, due_ms)
 
     def tick(self) -> None:
-        """The poll-interval safety net: renew this process's share of the shards, return
-        expired leases, and fire every shard of the share (and what is long overdue in the
-        others'), after the waker's current run."""
+        """The poll-interval safety net: return expired leases, and fire every shard of the
+        share (and what is long overdue in the others'), after the waker's current run."""
         try:
-            self.share.beat(self.client, now_ms(), shares.ttl_ms(self.poll_interval))
             if self.dispatcher.reclaim_expired():
                 self.waker.nudge(now_ms())
         except redis.RedisError as e:
             log.warning("reclaim_failed", error=str(e))
         self.waker.nudge(self.fire(sweep=True))
         self._on_tick()
+
+    def beat(self) -> None:
+        """Renew this process's heartbeat and take its share of the shards."""
+        try:
+            self.share.beat(self.client, now_ms(), shares.ttl_ms(self.poll_interval))
+        except redis.RedisError as e:  # the share stays as it was; the heartbeat may run out
+            log.warning("share_beat_failed", error=str(e))
 
     def fire(self, *, sweep: bool = False) -> int:
         """Deliver what is due; return when to fire next (epoch ms)."""

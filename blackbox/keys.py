@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
+# Joins a namespace to its shard's number in a shard's tag; namespaces may not contain it,
+# so no namespace's tag is another's shard tag.
+SHARD_SEPARATOR = "#"
 # The most shards a namespace may have: choosing their tags costs about `shards` tries
 # each at start, and more shards than this only add claim calls.
 MAX_SHARDS = 1024
@@ -74,7 +77,7 @@ class Keys:
 
 def shard_tag(namespace: str, shard: int, count: int) -> str:
     """The hash tag (without braces) of shard `shard` of `count`: the namespace itself for
-    one shard; else the first of "ns.i", "ns.i.1", "ns.i.2"... whose slot falls in the
+    one shard; else the first of "ns#i", "ns#i#1", "ns#i#2"... whose slot falls in the
     i-th of `count` equal slot ranges. A pure function: every replica derives the same."""
     if count == 1:
         return namespace
@@ -82,7 +85,9 @@ def shard_tag(namespace: str, shard: int, count: int) -> str:
     high = (shard + 1) * REDIS_CLUSTER_HASH_SLOTS // count
     attempt = 0
     while True:
-        tag = f"{namespace}.{shard}" if attempt == 0 else f"{namespace}.{shard}.{attempt}"
+        tag = f"{namespace}{SHARD_SEPARATOR}{shard}"
+        if attempt:
+            tag += f"{SHARD_SEPARATOR}{attempt}"
         if low <= key_slot(tag.encode("utf-8")) < high:
             return tag
         attempt += 1

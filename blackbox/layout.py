@@ -30,14 +30,33 @@ def recorded_count(client: RedisClient, layout: Layout) -> int | None:
     return None if raw is None else int(raw)
 
 
-def settle(client: RedisClient, layout: Layout) -> None:
+def verify(client: RedisClient, layout: Layout) -> None:
+    """Raise ShardsChanged if another process recorded another shard count since `settle`:
+    this one would write where no one looks."""
+    recorded = recorded_count(client, layout)
+    if recorded is not None and recorded != layout.count:
+        raise ShardsChanged(
+            f"BLACKBOX_SHARDS={layout.count}, but another process changed namespace "
+            f"{layout.namespace!r} to {recorded} shards: stopping. Run every process with "
+            "the same count."
+        )
+
+
+def settle(client: RedisClient, layout: Layout, now_ms: int) -> None:
     """Make `layout` the namespace's layout, or raise ShardsChanged if messages are pending
-    in another one."""
+    in another one, or other processes still fire (they would go on writing in it)."""
     recorded = recorded_count(client, layout)
     if recorded == layout.count:
         return
     old = Layout(layout.namespace, recorded or 1)
     if old.count != layout.count:
+        firing = int(client.zcount(layout.members, f"({now_ms}", "+inf"))
+        if firing:
+            raise ShardsChanged(
+                f"BLACKBOX_SHARDS={layout.count}, but {firing} process(es) still fire namespace "
+                f"{layout.namespace!r} with {old.count} shard(s). Stop every process before "
+                "changing the shard count."
+            )
         pending = sum(pending_counts(client, old))
         if pending:
             raise ShardsChanged(
@@ -57,15 +76,17 @@ def _carry_marks(client: RedisClient, old: Layout, new: Layout) -> int:
     left one old shard's part of a record range unapplied while another's moved past it:
     re-reading that range may schedule a message twice (its id names the delivery), never
     skip one."""
-    lowest: dict[bytes, int] = {}
+    per_shard: list[dict[bytes, int]] = []
     for keys in old.shards:
         marks: Any = client.hgetall(keys.intake_marks)
-        for name, value in marks.items():
-            lowest[name] = min(lowest.get(name, int(value)), int(value))
-    if not lowest:
-        return 0
+        per_shard.append({name: int(value) for name, value in marks.items()})
+    names = {name for marks in per_shard for name in marks}
+    # A shard without a mark of a partition may have had its first call refused: -1.
+    lowest = {n: low for n in names if (low := min(m.get(n, -1) for m in per_shard)) >= 0}
     pipe = client.pipeline(transaction=False)
-    for keys in new.shards:
-        pipe.hset(keys.intake_marks, mapping={k: str(v) for k, v in lowest.items()})
+    for keys in new.shards:  # a new shard may share its tag with an old one: replace
+        pipe.delete(keys.intake_marks)
+        if lowest:
+            pipe.hset(keys.intake_marks, mapping={k: str(v) for k, v in lowest.items()})
     pipe.execute()
     return len(lowest)

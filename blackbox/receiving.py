@@ -16,7 +16,7 @@ from confluent_kafka import Producer
 from blackbox import kafka, policy
 from blackbox.envelope import Limits
 from blackbox.incarnations import Incarnations
-from blackbox.intake import Intake, IntakeConfig
+from blackbox.intake import POLL_SECONDS, Intake, IntakeConfig
 from blackbox.memory import Room
 from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox
@@ -68,11 +68,13 @@ class Receiving:
     def __init__(  # noqa: PLR0913 - its collaborators, each injected
         self, settings: Settings, store: RedisStore, metrics: Metrics, *,
         caller_policy: CallerPolicy, room: Room, stopping: threading.Event,
-        announce: Nudge,
+        announce: Nudge, redis_checked: threading.Event,
     ) -> None:  # fmt: skip
         """`announce(shard, due_ms)` is called with the earliest due time of each shard
-        written to, once per batch."""
+        written to, once per batch. Intake starts once `redis_checked` is set: Redis's
+        eviction policy and the namespace's shard count were found right."""
         self.stopping = stopping
+        self.redis_checked = redis_checked
         self.outbox = answers_outbox(settings)
         self.intake = Intake(
             kafka.new_consumer(settings), store, self.outbox,
@@ -86,6 +88,10 @@ class Receiving:
         return {"intake": self._run}
 
     def _run(self) -> None:
+        while not self.redis_checked.wait(POLL_SECONDS):
+            if self.stopping.is_set():
+                self.intake.consumer.close()
+                return
         self.intake.run(self.stopping)
 
     def stop(self) -> int:

@@ -64,12 +64,13 @@ class Service:
         )
         self._probe_client = redis_client(settings.redis_url, socket_timeout=2)
         self.room = memory.Room(self._probe_client, sharding, self.metrics)
-        self._policy_read = False
+        self._redis_checked = threading.Event()  # eviction policy and shard count found right
         self._announced = Announcements()
         self.firing = self._firing() if role.fires else None
         self.receiving = (
             Receiving(settings, self.store, self.metrics, caller_policy=caller_policy,
-                      room=self.room, stopping=self.stopping, announce=self._scheduled)
+                      room=self.room, stopping=self.stopping, announce=self._scheduled,
+                      redis_checked=self._redis_checked)
             if role.takes_intake else None
         )  # fmt: skip
         self.health = Health(self._probes(), self.metrics, self._stall_seconds())
@@ -132,8 +133,7 @@ class Service:
         return part.outbox.producer
 
     def _probe_redis(self) -> None:
-        if not self._policy_read:
-            self._read_policy_or_stop()
+        self._check_redis_or_stop()
         try:
             self.room.probe()
         except RedisFull:
@@ -162,12 +162,17 @@ class Service:
 
     def _read_policy(self) -> None:
         memory.check_eviction(self._probe_client, self.settings.accept_eviction)
-        layout.settle(self.redis, self.store.layout)
-        self._policy_read = True
+        layout.settle(self.redis, self.store.layout, now_ms())
+        self._redis_checked.set()
 
-    def _read_policy_or_stop(self) -> None:
+    def _check_redis_or_stop(self) -> None:
+        """Until Redis was checked: check it (intake waits for that). After: check that no
+        other process changed the namespace's shard count meanwhile."""
         try:
-            self._read_policy()
+            if self._redis_checked.is_set():
+                layout.verify(self.redis, self.store.layout)
+            else:
+                self._read_policy()
         except SettingsError as e:  # an evicting Redis, or a shard count changed under data
             log.error("redis_refused", error=str(e))
             self.exit_code = EXIT_SETTINGS
@@ -184,6 +189,7 @@ class Service:
         try:
             self.redis.publish(self.store.layout.wake_channel, nudge_message(shard, due_ms))
         except redis.RedisError as e:  # the poll interval still fires it elsewhere
+            self._announced.forget(shard)
             log.info("nudge_not_published", error=str(e))
 
     def _beat(self) -> None:

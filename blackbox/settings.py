@@ -15,7 +15,7 @@ from typing import Any
 
 from blackbox.envelope import ABSOLUTE_MAX_COUNTDOWN_SECONDS
 from blackbox.errors import SettingsError
-from blackbox.keys import MAX_SHARDS
+from blackbox.keys import MAX_SHARDS, SHARD_SEPARATOR
 
 KAFKA_PREFIX = "KAFKA_"
 # Properties for one kind of client only (KAFKA_CONSUMER_SESSION_TIMEOUT_MS).
@@ -61,8 +61,11 @@ def _shards(text: str) -> int:
 
 
 def _namespace(text: str) -> str:
-    if not text or "{" in text or "}" in text:
-        raise ValueError("must be a non-empty name without braces (it becomes a hash tag)")
+    if not text or "{" in text or "}" in text or SHARD_SEPARATOR in text:
+        raise ValueError(
+            f"must be a non-empty name without braces or {SHARD_SEPARATOR!r} "
+            "(it becomes a hash tag, and its shards' tags add '#' and a number)"
+        )
     return text
 
 
@@ -137,7 +140,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("BLACKBOX_ACCEPT_EVICTION", "accept_eviction", _flag, "false",
         "true: start on a Redis whose maxmemory-policy evicts keys (it may delete schedules)"),
     Var("BLACKBOX_NAMESPACE", "namespace", _namespace, "bb",
-        "Redis key hash tag; one per deployment"),
+        "Redis key hash tag (no braces, no #); one per deployment"),
     Var("BLACKBOX_SHARDS", "shards", _shards, "1",
         "shards the pending messages are spread over (each its own Redis Cluster slot); "
         "keep it fixed while any are pending"),

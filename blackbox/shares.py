@@ -64,6 +64,9 @@ class Share:
         self._lock = threading.Lock()
         self._owned: list[int] = list(range(layout.count))
         self._due: dict[int, int] = dict.fromkeys(self._owned, 0)
+        # Per shard being claimed: the earliest due time nudged since its claim began, which
+        # the claim's own answer may not have seen.
+        self._nudged_since: dict[int, int] = {}
         self.members = 1
 
     @property
@@ -87,11 +90,18 @@ class Share:
             soonest = min((self._due[s] for s in self._owned), default=EMPTY)
         return None if soonest >= EMPTY else soonest
 
-    def learned(self, shard: int, next_due_ms: int | None) -> None:
-        """A claim of `shard` left its earliest at `next_due_ms` (None: nothing left)."""
+    def claiming(self, shard: int) -> None:
+        """A claim of `shard` begins: nudges from now on are kept apart for `learned`."""
         with self._lock:
+            self._nudged_since[shard] = EMPTY
+
+    def learned(self, shard: int, next_due_ms: int | None) -> None:
+        """A claim of `shard` left its earliest at `next_due_ms` (None: nothing left); a
+        nudge that came while it ran still counts."""
+        with self._lock:
+            nudged = self._nudged_since.pop(shard, EMPTY)
             if shard in self._due:
-                self._due[shard] = EMPTY if next_due_ms is None else next_due_ms
+                self._due[shard] = min(EMPTY if next_due_ms is None else next_due_ms, nudged)
 
     def nudged(self, shard: int, due_ms: int) -> bool:
         """Something in `shard` is due at `due_ms`: True if this replica fires that shard."""
@@ -99,6 +109,8 @@ class Share:
             if shard not in self._due:
                 return False
             self._due[shard] = min(self._due[shard], due_ms)
+            if shard in self._nudged_since:
+                self._nudged_since[shard] = min(self._nudged_since[shard], due_ms)
             return True
 
     def beat(self, client: RedisClient, now_ms: int, ttl_ms: int) -> None:
@@ -110,6 +122,9 @@ class Share:
         pipe.zrange(self.layout.members, 0, -1)
         members: Any = pipe.execute()[2]
         names = sorted(m.decode("utf-8") for m in members)
+        if self.name not in names:  # dropped as expired by a replica whose clock runs ahead
+            log.warning("share_heartbeat_dropped", replica=self.name, members=len(names))
+            return
         self._take(owned_by(names.index(self.name), len(names), self.layout.count), len(names))
 
     def _take(self, shards: Sequence[int], members: int) -> None:
@@ -134,6 +149,11 @@ class Announcements:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ahead: dict[int, int] = {}
+
+    def forget(self, shard: int) -> None:
+        """Publishing `shard`'s last due time failed: the next one is published again."""
+        with self._lock:
+            self._ahead.pop(shard, None)
 
     def worth_publishing(self, shard: int, due_ms: int, now_ms: int) -> bool:
         """True (and remembered) if `due_ms` must be published for `shard`."""

@@ -16,9 +16,11 @@ from blackbox.errors import ShardsChanged
 from blackbox.keys import Layout
 from blackbox.localstack import RedisServer
 from blackbox.schedule import Schedule, scoped_id
+from blackbox.service import EXIT_SETTINGS, Service
+from blackbox.settings import Settings
 from blackbox.shares import Share
 from blackbox.store import Applied, Cancellation, IntakeSlice, RedisStore, Write
-from tests.kafkatools import unique
+from tests.kafkatools import unique, wait_until
 
 SHARDS = 4
 
@@ -145,14 +147,14 @@ def test_a_changed_shard_count_is_refused_while_messages_are_pending(
     wrong shards; it is refused at start, naming the count they were written with."""
     namespace = unique("ns")
     old = RedisStore(client, Layout(namespace, 2), grace_seconds=60)
-    layout.settle(client, old.layout)
+    layout.settle(client, old.layout, now_ms())
     old.apply([IntakeSlice("in", 0, 9, _plain(range(10), now_ms() + 60_000))], now_ms())
 
     with pytest.raises(ShardsChanged, match="BLACKBOX_SHARDS=2"):
-        layout.settle(client, Layout(namespace, 3))
+        layout.settle(client, Layout(namespace, 3), now_ms())
     with pytest.raises(ShardsChanged, match="10 messages are pending"):
-        layout.settle(client, Layout(namespace, 1))
-    layout.settle(client, Layout(namespace, 2))  # the same count starts
+        layout.settle(client, Layout(namespace, 1), now_ms())
+    layout.settle(client, Layout(namespace, 2), now_ms())  # the same count starts
 
 
 def test_an_empty_namespace_changes_count_and_keeps_its_watermarks(client: redis.Redis) -> None:
@@ -160,14 +162,14 @@ def test_an_empty_namespace_changes_count_and_keeps_its_watermarks(client: redis
     over (the lowest of the old shards'), so re-read records are not scheduled again."""
     namespace, due = unique("ns"), now_ms() - 1
     old = RedisStore(client, Layout(namespace), grace_seconds=60)
-    layout.settle(client, old.layout)
+    layout.settle(client, old.layout, now_ms())
     old.apply([IntakeSlice("in", 0, 9, _plain(range(10), due))], due)
     claim = old.claim_due(now_ms(), 100, 30_000)
     old.ack(claim.ids, claim.token)
 
     new = RedisStore(client, Layout(namespace, SHARDS), grace_seconds=60)
     with capture_logs() as logs:
-        layout.settle(client, new.layout)
+        layout.settle(client, new.layout, now_ms())
     codes = new.apply([IntakeSlice("in", 0, 14, _plain(range(5, 15), due))], due)
 
     assert codes == [Applied.REPLAYED] * 5 + [Applied.SCHEDULED] * 5
@@ -194,3 +196,65 @@ def test_replicas_split_the_shards_by_heartbeat_and_take_over_a_leaver(
     third.leave(client)
     second.beat(client, now + 6_000, ttl_ms=5_000)  # the first's heartbeat ran out too
     assert second.owned == list(range(6)) and second.members == 1
+
+
+def test_a_replica_dropped_from_the_heartbeats_keeps_its_share(client: redis.Redis) -> None:
+    """Scale: a replica whose heartbeat another one dropped (clocks apart by more than its
+    lifetime) keeps the shards it had instead of crashing, and takes its share again at
+    its next beat."""
+    shards = Layout(unique("ns"), 4)
+    Share(shards, "other").beat(client, now_ms(), ttl_ms=60_000)
+    share = Share(shards, "late")
+
+    share.beat(client, now_ms(), ttl_ms=-1)  # its own entry is gone by the time it reads
+
+    assert share.owned == [0, 1, 2, 3] and share.members == 1
+    share.beat(client, now_ms(), ttl_ms=5_000)
+    assert len(share.owned) == 2 and share.members == 2
+
+
+def test_a_partition_one_old_shard_never_marked_is_not_carried(client: redis.Redis) -> None:
+    """Guarantee 1 across a shard-count change: an old shard without a mark of a partition
+    may have had its first call refused while another shard's ran; carrying the other's
+    mark would skip the refused records on the re-read, so that partition starts over."""
+    namespace = unique("ns")
+    old = Layout(namespace, 2)
+    layout.settle(client, old, now_ms())
+    client.hset(old.shards[0].intake_marks, mapping={"in:0": 39, "in:1": 7})
+    client.hset(old.shards[1].intake_marks, "in:1", 5)
+
+    layout.settle(client, Layout(namespace, 3), now_ms())
+
+    for keys in Layout(namespace, 3).shards:
+        assert client.hgetall(keys.intake_marks) == {b"in:1": b"5"}
+
+
+def test_a_count_change_is_refused_while_other_processes_fire(client: redis.Redis) -> None:
+    """Scale: a process started with a new shard count while others still fire with the
+    old one (a rolling update) would let them go on writing where no one looks: refused
+    even with nothing pending, until their heartbeats are gone."""
+    namespace = unique("ns")
+    old = Layout(namespace, 2)
+    layout.settle(client, old, now_ms())
+    Share(old, "running").beat(client, now_ms(), ttl_ms=60_000)
+
+    with pytest.raises(ShardsChanged, match="1 process"):
+        layout.settle(client, Layout(namespace, 4), now_ms())
+    layout.settle(client, Layout(namespace, 4), now_ms() + 61_000)  # its heartbeat ran out
+
+
+def test_a_running_service_stops_when_another_changes_the_shard_count(
+    env: dict[str, str],
+) -> None:
+    """Scale: a process whose namespace another process moved to another shard count
+    stops with the settings exit code instead of writing where no one looks."""
+    service = Service(Settings.from_env({**env, "BLACKBOX_SHARDS": "2"}))
+    service.start()
+    try:
+        wait_until(service._redis_checked.is_set, what="Redis checked")
+        service.redis.set(service.store.layout.shard_count, 3)
+
+        wait_until(service.stopping.is_set, timeout=10, what="the service stopping")
+        assert service.exit_code == EXIT_SETTINGS
+    finally:
+        service.stop()

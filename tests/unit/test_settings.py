@@ -307,10 +307,14 @@ def test_the_edges_of_each_range_are_accepted(name: str, value: str, expected: o
         ("BLACKBOX_DELIVERY_TIMEOUT", "0.009"),
         ("BLACKBOX_NAMESPACE", "a{b"),
         ("BLACKBOX_NAMESPACE", "a}b"),
+        ("BLACKBOX_NAMESPACE", "bb#0"),  # would be shard 0's tag of namespace bb
+        ("BLACKBOX_SHARDS", "0"),
+        ("BLACKBOX_SHARDS", "1025"),
     ],
 )
 def test_one_step_past_each_range_is_refused(name: str, value: str) -> None:
-    """One past each documented limit, or a brace in the namespace (its hash tag), is refused."""
+    """One past each documented limit, or a brace or '#' in the namespace (its hash tag,
+    and its shards'), is refused."""
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: value})
 

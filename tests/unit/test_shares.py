@@ -80,3 +80,16 @@ def test_a_later_due_time_is_not_published_while_a_sooner_one_is_ahead() -> None
     assert announced.worth_publishing(1, 6_000, now_ms=1_000) is True  # another shard
     assert announced.worth_publishing(0, 4_000, now_ms=1_000) is True  # sooner
     assert announced.worth_publishing(0, 9_000, now_ms=4_000) is True  # 4,000 has passed
+
+
+def test_a_nudge_during_a_claim_is_not_overwritten_by_what_the_claim_saw() -> None:
+    """Scale, on time: a message stored while a claim of its shard runs may be unseen by
+    that claim's answer; its nudge still counts, so the waker claims the shard at its due
+    time rather than a tick later."""
+    share = Share(Layout("bb", 2))
+    share.learned(1, None)
+    share.claiming(0)
+    assert share.nudged(0, 7_000) is True  # intake, between the claim's Lua call and learned
+    share.learned(0, None)  # the claim saw nothing left
+
+    assert share.due_by(7_000) == [0] and share.next_due_ms() == 7_000
