@@ -12,12 +12,15 @@ from __future__ import annotations
 from typing import Any, TypeAlias
 
 import redis
+import structlog
 from redis.cluster import RedisCluster
 from redis.connection import parse_url
 from redis.exceptions import RedisClusterException
 
 from blackbox.errors import RedisUnreachable, SettingsError
 from blackbox.settings import mask_url
+
+log = structlog.get_logger("blackbox.connections")
 
 RedisClient: TypeAlias = redis.Redis | RedisCluster
 
@@ -99,3 +102,22 @@ def primaries(client: RedisClient) -> list[redis.Redis]:
         nodes = client.get_primaries()  # type: ignore[no-untyped-call]  # unannotated in redis-py
         return [client.get_redis_connection(node) for node in nodes]
     return [client]
+
+
+# What a cluster client's slot map may be stale after: a slot moved (resharding), or the
+# node it names is gone (a failover).
+STALE_MAP = (redis.exceptions.MovedError, redis.exceptions.AskError,
+             redis.ConnectionError, redis.TimeoutError)  # fmt: skip
+
+
+def refresh_after(client: RedisClient, error: BaseException) -> None:
+    """After `error` on a connection made from a cluster client's slot map outside the
+    client itself (per-node pipelines, probes, pubsub): read the map again, as the client
+    does for its own commands."""
+    if isinstance(client, RedisCluster) and isinstance(error, STALE_MAP):
+        try:
+            client.nodes_manager.initialize()
+        except (redis.RedisError, RedisClusterException) as e:  # tried again next time
+            log.info("cluster_map_not_refreshed", error=str(e))
+        else:
+            log.info("cluster_map_refreshed", after=type(error).__name__)

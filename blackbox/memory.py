@@ -16,7 +16,7 @@ from typing import Any
 import redis
 import structlog
 
-from blackbox.connections import RedisClient, primaries
+from blackbox.connections import RedisClient, primaries, refresh_after
 from blackbox.errors import EvictingRedis, RedisFull
 from blackbox.keys import Layout
 from blackbox.metrics import Metrics
@@ -72,6 +72,14 @@ class Room:
         self._room = client.register_script(text)
         self.intake_waiting = False  # intake's last write was refused for memory
 
+    def _memory(self) -> tuple[int, int]:
+        """Used and maximum memory in bytes, summed over the masters."""
+        used, most = 0, 0
+        for node in primaries(self.client):
+            memory: Any = node.info("memory")
+            used, most = used + int(memory["used_memory"]), most + int(memory["maxmemory"])
+        return used, most
+
     def intake_refused(self, refused: bool) -> None:
         """Intake's last write was refused for memory (True), or went through (False)."""
         self.intake_waiting = refused
@@ -80,10 +88,11 @@ class Room:
         """Export Redis's memory (summed over a cluster's masters) and the pending counts;
         raise RedisFull if a Redis node has no room for intake (a write would be refused),
         or intake's last write was refused."""
-        used, most = 0, 0
-        for node in primaries(self.client):
-            memory: Any = node.info("memory")
-            used, most = used + int(memory["used_memory"]), most + int(memory["maxmemory"])
+        try:
+            used, most = self._memory()
+        except redis.RedisError as e:
+            refresh_after(self.client, e)  # a failover: the next probe asks the new master
+            raise
         due, in_flight = pending_counts(self.client, self.layout)
         self.metrics.redis_used_memory.set(used)
         self.metrics.redis_maxmemory.set(most)

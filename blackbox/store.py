@@ -18,7 +18,7 @@ from typing import Any
 import hiredis
 import redis
 
-from blackbox.connections import RedisClient
+from blackbox.connections import RedisClient, refresh_after
 from blackbox.errors import ConcurrentUpdate
 from blackbox.keys import Layout
 from blackbox.schedule import SCOPED_PREFIX, Schedule
@@ -371,6 +371,9 @@ class RedisStore:
         try:
             yield applying
             failed = False
+        except BaseException as e:
+            refresh_after(self.client, e)  # the next session finds the slots' new nodes
+            raise
         finally:
             applying.release(failed)
 

@@ -17,7 +17,7 @@ import structlog
 
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
-from blackbox.connections import RedisClient
+from blackbox.connections import RedisClient, refresh_after
 from blackbox.shares import Nudge
 
 log = structlog.get_logger("blackbox.waker")
@@ -111,6 +111,7 @@ class NudgeListener:
             try:
                 self._listen()
             except redis.RedisError as e:
+                refresh_after(self.client, e)  # a failover: subscribe on a live node
                 delay = self.backoff.next()
                 log.warning("nudges_paused", error=str(e), retry_in_s=delay)
                 self.stop.wait(delay)
