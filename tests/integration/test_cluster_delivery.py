@@ -49,7 +49,7 @@ def test_a_service_on_redis_cluster_spreads_shards_over_masters_and_delivers_all
 
 
 def _command(node: redis.Redis, *args: object) -> Any:
-    return _command(node, *args)
+    return node.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
 def _move_slot(cluster: RedisCluster, slot: int) -> None:
