@@ -385,10 +385,10 @@ def test_updates_and_cancels_find_callers_ids_in_every_shard_of_a_cluster(
     """Addressable schedules across shards: on the Redis Cluster with two replicas, a
     caller's 1,200 ids spread over all six shards; half are updated (new payload, due
     earlier or later) and a quarter cancelled through the intake topic, one more cancelled
-    and one rescheduled through the HTTP API. Exactly the expected set arrives, with the
-    updated payloads, and nothing cancelled."""
+    and one rescheduled through the HTTP API of each replica. Exactly the expected set
+    arrives, with the updated payloads and due times, and nothing cancelled."""
     fleet = cluster_fleet
-    api_replica, _ = fleet.start(["all", "all"])
+    replicas = fleet.start(["all", "all"])
     target = unique("addressed")
     keys = [f"order-{n}" for n in range(ADDRESSED)]
     half, quarter = ADDRESSED // 2, ADDRESSED // 4
@@ -406,15 +406,19 @@ def test_updates_and_cancels_find_callers_ids_in_every_shard_of_a_cluster(
         {"id": k, "topic": target, "message": {"k": k, "v": 2}, "countdown": 1 + 7 * (n % 2)}
         for n, k in enumerate(updated)
     ] + [{"id": k, "cancel": True} for k in cancelled])  # fmt: skip
+    # Each id is asked of both replicas: one of them did not store it (its partition is
+    # the other's), and finds it all the same.
     by_api_cancel, by_api_move = keys[half + quarter], keys[half + quarter + 1]
-    with httpx.Client(base_url=api_replica.base, headers=AUTH, timeout=15) as api:
-        gone = api.delete(f"/api/v1/schedules/@{CALLER}/{by_api_cancel}")
-        asked_ms = now_ms()
-        moved = api.post(f"/api/v1/schedules/@{CALLER}/{by_api_move}/reschedule",
-                         json={"countdown": 1})  # fmt: skip
-        answered_ms = now_ms()
-    assert (gone.status_code, gone.json()["outcome"]) == (200, "cancelled")
-    assert (moved.status_code, moved.json()["outcome"]) == (200, "updated")
+    gone, moved = [], []
+    for replica in replicas:
+        with httpx.Client(base_url=replica.base, headers=AUTH, timeout=15) as api:
+            gone.append(api.delete(f"/api/v1/schedules/@{CALLER}/{by_api_cancel}"))
+            asked_ms = now_ms()
+            moved.append(api.post(f"/api/v1/schedules/@{CALLER}/{by_api_move}/reschedule",
+                                  json={"countdown": 1}))  # fmt: skip
+            answered_ms = now_ms()
+    assert [(a.status_code, a.json()["outcome"]) for a in gone] == [(200, "cancelled")] * 2
+    assert [(a.status_code, a.json()["outcome"]) for a in moved] == [(200, "updated")] * 2
 
     expected = {k: 2 for k in updated} | {k: 1 for k in keys[half + quarter + 1 :]}
     target_reader = reader(target)
