@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import Counter
 
 import orjson
+import pytest
 
-from blackbox import kafka, layout
+from blackbox import kafka, layout, shares
 from blackbox.clock import now_ms
 from blackbox.connections import redis_client
 from blackbox.keys import Layout
@@ -72,3 +73,32 @@ def test_a_dead_replicas_in_flight_ids_are_delivered_after_the_lease(
     assert all(r.received_ms >= claim.token for r in records)
     assert {r.header("blackbox-attempt") for r in records} == {"2"}
     assert store.counts() == (0, 0)
+
+
+def test_a_replica_draining_a_long_burst_keeps_its_heartbeat(
+    start_service: ServiceFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guarantee 3 with shares: a replica busy firing a burst that takes longer than a
+    heartbeat lives still renews its heartbeat every poll interval, so the other replicas
+    never count it dead and take its shards (every replica hammering every shard at the end
+    of a burst)."""
+    monkeypatch.setattr(shares, "MIN_TTL_MS", 1_500)  # heartbeats of 1.5 s: a short burst
+    service = start_service(BLACKBOX_SHARDS="2", BLACKBOX_BATCH_LIMIT="10")
+    assert service.firing is not None
+    name, members = service.firing.share.name, service.store.layout.members
+    target, count = unique("burst"), 20_000
+    due = now_ms() + 500
+    items = [(n, Schedule(f"burst-{n}", target, b"v", due)) for n in range(count)]
+    service.store.apply([IntakeSlice("seed", 0, count - 1, list(items))], now_ms())
+    lapsed: list[int] = []
+
+    def drained() -> bool:
+        expiry = service.redis.zscore(members, name)
+        if expiry is None or expiry < now_ms():
+            lapsed.append(now_ms())
+        return service.store.counts() == (0, 0)
+
+    wait_until(drained, 60, "the burst drained")
+    drain_ms = now_ms() - due
+    assert drain_ms > shares.MIN_TTL_MS, f"drained in {drain_ms} ms: no longer than a heartbeat"
+    assert lapsed == [], f"the heartbeat ran out {len(lapsed)} times in a {drain_ms} ms drain"
