@@ -28,6 +28,7 @@ from blackbox.keys import Layout
 from blackbox.localstack import KafkaBroker, RedisCluster, RedisServer, free_port
 from blackbox.schedule import scoped_id
 from blackbox.settings import Settings
+from blackbox.shares import owned_by
 from blackbox.store import RedisStore
 from tests.integration.conftest import ReaderFactory, service_env
 from tests.kafkatools import Received, envelope, now_ms, produce_to, unique, wait_until
@@ -212,7 +213,8 @@ def cluster_fleet(
 
 @pytest.fixture
 def redis_fleet(redis_server: RedisServer, broker: KafkaBroker, tmp_path: Path) -> Iterator[Fleet]:
-    # Short leases and heartbeats, so a killed replica's messages come back within seconds.
+    # A short lease (heartbeats last 5 s at least), so a killed replica's messages come back
+    # within seconds.
     fleet = _fleet(redis_server.url, broker, tmp_path,
                    BLACKBOX_LEASE_SECONDS="5", BLACKBOX_DELIVERY_TIMEOUT="2")  # fmt: skip
     yield fleet
@@ -308,7 +310,7 @@ def test_a_replica_killed_mid_run_loses_nothing_and_its_shards_are_taken_over(
     victim = replicas[0]
     names = fleet.firer_names()
     rank = next(i for i, n in enumerate(names) if f":{victim.pid}:" in n)
-    its_shards = set(range(rank, SHARDS, len(names)))
+    its_shards = set(owned_by(rank, len(names), SHARDS))
     victim.delivered()
     orphans = _stopped_while_firing(fleet, victim, its_shards)
     victim.process.kill()
