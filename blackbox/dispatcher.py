@@ -158,6 +158,7 @@ class Dispatcher:
         self.policy = policy
         self.metrics = metrics
         self._unsettled: deque[_Sent] = deque()
+        self.claims = 0  # claims made so far: progress, even while one run drains a burst
         # The shards this replica fires: all of them until the share beats (shares.py).
         self.share = share or Share(store.layout)
         self._unsettled_messages = 0
@@ -196,6 +197,7 @@ class Dispatcher:
         short (`once`: one claim); the share learns when the shard is next due."""
         while not stop.is_set():
             self.share.claiming(shard)
+            self.claims += 1
             claim = self.store.claim_due(
                 until(), self.policy.batch_limit, self.policy.lease_ms, shard
             )

@@ -75,6 +75,7 @@ class Firing:
         self.metrics = metrics
         self.stopping = stopping
         self._on_tick = on_tick
+        self._claims_seen = 0
         self.outbox = firing_outbox(settings)
         share = Share(store.layout, sweep_after_ms=sweep_after_ms(settings.poll_interval))
         self.dispatcher = Dispatcher(store, self.outbox, retry_policy_of(settings), metrics, share)
@@ -127,7 +128,11 @@ class Firing:
         self._on_tick()
 
     def beat(self) -> None:
-        """Renew this process's heartbeat and take its share of the shards."""
+        """Renew this process's heartbeat and take its share of the shards; while a burst
+        holds the tick back, claims still going on are the liveness clock."""
+        if self.dispatcher.claims != self._claims_seen:
+            self._claims_seen = self.dispatcher.claims
+            self._on_tick()
         try:
             self.share.beat(self.client, now_ms(), shares.ttl_ms(self.poll_interval))
         except redis.RedisError as e:  # the share stays as it was; the heartbeat may run out

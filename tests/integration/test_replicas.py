@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import orjson
@@ -91,14 +92,19 @@ def test_a_replica_draining_a_long_burst_keeps_its_heartbeat(
     items = [(n, Schedule(f"burst-{n}", target, b"v", due)) for n in range(count)]
     service.store.apply([IntakeSlice("seed", 0, count - 1, list(items))], now_ms())
     lapsed: list[int] = []
+    clock_ages: list[float] = []
 
     def drained() -> bool:
         expiry = service.redis.zscore(members, name)
         if expiry is None or expiry < now_ms():
             lapsed.append(now_ms())
+        clock_ages.append(time.monotonic() - service.health._last_beat)
         return service.store.counts() == (0, 0)
 
     wait_until(drained, 60, "the burst drained")
     drain_ms = now_ms() - due
     assert drain_ms > shares.MIN_TTL_MS, f"drained in {drain_ms} ms: no longer than a heartbeat"
     assert lapsed == [], f"the heartbeat ran out {len(lapsed)} times in a {drain_ms} ms drain"
+    # The liveness clock goes on too (a burst longer than its stall limit must not make
+    # /live fail): it was never older than a few poll intervals.
+    assert max(clock_ages) < 1.0, f"liveness clock {max(clock_ages):.2f} s old mid-burst"
