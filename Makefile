@@ -65,6 +65,7 @@ test: lint
 bench: setup
 	$(BIN)/python -m benchmarks.lateness
 	$(BIN)/python -m benchmarks.scenarios
+	$(BIN)/python -m benchmarks.scaleout
 
 chaos: setup
 	$(BIN)/python -m benchmarks.chaos

@@ -9,15 +9,26 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from blackbox import kafka
-from blackbox.localstack import KafkaBroker, RedisServer, TansuBroker, free_port, scratch_dir
+from blackbox.localstack import (
+    KafkaBroker,
+    RedisCluster,
+    RedisServer,
+    TansuBroker,
+    free_port,
+    scratch_dir,
+)
 from blackbox.settings import Settings
 
 
@@ -104,3 +115,99 @@ def redis_cpu_seconds(client: redis.Redis) -> float:
     """CPU time the Redis server has used so far (its polling by the benchmark included)."""
     cpu = client.info("cpu")
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+@contextmanager
+def started_broker() -> Iterator[KafkaBroker]:
+    """An Apache Kafka broker on a free port, for benchmarks that start their own services."""
+    broker = KafkaBroker(free_port(), scratch_dir("blackbox-bench-") / "kafka", heap="1g")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+CLUSTER_MASTERS = 3
+
+
+@contextmanager
+def redis_for(kind: str) -> Iterator[str]:
+    """A Redis of `kind` on free ports, its REDIS_URL: "single" (one redis-server) or
+    "cluster" (a Redis Cluster of three masters, `redis+cluster://`)."""
+    work = scratch_dir("blackbox-bench-")
+    if kind == "cluster":
+        with RedisCluster([free_port() for _ in range(CLUSTER_MASTERS)], work) as cluster:
+            yield cluster.url
+        return
+    server = RedisServer(free_port(), work)
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+class ServiceProcess:
+    """`blackbox run --role ROLE` in its own process with an HTTP port of its own; its output
+    appended to `log`."""
+
+    def __init__(self, env: dict[str, str], role: str, log: Path) -> None:
+        self.port = free_port()
+        # Unbuffered: a process killed with SIGKILL keeps its last lines in the log.
+        own = {"BLACKBOX_HTTP_PORT": str(self.port), "PYTHONUNBUFFERED": "1"}
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "blackbox", "run", "--role", role],
+                env={**os.environ, **env, **own},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def _get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except (urllib.error.URLError, ConnectionError) as e:
+            return getattr(e, "code", 0), ""
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise SystemExit(f"blackbox run exited with {self.process.returncode}; see its log")
+        return self._get("/ready")[0] == 200
+
+    def metric(self, name: str) -> float:
+        """The sum of a metric's samples named `name` on the process's /metrics."""
+        _, text = self._get("/metrics")
+        return sum(s.value for f in text_string_to_metric_families(text)
+                   for s in f.samples if s.name == name)  # fmt: skip
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@contextmanager
+def service_processes(
+    env: dict[str, str], count: int, role: str, ready_within: float = 60
+) -> Iterator[list[ServiceProcess]]:
+    """`count` service processes of one role, once every one is ready; stopped at the end."""
+    log = scratch_dir("blackbox-bench-") / "service.log"
+    with ExitStack() as stack:
+        processes = [ServiceProcess(env, role, log) for _ in range(count)]
+        for process in processes:
+            stack.callback(process.stop)
+        deadline = time.monotonic() + ready_within
+        while not all(p.ready() for p in processes):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the service processes were not ready within {ready_within} s")
+            time.sleep(0.1)
+        yield processes

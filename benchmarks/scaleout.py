@@ -1,0 +1,356 @@
+"""Scale-out benchmarks: `blackbox run` processes side by side on one Redis and on a
+three-master Redis Cluster, against one Apache Kafka broker. Each run prints a JSON line;
+the end prints the figures per setting, lowest-highest over the repeats.
+
+    python -m benchmarks.scaleout                     # s3, s1 and burst on both kinds of Redis
+    python -m benchmarks.scaleout s3 --processes 1 2 --redis single --repeat 3
+    python -m benchmarks.scaleout burst --burst 1000000 --redis cluster
+
+s3: 100,000 records due in an hour sent to the intake topic (6 partitions) of 1-3
+    `--role intake` processes: records/s stored.
+s1: 20,000 messages sent through the intake of 1-3 `--role all` processes, due at one instant
+    10 s ahead: time from that instant until the last is on the broker, fire rate, each
+    process's share.
+burst: 1,000,000 messages due at one instant (Sidekiq's failure case), written straight into
+    the store (the intake is not what is measured), fired by 3 `--role dispatch` processes:
+    time until the last is on the broker, fire rate, Redis's slowest calls (SLOWLOG).
+
+Times of delivery are the broker's own: the target topic stamps each record with its append
+time (LogAppendTime), read back after the run, so no reader competes for the cores meanwhile.
+CPU is counted per part (processes, Redis masters, broker) over the measured span; "cores
+busy" is their sum over the span, which shows where a 2-core machine stops the curve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import orjson
+from confluent_kafka import Consumer, ConsumerGroupState, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from benchmarks.readings import Cpu, Slowlog, spread
+from benchmarks.stack import ServiceProcess, redis_for, service_processes, started_broker
+from blackbox.clock import now_ms
+from blackbox.connections import RedisClient, primaries, redis_client
+from blackbox.envelope import normalize_headers
+from blackbox.keys import Layout
+from blackbox.localstack import KafkaBroker
+from blackbox.schedule import Schedule, intake_id
+from blackbox.store import IntakeSlice, RedisStore, pending_counts
+from blackbox.waker import nudge_message
+
+Result = dict[str, object]
+
+PARTITIONS = 6  # of the intake topic: up to 6 intake processes share it
+SHARDS = 6  # two per master of the three-master cluster
+S3_RECORDS = 100_000
+S1_MESSAGES = 20_000
+S1_AHEAD_S = 10.0
+BURST_MESSAGES = 1_000_000
+BURST_PROCESSES = 3
+FILL_BATCH = 10_000
+SLOW_CALL_US = 10_000  # the issue's goal: no Redis call over 10 ms
+
+
+@dataclass
+class Run:
+    """One benchmark run's parts: the broker, Redis, and the names one run owns alone."""
+
+    broker: KafkaBroker
+    redis_url: str
+    shards: int
+    kind: str  # of Redis: "single" or "cluster"
+    run: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "REDIS_URL": self.redis_url,
+            "KAFKA_BOOTSTRAP_SERVERS": self.broker.bootstrap,
+            "BLACKBOX_INTAKE_TOPIC": f"intake-{self.run}",
+            "BLACKBOX_DLQ_TOPIC": f"dlq-{self.run}",
+            "BLACKBOX_EVENTS_TOPIC": f"events-{self.run}",
+            "BLACKBOX_GROUP_ID": f"group-{self.run}",
+            "BLACKBOX_NAMESPACE": f"ns{self.run}",
+            "BLACKBOX_SHARDS": str(self.shards),
+            "BLACKBOX_LOG_FORMAT": "json",
+            "BLACKBOX_LOG_LEVEL": "warning",
+        }
+
+    @property
+    def intake_topic(self) -> str:
+        return self.env["BLACKBOX_INTAKE_TOPIC"]
+
+    @property
+    def target(self) -> str:
+        return f"target-{self.run}"
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.env["BLACKBOX_NAMESPACE"], self.shards)
+
+    def create_topics(self) -> None:
+        """The intake topic with PARTITIONS partitions and the target topic stamped with
+        append times; the service creates its DLQ and events topics itself."""
+        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
+        topics = [NewTopic(self.intake_topic, num_partitions=PARTITIONS),
+                  NewTopic(self.target, num_partitions=1,
+                           config={"message.timestamp.type": "LogAppendTime"})]  # fmt: skip
+        for future in admin.create_topics(topics, request_timeout=15).values():
+            future.result(15)
+
+    def group_size(self) -> int:
+        """How many members the intake group has once it is stable (0 until then)."""
+        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
+        group = self.env["BLACKBOX_GROUP_ID"]
+        described = admin.describe_consumer_groups([group], request_timeout=10)[group].result(10)
+        if described.state != ConsumerGroupState.STABLE:
+            return 0
+        return len(described.members)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, every: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"benchmark stopped: {what} not within {timeout} s")
+        time.sleep(every)
+
+
+def produce(bootstrap: str, topic: str, values: Sequence[bytes]) -> None:
+    """Produce `values`, round-robin over the intake's partitions, as fast as the client can."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
+                         "queue.buffering.max.messages": 1_000_000})  # fmt: skip
+    for n, value in enumerate(values):
+        while True:
+            try:
+                producer.produce(topic, value, partition=n % PARTITIONS)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    if producer.flush(60) != 0:
+        raise SystemExit(f"could not produce every record to {topic}")
+
+
+def requests(target: str, count: int, countdown: Callable[[], float]) -> list[bytes]:
+    return [orjson.dumps({"topic": target, "message": n, "countdown": countdown()})
+            for n in range(count)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ReadBack:
+    """What the target topic holds: records, distinct messages, first and last append time."""
+
+    records: int
+    messages: int
+    first_ms: int
+    last_ms: int
+
+
+def read_back(bootstrap: str, topic: str, timeout: float = 120) -> ReadBack:
+    """Read the whole (one-partition) target topic: what was delivered, and when."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False})  # fmt: skip
+    _, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    values: set[bytes] = set()
+    read, first, last = 0, 2**63, 0
+    deadline = time.monotonic() + timeout
+    while read < end and time.monotonic() < deadline:
+        for m in consumer.consume(10_000, timeout=0.5):
+            if m.error() is None:
+                read += 1
+                stamp = m.timestamp()[1]
+                first, last = min(first, stamp), max(last, stamp)
+                values.add(m.value() or b"")
+                _ = normalize_headers(m.headers())  # what a real reader pays per record
+    consumer.close()
+    if read < end:
+        raise SystemExit(f"read {read} of {end} records of {topic} within {timeout} s")
+    return ReadBack(read, len(values), first, last)
+
+
+def drain(run: Run) -> None:
+    """Wait until nothing is due or in flight: everything is on the broker."""
+    client = redis_client(run.redis_url)
+    try:
+        wait_for(lambda: pending_counts(client, run.layout) == (0, 0), 600, "the drain", 0.01)
+    finally:
+        client.close()
+
+
+def tally(run: Run, processes: Sequence[ServiceProcess], count: int) -> tuple[ReadBack, Result]:
+    """What arrived, read back after the drain: lost, duplicated, each process's share."""
+    got = read_back(run.broker.bootstrap, run.target)
+    return got, {
+        "delivered": got.messages, "lost": count - got.messages,
+        "duplicated": got.records - got.messages,
+        "shares": [p.metric("blackbox_delivered_total") for p in processes],
+    }  # fmt: skip
+
+
+def s3_intake(run: Run, processes: int) -> Result:
+    """Records/s stored by `processes` intake processes, from the first stored to the last."""
+    run.create_topics()
+    values = requests(run.target, S3_RECORDS, lambda: 3600)
+    client = redis_client(run.redis_url)
+    with service_processes(run.env, processes, "intake") as procs:
+        wait_for(lambda: run.group_size() == processes, 60, "a stable intake group")
+        produce(run.broker.bootstrap, run.intake_topic, values)
+        wait_for(lambda: pending_counts(client, run.layout)[0] > 0, 60, "the first record", 0.001)
+        cpu = Cpu.start(client, run.broker, procs)
+        wait_for(lambda: pending_counts(client, run.layout)[0] >= S3_RECORDS, 120,
+                 "every record stored", 0.005)  # fmt: skip
+        spent = cpu.stop()
+    client.close()
+    return {"records_per_s": round(S3_RECORDS / spent.seconds), **spent.per(S3_RECORDS, "record")}
+
+
+def s1_burst(run: Run, processes: int) -> Result:
+    """S1 through the intake of `processes` processes that also fire."""
+    run.create_topics()
+    client = redis_client(run.redis_url)
+    with service_processes(run.env, processes, "all") as procs:
+        wait_for(lambda: run.group_size() == processes, 60, "a stable intake group")
+        due = now_ms() + int(S1_AHEAD_S * 1000)
+        produce(run.broker.bootstrap, run.intake_topic,
+                requests(run.target, S1_MESSAGES, lambda: (due - now_ms()) / 1000))  # fmt: skip
+        wait_for(lambda: pending_counts(client, run.layout)[0] >= S1_MESSAGES
+                 or now_ms() >= due, 60, "every message stored")  # fmt: skip
+        wait_for(lambda: now_ms() >= due, S1_AHEAD_S, "the due instant", 0.001)
+        cpu = Cpu.start(client, run.broker, procs)
+        drain(run)
+        spent = cpu.stop()
+        got, counted = tally(run, procs, S1_MESSAGES)
+    client.close()
+    return {**burst_figures(got, due), **counted, **spent.per(S1_MESSAGES, "message")}
+
+
+def burst(run: Run, processes: int, count: int = BURST_MESSAGES) -> Result:
+    """`count` messages due at one instant, fired by `processes` dispatch processes."""
+    run.create_topics()
+    client = redis_client(run.redis_url)
+    with service_processes(run.env, processes, "dispatch") as procs:
+        store = RedisStore(client, run.layout, grace_seconds=86_400)
+        seconds = fill_seconds(client, run.layout, count)
+        due = now_ms() + int(seconds * 1000 * 1.3) + 5_000
+        filled = time.monotonic()
+        fill(store, run.target, count, due)
+        fill_s = time.monotonic() - filled
+        if now_ms() >= due:
+            raise SystemExit(f"filling took {fill_s:.1f} s, past the due instant")
+        slowlog = Slowlog.start(client, over_us=1_000)
+        for shard in range(run.shards):  # as the intake would: wake whoever owns each shard
+            client.publish(run.layout.wake_channel, nudge_message(shard, due))
+        wait_for(lambda: now_ms() >= due, 600, "the due instant", 0.001)
+        cpu = Cpu.start(client, run.broker, procs)
+        drain(run)
+        spent = cpu.stop()
+        slow = slowlog.read(SLOW_CALL_US)
+        got, counted = tally(run, procs, count)
+    client.close()
+    return {**burst_figures(got, due), **counted, "fill_s": round(fill_s, 1), **slow,
+            **spent.per(count, "message")}  # fmt: skip
+
+
+def burst_figures(got: ReadBack, due_ms: int) -> Result:
+    span_s = (got.last_ms - got.first_ms) / 1000
+    return {
+        "last_after_due_ms": got.last_ms - due_ms,
+        "first_after_due_ms": got.first_ms - due_ms,
+        "fire_rate_per_s": round(got.records / span_s) if span_s > 0 else None,
+    }
+
+
+def fill_seconds(client: RedisClient, layout: Layout, count: int) -> float:
+    """How long filling `count` messages will take, from one batch timed in a namespace no
+    process reads (emptied with the rest after the run)."""
+    probe = Layout(f"{layout.namespace}probe", layout.count)
+    started = time.monotonic()
+    fill(RedisStore(client, probe, grace_seconds=60), "probe", FILL_BATCH, now_ms() + 3_600_000)
+    return count * (time.monotonic() - started) / FILL_BATCH
+
+
+def fill(store: RedisStore, target: str, count: int, due_ms: int) -> None:
+    """Write `count` messages due at `due_ms` straight into the store, in intake batches."""
+    for start in range(0, count, FILL_BATCH):
+        offsets = range(start, min(start + FILL_BATCH, count))
+        items = [(o, Schedule(intake_id("fill", 0, o), target, str(o).encode(), due_ms))
+                 for o in offsets]  # fmt: skip
+        store.apply([IntakeSlice("fill", 0, offsets[-1], items)], now_ms())
+
+
+SCENARIOS: dict[str, Callable[[Run, int], Result]] = {
+    "s3": s3_intake, "s1": s1_burst, "burst": burst,
+}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"any of {', '.join(SCENARIOS)} (default: all)"
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        nargs="+",
+        default=[1, 2, 3],
+        help="process counts for s3 and s1 (default: 1 2 3)",
+    )
+    parser.add_argument("--burst-processes", type=int, default=BURST_PROCESSES)
+    parser.add_argument("--burst", type=int, default=BURST_MESSAGES, help="messages of the burst")
+    parser.add_argument(
+        "--redis", nargs="+", choices=["single", "cluster"], default=["single", "cluster"]
+    )
+    parser.add_argument("--shards", type=int, default=SHARDS)
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each setting")
+    args = parser.parse_args()  # fmt: skip
+    unknown = set(args.names) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
+    results: list[Result] = []
+    with started_broker() as broker:
+        for kind in args.redis:
+            with redis_for(kind) as url:
+                for name in args.names or SCENARIOS:
+                    counts = [args.burst_processes] if name == "burst" else args.processes
+                    for _ in range(args.repeat):
+                        for processes in counts:
+                            run = Run(broker, url, args.shards, kind)
+                            result = one_run(name, run, processes, args.burst)
+                            results.append(result)
+                            print(orjson.dumps(result).decode(), flush=True)  # noqa: T201 - a benchmark prints figures
+    print(spread(results, key=("scenario", "redis", "processes")), flush=True)  # noqa: T201
+    return 0
+
+
+def one_run(name: str, run: Run, processes: int, burst_messages: int) -> Result:
+    if name == "burst":
+        figures = burst(run, processes, burst_messages)
+    else:
+        figures = SCENARIOS[name](run, processes)
+    flush_all(run.redis_url)
+    return {"scenario": name, "redis": run.kind, "shards": run.shards, "processes": processes,
+            **figures}  # fmt: skip
+
+
+def flush_all(url: str) -> None:
+    """Empty Redis between runs (every master), so one run's memory does not weigh on the next."""
+    client = redis_client(url)
+    try:
+        for node in primaries(client):
+            node.flushall()
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
