@@ -42,7 +42,7 @@ class Spent:
 
 
 class Cpu:
-    """CPU time of the service processes, the Redis masters and the broker from `start()`."""
+    """CPU time of the service processes, the Redis masters and the broker from now on."""
 
     def __init__(
         self, client: RedisClient, broker: KafkaBroker, processes: Sequence[ServiceProcess]
@@ -54,12 +54,6 @@ class Cpu:
         self.processes = [cpu_seconds(pid) for pid in self.pids]
         self.redis = redis_cpu(client)
         self.broker = cpu_seconds(self.broker_pid)
-
-    @classmethod
-    def start(
-        cls, client: RedisClient, broker: KafkaBroker, processes: Sequence[ServiceProcess]
-    ) -> Cpu:
-        return cls(client, broker, processes)
 
     def stop(self) -> Spent:
         seconds = time.monotonic() - self.began
@@ -75,7 +69,7 @@ class Cpu:
 
 
 class Slowlog:
-    """Redis's slow log on every master, emptied at `start()`: the calls that took longer
+    """Redis's slow log on every master, emptied when made: the calls that took longer
     than `over_us` µs inside Redis (a script counts as one call)."""
 
     def __init__(self, client: RedisClient, over_us: int) -> None:
@@ -84,10 +78,6 @@ class Slowlog:
             node.config_set("slowlog-log-slower-than", over_us)
             node.config_set("slowlog-max-len", 100_000)
             node.slowlog_reset()
-
-    @classmethod
-    def start(cls, client: RedisClient, over_us: int) -> Slowlog:
-        return cls(client, over_us)
 
     def read(self, limit_us: int) -> Result:
         """The slowest call, how many took over `limit_us`, and the three slowest commands."""

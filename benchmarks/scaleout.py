@@ -35,10 +35,15 @@ from confluent_kafka import Consumer, ConsumerGroupState, Producer, TopicPartiti
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from benchmarks.readings import Cpu, Slowlog, spread
-from benchmarks.stack import ServiceProcess, redis_for, service_processes, started_broker
+from benchmarks.stack import (
+    ServiceProcess,
+    redis_for,
+    service_processes,
+    started_broker,
+    wait_for,
+)
 from blackbox.clock import now_ms
 from blackbox.connections import RedisClient, primaries, redis_client
-from blackbox.envelope import normalize_headers
 from blackbox.keys import Layout
 from blackbox.localstack import KafkaBroker
 from blackbox.schedule import Schedule, intake_id
@@ -68,32 +73,22 @@ class Run:
     kind: str  # of Redis: "single" or "cluster"
     run: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
-    @property
-    def env(self) -> dict[str, str]:
-        return {
+    def __post_init__(self) -> None:
+        self.intake_topic = f"intake-{self.run}"
+        self.target = f"target-{self.run}"
+        self.layout = Layout(f"ns{self.run}", self.shards)
+        self.env = {
             "REDIS_URL": self.redis_url,
             "KAFKA_BOOTSTRAP_SERVERS": self.broker.bootstrap,
-            "BLACKBOX_INTAKE_TOPIC": f"intake-{self.run}",
+            "BLACKBOX_INTAKE_TOPIC": self.intake_topic,
             "BLACKBOX_DLQ_TOPIC": f"dlq-{self.run}",
             "BLACKBOX_EVENTS_TOPIC": f"events-{self.run}",
             "BLACKBOX_GROUP_ID": f"group-{self.run}",
-            "BLACKBOX_NAMESPACE": f"ns{self.run}",
+            "BLACKBOX_NAMESPACE": self.layout.namespace,
             "BLACKBOX_SHARDS": str(self.shards),
             "BLACKBOX_LOG_FORMAT": "json",
             "BLACKBOX_LOG_LEVEL": "warning",
         }
-
-    @property
-    def intake_topic(self) -> str:
-        return self.env["BLACKBOX_INTAKE_TOPIC"]
-
-    @property
-    def target(self) -> str:
-        return f"target-{self.run}"
-
-    @property
-    def layout(self) -> Layout:
-        return Layout(self.env["BLACKBOX_NAMESPACE"], self.shards)
 
     def create_topics(self) -> None:
         """The intake topic with PARTITIONS partitions and the target topic stamped with
@@ -113,14 +108,6 @@ class Run:
         if described.state != ConsumerGroupState.STABLE:
             return 0
         return len(described.members)
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str, every: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"benchmark stopped: {what} not within {timeout} s")
-        time.sleep(every)
 
 
 def produce(bootstrap: str, topic: str, values: Sequence[bytes]) -> None:
@@ -169,7 +156,6 @@ def read_back(bootstrap: str, topic: str, timeout: float = 120) -> ReadBack:
                 stamp = m.timestamp()[1]
                 first, last = min(first, stamp), max(last, stamp)
                 values.add(m.value() or b"")
-                _ = normalize_headers(m.headers())  # what a real reader pays per record
     consumer.close()
     if read < end:
         raise SystemExit(f"read {read} of {end} records of {topic} within {timeout} s")
@@ -195,24 +181,24 @@ def tally(run: Run, processes: Sequence[ServiceProcess], count: int) -> tuple[Re
     }  # fmt: skip
 
 
-def s3_intake(run: Run, processes: int) -> Result:
+def s3_intake(run: Run, processes: int, count: int = S3_RECORDS) -> Result:
     """Records/s stored by `processes` intake processes, from the first stored to the last."""
     run.create_topics()
-    values = requests(run.target, S3_RECORDS, lambda: 3600)
+    values = requests(run.target, count, lambda: 3600)
     client = redis_client(run.redis_url)
     with service_processes(run.env, processes, "intake") as procs:
         wait_for(lambda: run.group_size() == processes, 60, "a stable intake group")
         produce(run.broker.bootstrap, run.intake_topic, values)
         wait_for(lambda: pending_counts(client, run.layout)[0] > 0, 60, "the first record", 0.001)
-        cpu = Cpu.start(client, run.broker, procs)
-        wait_for(lambda: pending_counts(client, run.layout)[0] >= S3_RECORDS, 120,
+        cpu = Cpu(client, run.broker, procs)
+        wait_for(lambda: pending_counts(client, run.layout)[0] >= count, 120,
                  "every record stored", 0.005)  # fmt: skip
         spent = cpu.stop()
     client.close()
-    return {"records_per_s": round(S3_RECORDS / spent.seconds), **spent.per(S3_RECORDS, "record")}
+    return {"records_per_s": round(count / spent.seconds), **spent.per(count, "record")}
 
 
-def s1_burst(run: Run, processes: int) -> Result:
+def s1_burst(run: Run, processes: int, count: int = S1_MESSAGES) -> Result:
     """S1 through the intake of `processes` processes that also fire."""
     run.create_topics()
     client = redis_client(run.redis_url)
@@ -220,16 +206,16 @@ def s1_burst(run: Run, processes: int) -> Result:
         wait_for(lambda: run.group_size() == processes, 60, "a stable intake group")
         due = now_ms() + int(S1_AHEAD_S * 1000)
         produce(run.broker.bootstrap, run.intake_topic,
-                requests(run.target, S1_MESSAGES, lambda: (due - now_ms()) / 1000))  # fmt: skip
-        wait_for(lambda: pending_counts(client, run.layout)[0] >= S1_MESSAGES
+                requests(run.target, count, lambda: (due - now_ms()) / 1000))  # fmt: skip
+        wait_for(lambda: pending_counts(client, run.layout)[0] >= count
                  or now_ms() >= due, 60, "every message stored")  # fmt: skip
         wait_for(lambda: now_ms() >= due, S1_AHEAD_S, "the due instant", 0.001)
-        cpu = Cpu.start(client, run.broker, procs)
+        cpu = Cpu(client, run.broker, procs)
         drain(run)
         spent = cpu.stop()
-        got, counted = tally(run, procs, S1_MESSAGES)
+        got, counted = tally(run, procs, count)
     client.close()
-    return {**burst_figures(got, due), **counted, **spent.per(S1_MESSAGES, "message")}
+    return {**burst_figures(got, due), **counted, **spent.per(count, "message")}
 
 
 def burst(run: Run, processes: int, count: int = BURST_MESSAGES) -> Result:
@@ -245,11 +231,11 @@ def burst(run: Run, processes: int, count: int = BURST_MESSAGES) -> Result:
         fill_s = time.monotonic() - filled
         if now_ms() >= due:
             raise SystemExit(f"filling took {fill_s:.1f} s, past the due instant")
-        slowlog = Slowlog.start(client, over_us=1_000)
+        slowlog = Slowlog(client, over_us=1_000)
         for shard in range(run.shards):  # as the intake would: wake whoever owns each shard
             client.publish(run.layout.wake_channel, nudge_message(shard, due))
         wait_for(lambda: now_ms() >= due, 600, "the due instant", 0.001)
-        cpu = Cpu.start(client, run.broker, procs)
+        cpu = Cpu(client, run.broker, procs)
         drain(run)
         spent = cpu.stop()
         slow = slowlog.read(SLOW_CALL_US)
@@ -286,9 +272,10 @@ def fill(store: RedisStore, target: str, count: int, due_ms: int) -> None:
         store.apply([IntakeSlice("fill", 0, offsets[-1], items)], now_ms())
 
 
-SCENARIOS: dict[str, Callable[[Run, int], Result]] = {
+SCENARIOS: dict[str, Callable[[Run, int, int], Result]] = {
     "s3": s3_intake, "s1": s1_burst, "burst": burst,
 }  # fmt: skip
+COUNTS = {"s3": S3_RECORDS, "s1": S1_MESSAGES, "burst": BURST_MESSAGES}
 
 
 def main() -> int:
@@ -325,18 +312,16 @@ def main() -> int:
                     for _ in range(args.repeat):
                         for processes in counts:
                             run = Run(broker, url, args.shards, kind)
-                            result = one_run(name, run, processes, args.burst)
+                            count = args.burst if name == "burst" else COUNTS[name]
+                            result = one_run(name, run, processes, count)
                             results.append(result)
                             print(orjson.dumps(result).decode(), flush=True)  # noqa: T201 - a benchmark prints figures
     print(spread(results, key=("scenario", "redis", "processes")), flush=True)  # noqa: T201
     return 0
 
 
-def one_run(name: str, run: Run, processes: int, burst_messages: int) -> Result:
-    if name == "burst":
-        figures = burst(run, processes, burst_messages)
-    else:
-        figures = SCENARIOS[name](run, processes)
+def one_run(name: str, run: Run, processes: int, count: int) -> Result:
+    figures = SCENARIOS[name](run, processes, count)
     flush_all(run.redis_url)
     return {"scenario": name, "redis": run.kind, "shards": run.shards, "processes": processes,
             **figures}  # fmt: skip

@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,19 +78,37 @@ def broker_name() -> str:
 def new_broker(work: Path) -> KafkaBroker | TansuBroker:
     if broker_name() == "tansu":
         return TansuBroker(free_port(), work / "tansu.log")
+    return kafka_broker(work)
+
+
+def kafka_broker(work: Path) -> KafkaBroker:
     return KafkaBroker(free_port(), work / "kafka", heap="1g")
+
+
+def spawn_service(env: dict[str, str], log_path: Path, *args: str) -> subprocess.Popen[bytes]:
+    """`blackbox run ARGS` in its own process with `env`, its output appended to `log_path`."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "blackbox", "run", *args],
+            # Unbuffered: a process killed with SIGKILL keeps its last lines in the log.
+            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def start_service(stack: Stack) -> subprocess.Popen[bytes]:
     """`blackbox run` in its own process, its output appended to service.log."""
-    with (stack.work / "service.log").open("ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "blackbox", "run"],
-            # Unbuffered: a process killed with SIGKILL keeps its last lines in the log.
-            env={**os.environ, **stack.env, "PYTHONUNBUFFERED": "1"},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    return spawn_service(stack.env, stack.work / "service.log")
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, every: float = 0.1) -> None:
+    """Poll `condition` every `every` seconds; stop the benchmark at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"benchmark stopped: {what} not within {timeout} s")
+        time.sleep(every)
 
 
 @contextmanager
@@ -120,7 +138,7 @@ def redis_cpu_seconds(client: redis.Redis) -> float:
 @contextmanager
 def started_broker() -> Iterator[KafkaBroker]:
     """An Apache Kafka broker on a free port, for benchmarks that start their own services."""
-    broker = KafkaBroker(free_port(), scratch_dir("blackbox-bench-") / "kafka", heap="1g")
+    broker = kafka_broker(scratch_dir("blackbox-bench-"))
     broker.start()
     try:
         yield broker
@@ -154,15 +172,8 @@ class ServiceProcess:
 
     def __init__(self, env: dict[str, str], role: str, log: Path) -> None:
         self.port = free_port()
-        # Unbuffered: a process killed with SIGKILL keeps its last lines in the log.
-        own = {"BLACKBOX_HTTP_PORT": str(self.port), "PYTHONUNBUFFERED": "1"}
-        with log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "blackbox", "run", "--role", role],
-                env={**os.environ, **env, **own},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        own = {**env, "BLACKBOX_HTTP_PORT": str(self.port)}
+        self.process = spawn_service(own, log, "--role", role)
 
     @property
     def pid(self) -> int:
@@ -205,9 +216,5 @@ def service_processes(
         processes = [ServiceProcess(env, role, log) for _ in range(count)]
         for process in processes:
             stack.callback(process.stop)
-        deadline = time.monotonic() + ready_within
-        while not all(p.ready() for p in processes):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the service processes were not ready within {ready_within} s")
-            time.sleep(0.1)
+        wait_for(lambda: all(p.ready() for p in processes), ready_within, "every process ready")
         yield processes
