@@ -38,7 +38,7 @@ from blackbox.progress import Progress
 from blackbox.receiving import limits_of
 from blackbox.role import Role
 from blackbox.service import Service
-from blackbox.settings import Settings, describe
+from blackbox.settings import Settings, describe, service_links
 from blackbox.spark import command as spark_command
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_FINDINGS = 0, 1, 2, 3
@@ -60,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(str(e))
         return EXIT_USAGE
     logs.configure(settings.log_format, settings.log_level)
+    if links := service_links(os.environ):
+        log.info("service_links_ignored", variables=sorted(links))
     try:
         code: int = args.command(args, settings)
     except (SettingsError, StackError, SparkMissing) as e:

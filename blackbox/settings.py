@@ -233,7 +233,13 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
-        """Read and validate every setting; raise SettingsError naming the bad variable."""
+        """Read and validate every setting; raise SettingsError naming the bad variable.
+
+        The variables Kubernetes injects for the namespace's Services (`service_links`)
+        are left out first: they are addresses of neighbours, never settings.
+        """
+        links = service_links(environ)
+        environ = {k: v for k, v in environ.items() if k not in links}
         values = {var.attribute: _read(var, environ) for var in VARIABLES}
         settings = cls(
             **values,
@@ -276,6 +282,40 @@ def _read(var: Var, environ: Mapping[str, str]) -> Any:
         return var.parse(text)
     except ValueError as e:
         raise SettingsError(f"{var.name}={text!r} is invalid: {e}") from e
+
+
+# What Kubernetes (and Docker's legacy links) inject for a Service named NAME:
+# NAME_SERVICE_HOST, NAME_SERVICE_PORT[_PORTNAME], NAME_PORT=tcp://ip:port and
+# NAME_PORT_<port>_<PROTO>[_PROTO|_PORT|_ADDR]. A Service called `kafka` would otherwise
+# reach librdkafka as properties such as `port.9092.tcp.addr`.
+_SERVICE_HOST = "_SERVICE_HOST"
+_LINK_URL = re.compile(r"(tcp|udp|sctp)://", re.IGNORECASE)
+_LINK_PORT = re.compile(r"_PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?")
+
+
+def service_links(environ: Mapping[str, str]) -> frozenset[str]:
+    """The variables in `environ` that a Service link injected, to be ignored.
+
+    Only names of the link shapes count, and only for a Service that is there (its
+    NAME_SERVICE_HOST, or a NAME_PORT holding a URL): an operator's own KAFKA_* or
+    BLACKBOX_*_PORT=8080 is kept.
+    """
+    services = {k[: -len(_SERVICE_HOST)] for k in environ if k.endswith(_SERVICE_HOST)}
+    services |= {k[: -len("_PORT")] for k, v in environ.items()
+                 if k.endswith("_PORT") and _LINK_URL.match(v)}  # fmt: skip
+    return frozenset(k for k in environ if any(_is_link(k, name, environ) for name in services))
+
+
+def _is_link(variable: str, service: str, environ: Mapping[str, str]) -> bool:
+    if not variable.startswith(service + "_"):
+        return False
+    rest = variable[len(service) :]
+    if rest in (_SERVICE_HOST, "_SERVICE_PORT") or rest.startswith("_SERVICE_PORT_"):
+        return True
+    link = _LINK_PORT.fullmatch(rest)
+    if link and link.group(2):  # NAME_PORT_9092_TCP_ADDR and its kin
+        return True
+    return (rest == "_PORT" or link is not None) and bool(_LINK_URL.match(environ[variable]))
 
 
 def kafka_config(environ: Mapping[str, str], client: str = "") -> dict[str, str]:

@@ -172,6 +172,28 @@ def test_rendered_environment_loads_as_settings() -> None:
     assert loaded.kafka_consumer == {"fetch.wait.max.ms": "5"}
 
 
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=list(VALUE_SETS))
+def test_pods_get_no_service_links(values: dict[str, Any]) -> None:
+    """Guarantee 4: no pod of the chart is given the namespace's Service variables
+    (KAFKA_PORT=tcp://… from a Service named `kafka` broke the start)."""
+    docs = manifests(values)
+    pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Deployment", "Job")]
+    assert pods
+    assert [p.get("enableServiceLinks") for p in pods] == [False] * len(pods)
+
+
+def test_a_kafka_service_beside_the_chart_still_loads_settings() -> None:
+    """Guarantee 4: the chart's environment plus what a Service named `kafka` injects (as a
+    cluster that ignores enableServiceLinks would) loads with the chart's own Kafka address."""
+    docs = manifests({"kafka": {"KAFKA_BOOTSTRAP_SERVERS": "kafka:9092"}})
+    injected = {"KAFKA_SERVICE_HOST": "10.96.0.12", "KAFKA_SERVICE_PORT": "9092",
+                "KAFKA_PORT": "tcp://10.96.0.12:9092", "KAFKA_PORT_9092_TCP": "tcp://10.96.0.12:9092",
+                "KAFKA_PORT_9092_TCP_PROTO": "tcp", "KAFKA_PORT_9092_TCP_PORT": "9092",
+                "KAFKA_PORT_9092_TCP_ADDR": "10.96.0.12"}  # fmt: skip
+    loaded = Settings.from_env({**injected, **environment(docs, _deployment(docs))})
+    assert loaded.kafka == {"bootstrap.servers": "kafka:9092"}
+
+
 @pytest.fixture
 def endpoints() -> Iterator[Endpoints]:
     metrics = Metrics()

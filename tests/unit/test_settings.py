@@ -323,3 +323,60 @@ def test_mask_url_masks_a_password_given_as_a_query_parameter() -> None:
     """redis-py also reads ?password=: it is masked, and the other parameters are kept."""
     url = "redis://cache:6379/0?db=1&password=hunter2&ssl=true"
     assert settings.mask_url(url) == "redis://cache:6379/0?db=1&password=********&ssl=true"
+
+
+def _service_environment(name: str, ip: str, port: int) -> dict[str, str]:
+    """What Kubernetes injects into every pod of a namespace for a Service called `name`."""
+    prefix = name.upper().replace("-", "_")
+    url = f"tcp://{ip}:{port}"
+    return {
+        f"{prefix}_SERVICE_HOST": ip,
+        f"{prefix}_SERVICE_PORT": str(port),
+        f"{prefix}_SERVICE_PORT_CLIENT": str(port),
+        f"{prefix}_PORT": url,
+        f"{prefix}_PORT_{port}_TCP": url,
+        f"{prefix}_PORT_{port}_TCP_PROTO": "tcp",
+        f"{prefix}_PORT_{port}_TCP_PORT": str(port),
+        f"{prefix}_PORT_{port}_TCP_ADDR": ip,
+    }
+
+
+def test_a_kafka_service_in_the_namespace_reaches_no_client() -> None:
+    """Guarantee 4: the variables of a Service named `kafka` (and `kafka-consumer`,
+    `kafka-producer`) are not librdkafka properties; the operator's own ones still are."""
+    environ = {
+        **_service_environment("kafka", "10.0.0.7", 9092),
+        **_service_environment("kafka-consumer", "10.0.0.8", 9092),
+        **_service_environment("kafka-producer", "10.0.0.9", 9092),
+        "KAFKA_BOOTSTRAP_SERVERS": "kafka:9092",
+        "KAFKA_CONSUMER_FETCH_WAIT_MAX_MS": "20",
+    }
+    loaded = Settings.from_env(environ)
+    assert loaded.kafka == {"bootstrap.servers": "kafka:9092"}
+    assert loaded.kafka_consumer == {"fetch.wait.max.ms": "20"}
+    assert loaded.kafka_producer == {}
+    assert settings.service_links(environ) == frozenset(
+        k
+        for k in environ
+        if k not in ("KAFKA_BOOTSTRAP_SERVERS", "KAFKA_CONSUMER_FETCH_WAIT_MAX_MS")
+    )
+
+
+def test_a_service_named_like_a_setting_does_not_break_the_start() -> None:
+    """Guarantee 4: a Service `blackbox-http` injects BLACKBOX_HTTP_PORT=tcp://…, which is
+    ignored; an explicit BLACKBOX_HTTP_PORT=8081 beside the same Service is kept."""
+    injected = _service_environment("blackbox-http", "10.0.0.5", 8080)
+    assert Settings.from_env(injected).http_port == 8080
+    explicit = {**injected, "BLACKBOX_HTTP_PORT": "8081"}
+    assert Settings.from_env(explicit).http_port == 8081
+    assert "BLACKBOX_HTTP_PORT" not in settings.service_links(explicit)
+
+
+def test_link_shaped_names_without_a_service_are_kept() -> None:
+    """Only a Service that is there makes its variables links: KAFKA_PORT_1_TCP_ADDR alone
+    (no KAFKA_SERVICE_HOST, no KAFKA_PORT URL) is passed on and refused by librdkafka."""
+    assert (
+        settings.service_links({"KAFKA_PORT_1_TCP_ADDR": "x", "KAFKA_ACKS": "all"}) == frozenset()
+    )
+    docker_link = {"KAFKA_PORT": "tcp://172.17.0.2:9092", "KAFKA_PORT_9092_TCP_ADDR": "172.17.0.2"}
+    assert settings.service_links(docker_link) == frozenset(docker_link)
