@@ -114,6 +114,18 @@ def _token(text: str) -> str:
     return text
 
 
+# A host name, "*.domain" (any name under it), an IP address ([::1] for IPv6), or "*" (any).
+_HOST_PATTERN = re.compile(r"\*|(\*\.)?[a-z0-9]([a-z0-9.-]*[a-z0-9])?|\[[0-9a-f:.]+\]")
+
+
+def _hosts(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip().lower() for name in text.split(",") if name.strip())
+    for name in names:
+        if not _HOST_PATTERN.fullmatch(name):
+            raise ValueError(f"{name!r} is not a host name, *.domain, an IP address or *")
+    return names
+
+
 def _choice(*options: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in options:
@@ -185,6 +197,9 @@ VARIABLES: tuple[Var, ...] = (
         "open: anyone reaching the port may read schedules; token: reads need the token too"),
     Var("BLACKBOX_API_DEV_OPEN", "api_dev_open", _flag, "false",
         "local development only: without a token, allow every API call (`blackbox dev`)"),
+    Var("BLACKBOX_API_ALLOWED_HOSTS", "api_allowed_hosts", _hosts, "",
+        "with the API open (reads open, or dev open without a token): Host names answered "
+        "besides localhost, 127.0.0.1 and [::1], comma-separated (*.domain, * for any)"),
     Var("BLACKBOX_HEALTH_INTERVAL", "health_interval", _positive_float, "2",
         "seconds between probes of Redis and the broker (readiness)"),
     Var("BLACKBOX_LOG_FORMAT", "log_format", _choice("auto", "json", "console"), "auto",
@@ -224,6 +239,7 @@ class Settings:
     api_token: str
     api_reads: str
     api_dev_open: bool
+    api_allowed_hosts: tuple[str, ...]
     health_interval: float
     log_format: str
     log_level: str

@@ -39,6 +39,7 @@ def test_defaults_from_an_empty_environment() -> None:
         api_token="",
         api_reads="token",
         api_dev_open=False,
+        api_allowed_hosts=(),
         health_interval=2.0,
         log_format="auto",
         log_level="info",
@@ -380,3 +381,16 @@ def test_link_shaped_names_without_a_service_are_kept() -> None:
     )
     docker_link = {"KAFKA_PORT": "tcp://172.17.0.2:9092", "KAFKA_PORT_9092_TCP_ADDR": "172.17.0.2"}
     assert settings.service_links(docker_link) == frozenset(docker_link)
+
+
+def test_allowed_hosts_are_names_wildcards_or_addresses() -> None:
+    """BLACKBOX_API_ALLOWED_HOSTS (guarantee 4: the open API answers only the names it
+    serves) is a comma-separated list of names, *.domain, IP addresses or *, lower-cased;
+    anything else (a URL, a port, a misplaced wildcard) is refused naming the variable."""
+    given = " Blackbox.Example.com, *.corp.example ,[::1],10.0.0.7,"
+    loaded = Settings.from_env({"BLACKBOX_API_ALLOWED_HOSTS": given})
+    assert loaded.api_allowed_hosts == ("blackbox.example.com", "*.corp.example", "[::1]",
+                                        "10.0.0.7")  # fmt: skip
+    for bad in ("http://blackbox", "blackbox:8080", "x.*.example", "a b"):
+        with pytest.raises(SettingsError, match="BLACKBOX_API_ALLOWED_HOSTS"):
+            Settings.from_env({"BLACKBOX_API_ALLOWED_HOSTS": bad})
