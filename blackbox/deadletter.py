@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message
 
-from blackbox.envelope import normalize_headers
+from blackbox.envelope import Header
 from blackbox.errors import DeadLetterReason
 from blackbox.kafka import lasting_reason
 from blackbox.outbox import Outbox, Record
@@ -20,8 +20,8 @@ from blackbox.outbox import Outbox, Record
 REASON_HEADER = "blackbox-dlq-reason"
 DETAIL_HEADER = "blackbox-dlq-detail"
 MAX_DETAIL_BYTES = 1024
-
-Header = tuple[str, bytes | None]
+# In place of a record's own headers when they could not be read.
+HEADERS_OMITTED: Header = ("blackbox-dlq-headers-omitted", b"unreadable")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +46,14 @@ def _truncate(text: str, limit: int) -> bytes:
     return text.encode("utf-8", "replace")[:limit].decode("utf-8", "ignore").encode("utf-8")
 
 
-def from_intake(message: Message, reason: DeadLetterReason, detail: str) -> DeadLetter:
-    """The unchanged intake record, with why it was refused and where it came from."""
-    kept = normalize_headers(message.headers())
+def from_intake(
+    message: Message, headers: list[Header] | None, reason: DeadLetterReason, detail: str
+) -> DeadLetter:
+    """The unchanged intake record, with why it was refused and where it came from.
+
+    `headers` are the record's own, as read once by the intake; None when they could not
+    be read (a name not UTF-8), and then a header says they were left out."""
+    kept: list[Header] = [HEADERS_OMITTED] if headers is None else headers
     added: list[Header] = [
         ("blackbox-dlq-topic", (message.topic() or "").encode()),
         ("blackbox-dlq-partition", str(message.partition()).encode()),

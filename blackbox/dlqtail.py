@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from blackbox.deadletter import DETAIL_HEADER, REASON_HEADER
-from blackbox.envelope import normalize_headers
+from blackbox.kafka import read_headers
 from blackbox.pending import preview
 
 PER_PARTITION = 20
@@ -95,7 +95,7 @@ class DeadLetterTail:
 
 def _view(message: Message) -> DeadLetterView:
     headers: dict[str, bytes] = {}
-    for name, value in normalize_headers(message.headers()):
+    for name, value in read_headers(message) or []:
         if value is not None:
             headers[name] = value
 

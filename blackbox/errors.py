@@ -30,6 +30,7 @@ class DeadLetterReason(enum.StrEnum):
     UNKNOWN_TOPIC = "unknown_topic"
     RECORD_TOO_LARGE = "record_too_large"
     DELIVERY_FAILED = "delivery_failed"
+    UNREADABLE = "unreadable"  # handling it failed in a way no check foresaw
 
 
 class BlackboxError(Exception):

@@ -27,12 +27,13 @@ from confluent_kafka import (
 from blackbox import deadletter, envelope
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
+from blackbox.crashguard import CRASH_LIMIT, CrashGuard
 from blackbox.deadletter import DeadLetter
-from blackbox.envelope import Cancel, Limits, Request
-from blackbox.errors import BlackboxError, InvalidEnvelope
+from blackbox.envelope import Cancel, Header, Limits, Request
+from blackbox.errors import BlackboxError, DeadLetterReason, InvalidEnvelope
 from blackbox.events import Coordinates, Event, Outcome
 from blackbox.incarnations import Incarnations
-from blackbox.kafka import lasting_reason
+from blackbox.kafka import lasting_reason, read_headers
 from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox, Record, Reports
 from blackbox.policy import CallerPolicy
@@ -48,6 +49,7 @@ FINAL_ANSWER_SECONDS = 3.0
 # Records parsed before their part is sent to Redis: small enough that Redis applies one
 # part while the next is parsed, large enough that a script call carries many.
 PART_RECORDS = 100
+UNREADABLE_HEADERS = "a header name is not UTF-8; the record's headers could not be read"
 
 OUTCOMES = {
     Applied.SCHEDULED: Outcome.SCHEDULED,
@@ -75,6 +77,8 @@ class _Batch:
     dead: list[DeadLetter] = field(default_factory=list)
     refusals: list[Event] = field(default_factory=list)
     landed: int = 0
+    # Records whose handling died CRASH_LIMIT times (topic, partition, offset): not read.
+    poisoned: set[tuple[str, int, int]] = field(default_factory=set)
 
     def saw(self, topic: str, partition: int, offset: int) -> None:
         self.unsent.setdefault((topic, partition), [])
@@ -154,11 +158,13 @@ class Intake:
         metrics: Metrics,
         *,
         incarnations: Incarnations,
+        guard: CrashGuard,
         on_scheduled: Nudge = lambda _shard, _due_ms: None,
         on_refused_for_memory: Callable[[bool], None] = lambda _refused: None,
     ) -> None:
         self.on_scheduled = on_scheduled
         self.incarnations = incarnations
+        self.guard = guard
         self.on_refused_for_memory = on_refused_for_memory
         self.consumer = consumer
         self.store = store
@@ -171,15 +177,21 @@ class Intake:
     def run(self, stop: threading.Event) -> None:
         """Consume until `stop` is set, then close the consumer (committing what was stored)."""
         self.consumer.subscribe(
-            [self.config.topic], on_assign=self._assigned, on_revoke=_log_revoked
+            [self.config.topic], on_assign=self._assigned, on_revoke=self._revoked
         )
         log.info("intake_started", topic=self.config.topic)
+        died = True
         try:
             while not stop.is_set():
                 self.poll_once(stop)
+            died = False
         finally:
             # Let the last answers land (briefly: the service stops within seconds), then commit.
             self._settle(threading.Event(), retry=False, wait_seconds=FINAL_ANSWER_SECONDS)
+            if died:  # its crash notes stay for the next owner (crashguard.py)
+                self.guard.died()
+            else:
+                self.guard.stopped()
             self.consumer.close()
             log.info("intake_stopped")
 
@@ -190,6 +202,7 @@ class Intake:
             self._settle(stop)
             return
         try:
+            records = self._one_at_a_time_after_crashes(records)
             self.handle(records, stop)
             self.backoff.reset()
             self.on_refused_for_memory(False)
@@ -213,6 +226,13 @@ class Intake:
             return [] if first is None else [first]
         return [first, *self.consumer.consume(self.config.batch - 1, timeout=0)]
 
+    def _one_at_a_time_after_crashes(self, records: list[Message]) -> list[Message]:
+        """The records to handle now; where a handler died, the rest are read again."""
+        now, later = self.guard.careful(records)
+        if later:
+            self._rewind(later)
+        return now
+
     def _admitted(self, records: list[Message]) -> list[Message]:
         """The records up to the first of a restarted topic; the rest are read again."""
         count = self.incarnations.admit(records)
@@ -227,6 +247,7 @@ class Intake:
         """Dead-letter bad records, apply the rest, answer each, then store the offsets."""
         now = now_ms()
         batch = _Batch(self.incarnations.tags({m.topic() or "" for m in records}))
+        batch.poisoned = self.guard.note(records)
         codes = self._apply_in_parts(records, now, batch, stop)
         self._answer(batch, codes, now, stop, batch.next_offsets())
 
@@ -285,27 +306,44 @@ class Intake:
         self._answering = _Answering(self.outbox.submit(answers), answers, offsets)
 
     def _sort(self, message: Message, now: int, batch: _Batch) -> None:
-        topic, partition, offset = (
-            message.topic() or "",
-            message.partition() or 0,
-            message.offset() or 0,
-        )
-        batch.saw(topic, partition, offset)
-        request: Request | None = None
-        headers = envelope.normalize_headers(message.headers())
-        try:
-            request = envelope.parse(message.value(), headers, self.config.limits, message.key())
-            origin = intake_id(topic, partition, offset, batch.tags[topic])
-            write = self._write(request, message, now, origin)
-        except InvalidEnvelope as e:
-            batch.refuse(
-                deadletter.from_intake(message, e.reason, e.detail),
-                _refusal(Coordinates(topic, partition, offset), headers, request, e),
-            )
-            log.warning("dead_lettered", reason=e.reason.value, detail=e.detail,
-                        topic=topic, partition=partition, offset=offset)  # fmt: skip
+        """Parse one record into a write, or refuse it with a dead letter. Nothing a record
+        holds may escape as an exception: one that no check foresaw is dead-lettered as
+        `unreadable`, with the error logged."""
+        where = _where(message)
+        batch.saw(*where)
+        if where in batch.poisoned:
+            detail = f"handling it stopped the intake {CRASH_LIMIT} times"
+            error = _unreadable(detail)
+            self._refuse(batch, message, where, headers=None, request=None, error=error)
             return
-        batch.unsent[(topic, partition)].append((offset, write))
+        headers = read_headers(message)  # once: a second read of bad names crashed the client
+        request: Request | None = None
+        try:
+            if headers is None:
+                raise InvalidEnvelope(DeadLetterReason.INVALID_HEADER, UNREADABLE_HEADERS)
+            request = envelope.parse(message.value(), headers, self.config.limits, message.key())
+            write = self._write(request, message, now, intake_id(*where, batch.tags[where[0]]))
+        except InvalidEnvelope as e:
+            self._refuse(batch, message, where, headers=headers, request=request, error=e)
+            return
+        except Exception as e:
+            log.exception("intake_record_failed", topic=where[0], partition=where[1],
+                          offset=where[2])  # fmt: skip
+            error = _unreadable(repr(e))
+            self._refuse(batch, message, where, headers=headers, request=request, error=error)
+            return
+        batch.unsent[where[:2]].append((where[2], write))
+
+    def _refuse(  # noqa: PLR0913 - the record, what could be read of it, and why
+        self, batch: _Batch, message: Message, where: tuple[str, int, int], *,
+        headers: list[Header] | None, request: Request | None, error: InvalidEnvelope,
+    ) -> None:  # fmt: skip
+        batch.refuse(
+            deadletter.from_intake(message, headers, error.reason, error.detail),
+            _refusal(Coordinates(*where), headers or [], request, error),
+        )
+        log.warning("dead_lettered", reason=error.reason.value, detail=error.detail,
+                    topic=where[0], partition=where[1], offset=where[2])  # fmt: skip
 
     def _write(self, request: Request, message: Message, now: int, origin: str) -> Write:
         """What to apply in Redis for a valid request; the caller's policy may still refuse."""
@@ -401,13 +439,23 @@ class Intake:
                 log.info("intake_rewind_skipped", topic=topic, partition=partition, error=str(e))
 
     def _assigned(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """New partitions: their topic may have been created again since intake last read it."""
+        """New partitions: their topic may have been created again since intake last read
+        it, and their last owner may have died on a record (crashguard.py)."""
         self.incarnations.forget((p.topic, p.partition) for p in partitions)
+        self.guard.assigned((p.topic, p.partition) for p in partitions)
         log.info("intake_assigned", partitions=sorted(p.partition for p in partitions))
 
+    def _revoked(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.guard.revoked((p.topic, p.partition) for p in partitions)
+        log.info("intake_revoked", partitions=sorted(p.partition for p in partitions))
 
-def _log_revoked(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
-    log.info("intake_revoked", partitions=sorted(p.partition for p in partitions))
+
+def _where(message: Message) -> tuple[str, int, int]:
+    return message.topic() or "", message.partition() or 0, message.offset() or 0
+
+
+def _unreadable(detail: str) -> InvalidEnvelope:
+    return InvalidEnvelope(DeadLetterReason.UNREADABLE, detail)
 
 
 @dataclass(frozen=True, slots=True)

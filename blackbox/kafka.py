@@ -11,9 +11,17 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicCollection,
+)
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from blackbox.envelope import Header, normalize_headers
 from blackbox.errors import DeadLetterReason, SettingsError
 from blackbox.settings import Settings
 
@@ -48,6 +56,19 @@ _LASTING = {
     KafkaError.INVALID_RECORD: DeadLetterReason.DELIVERY_FAILED,
     KafkaError.POLICY_VIOLATION: DeadLetterReason.DELIVERY_FAILED,
 }
+
+
+def read_headers(message: Message) -> list[Header] | None:
+    """A record's headers as (name, bytes) pairs, or None when they cannot be read.
+
+    confluent-kafka decodes header names as UTF-8 and fails (a SystemError wrapping a
+    UnicodeDecodeError) on one that is not; a second `headers()` call on such a message
+    was seen to crash the process. So read them once, here, and keep what this returns.
+    """
+    try:
+        return normalize_headers(message.headers())
+    except (SystemError, UnicodeDecodeError):
+        return None
 
 
 def lasting_reason(error: KafkaError) -> DeadLetterReason | None:

@@ -134,6 +134,12 @@ class Layout:
         return f"{self.tag}:shards"
 
     @property
+    def intake_handling(self) -> str:
+        """Hash: "topic:partition" -> "first last attempts", the intake offsets being handled
+        (see crashguard.py); a note left behind is a handler that died."""
+        return f"{self.tag}:handling"
+
+    @property
     def wake_channel(self) -> str:
         """Pub/sub channel: "shard:due ms", a due time sooner than replicas may have planned
         for."""

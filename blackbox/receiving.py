@@ -14,6 +14,7 @@ from collections.abc import Callable
 from confluent_kafka import Producer
 
 from blackbox import kafka, policy
+from blackbox.crashguard import CrashGuard
 from blackbox.envelope import Limits
 from blackbox.incarnations import Incarnations
 from blackbox.intake import POLL_SECONDS, Intake, IntakeConfig
@@ -80,6 +81,7 @@ class Receiving:
             kafka.new_consumer(settings), store, self.outbox,
             intake_config_of(settings, caller_policy), metrics,
             incarnations=Incarnations(kafka.topic_id_lookup(settings.kafka)),
+            guard=CrashGuard(store.client, store.layout.intake_handling),
             on_scheduled=announce, on_refused_for_memory=room.intake_refused,
         )  # fmt: skip
 

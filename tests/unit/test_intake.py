@@ -40,8 +40,9 @@ def _intake(consumer: _Consumer, batch: int) -> Intake:
     unused: Any = None  # neither the store nor the outbox is reached
     incarnations = Incarnations(lambda names: {})
     return Intake(
-        cast(Consumer, consumer), unused, unused, config, Metrics(), incarnations=incarnations
-    )
+        cast(Consumer, consumer), unused, unused, config, Metrics(),
+        incarnations=incarnations, guard=unused,
+    )  # fmt: skip
 
 
 def test_a_poll_waits_for_the_first_record_only_and_drains_what_was_fetched() -> None:

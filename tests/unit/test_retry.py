@@ -15,6 +15,7 @@ from blackbox.deadletter import DETAIL_HEADER, MAX_DETAIL_BYTES, REASON_HEADER, 
 from blackbox.dispatcher import RetryPolicy, delivery_record
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import DeadLetterReason
+from blackbox.kafka import read_headers
 from blackbox.schedule import Schedule
 
 PROPERTY = settings(max_examples=300, deadline=None, database=None)
@@ -160,7 +161,9 @@ def test_dead_letter_from_intake_copies_the_record_and_adds_origin() -> None:
         value=b"not json",
         headers=[(CALLER_HEADER, b"billing"), ("trace", "abc"), ("empty", None)],
     )
-    letter = deadletter.from_intake(message, DeadLetterReason.INVALID_JSON, "value is not JSON")
+    letter = deadletter.from_intake(
+        message, read_headers(message), DeadLetterReason.INVALID_JSON, "value is not JSON"
+    )
     assert letter == DeadLetter(
         value=b"not json",
         key=b"k",
@@ -181,7 +184,7 @@ def test_dead_letter_from_intake_copies_the_record_and_adds_origin() -> None:
 def test_dead_letter_from_a_tombstone_without_headers() -> None:
     """Guarantee 4: a tombstone with no headers is dead-lettered with only blackbox's headers."""
     message = Message(topic="blackbox", partition=0, offset=1, key=None, value=None)
-    letter = deadletter.from_intake(message, DeadLetterReason.EMPTY_VALUE, "tombstone")
+    letter = deadletter.from_intake(message, [], DeadLetterReason.EMPTY_VALUE, "tombstone")
     assert letter.value is None
     assert [name for name, _ in letter.headers] == [
         REASON_HEADER,
@@ -190,6 +193,16 @@ def test_dead_letter_from_a_tombstone_without_headers() -> None:
         "blackbox-dlq-partition",
         "blackbox-dlq-offset",
     ]
+
+
+def test_dead_letter_of_unreadable_headers_says_they_were_left_out() -> None:
+    """Guarantee 4: a record whose headers could not be read (a name not UTF-8) keeps its
+    value and key, and a header says its own headers are missing."""
+    message = Message(topic="blackbox", partition=0, offset=7, key=b"\xff", value=b"v")
+    letter = deadletter.from_intake(message, None, DeadLetterReason.INVALID_HEADER, "bad name")
+    assert (letter.value, letter.key) == (b"v", b"\xff")
+    assert letter.headers[0] == ("blackbox-dlq-headers-omitted", b"unreadable")
+    assert letter.headers[1] == (REASON_HEADER, b"invalid_header")
 
 
 def test_delivery_record_carries_dedup_headers() -> None:
