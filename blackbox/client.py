@@ -82,8 +82,14 @@ def _deliver_at(at: datetime | float) -> str | float:
 
 
 # A producer retrying after a broker failure may write a request twice unless idempotent:
-# two intake records, two schedules. The caller's own settings come after these.
-_PRODUCER_DEFAULTS = {"enable.idempotence": "true", "acks": "all"}
+# two intake records, two schedules. Keys are partitioned as Java's producers do (murmur2),
+# so a schedule and its cancel sent from any language share a partition. The caller's own
+# settings come after these.
+_PRODUCER_DEFAULTS = {
+    "enable.idempotence": "true",
+    "acks": "all",
+    "partitioner": "murmur2_random",
+}
 
 
 def producer_config(given: Mapping[str, str]) -> dict[str, str]:

@@ -40,6 +40,10 @@ _CONSUMER_FORCED = {
 # p50 at the consumer 4 -> 2 ms), and a burst still batches behind the requests in flight.
 ANSWERS_LINGER_MS = 2
 FIRING_LINGER_MS = 0
+# A keyed record goes to the partition Java's default partitioner (murmur2) picks, as Spark's
+# connector and every Java producer do: a schedule and its cancel sent by different
+# producers then land on one partition, in order. librdkafka's own default is CRC32.
+JAVA_PARTITIONER = "murmur2_random"
 _PRODUCER_FORCED = {"enable.idempotence": "true", "acks": "all"}
 # Whether librdkafka reports successful deliveries too: blackbox decides, per producer.
 _REPORT_ONLY_ERRORS = "delivery.report.only.error"
@@ -100,6 +104,7 @@ def producer_config(
     propagation = {"topic.metadata.propagation.max.ms": str(max(1, timeout_ms // 2))}
     return {
         "linger.ms": str(linger_ms),
+        "partitioner": JAVA_PARTITIONER,
         **propagation,
         **settings.kafka,
         **settings.kafka_producer,

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from blackbox import client, envelope
 from blackbox.envelope import CALLER_HEADER, Envelope, Limits
+from tests.kafkatools import java_partition
 
 LIMITS = Limits(max_value_bytes=1_048_576, forbidden_topics=frozenset({"blackbox"}))
 PROPERTY = settings(max_examples=200, deadline=None, database=None)
@@ -199,5 +200,20 @@ def test_the_clients_producer_is_idempotent_unless_told_otherwise() -> None:
     (two intake records would be two schedules under two ids)."""
     config = client.producer_config({"bootstrap.servers": "k:9092"})
 
-    assert config == {"bootstrap.servers": "k:9092", "enable.idempotence": "true", "acks": "all"}
+    assert config == {
+        "bootstrap.servers": "k:9092",
+        "enable.idempotence": "true",
+        "acks": "all",
+        "partitioner": "murmur2_random",
+    }
     assert client.producer_config({"acks": "1"})["acks"] == "1"
+
+
+def test_the_partition_oracle_is_kafkas_murmur2() -> None:
+    """The tests' oracle for Java's partitioner gives Kafka's own murmur2 test vectors."""
+    vectors = {b"21": -973932308, b"foobar": -790332482, b"abc": 479470107,
+               b"a-little-bit-long-string": -985981536,
+               b"a-little-bit-longer-string": -1486304829}  # fmt: skip
+    big = 2**31 - 1
+    for key, java_int in vectors.items():
+        assert java_partition(key, big) == (java_int & 0x7FFFFFFF) % big

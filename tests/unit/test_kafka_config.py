@@ -76,6 +76,7 @@ def test_producer_defaults() -> None:
     assert producer_config(Settings.from_env({})) == {
         "bootstrap.servers": "localhost:9092",
         "linger.ms": "2",
+        "partitioner": "murmur2_random",
         "topic.metadata.propagation.max.ms": "5000",
         "message.timeout.ms": "10000",
         "enable.idempotence": "true",
