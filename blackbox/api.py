@@ -16,6 +16,7 @@ import orjson
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,6 +27,7 @@ from blackbox.clock import now_ms
 from blackbox.dlqtail import DeadLetterTail, DeadLetterView
 from blackbox.errors import InvalidEnvelope
 from blackbox.events import Outcome
+from blackbox.guard import BodyGate, OpenHosts
 from blackbox.health import Health
 from blackbox.httperrors import ApiError
 from blackbox.metrics import Metrics
@@ -47,14 +49,21 @@ _STATUS = {
 
 @dataclass(frozen=True, slots=True)
 class Access:
-    """Who may call what: the bearer token, whether reads need it, and the local-dev bypass."""
+    """Who may call what: the bearer token, whether reads need it, the local-dev bypass, and
+    the Host names answered besides the local ones while some call needs no token."""
 
     token: str
     reads_open: bool
     dev_open: bool
+    hosts: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return f"Access(token={'********' if self.token else ''!r}, reads_open={self.reads_open})"
+
+    @property
+    def open(self) -> bool:
+        """Whether some call needs no token (then only the Host names served are answered)."""
+        return self.reads_open or (self.dev_open and not self.token)
 
     def check(self, credentials: HTTPAuthorizationCredentials | None, *, read: bool) -> None:
         if read and self.reads_open:
@@ -66,6 +75,13 @@ class Access:
         given = b"" if credentials is None else credentials.credentials.encode()
         if not hmac.compare_digest(given, self.token.encode()):
             raise ApiError(401, "unauthorized", "send Authorization: Bearer <BLACKBOX_API_TOKEN>")
+
+    def check_write(self, authorization: str | None) -> None:
+        """`check` for a call that changes something, from its Authorization header alone."""
+        scheme, given = get_authorization_scheme_param(authorization)
+        bearer = scheme.lower() == "bearer" and bool(given)
+        credentials = HTTPAuthorizationCredentials(scheme=scheme, credentials=given)
+        self.check(credentials if bearer else None, read=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,10 +329,15 @@ def create_app(backend: Backend) -> FastAPI:
                   "see and manage what is pending.", openapi_url="/openapi.json",
                   docs_url=None, redoc_url=None)  # fmt: skip
     app.state.backend = backend
-    httperrors.install(app, backend.max_body_bytes)
+    httperrors.install(app)
     app.include_router(router)
     _health_routes(app, backend.health, backend.metrics)
     _page_routes(app)
+    if backend.access.open:
+        app.add_middleware(OpenHosts, allowed=backend.access.hosts)
+    # Added last, so it runs first: the token and the size before any body is read.
+    app.add_middleware(BodyGate, authorize=backend.access.check_write,
+                       limit=backend.max_body_bytes)  # fmt: skip
     return app
 
 
@@ -335,7 +356,8 @@ def backend_of(
         pending=pending, admin=admin,
         dead_letters=DeadLetterTail(kafka.consumer_config(settings), settings.dlq_topic),
         health=health, metrics=metrics,
-        access=Access(settings.api_token, settings.api_reads == "open", settings.api_dev_open),
+        access=Access(settings.api_token, settings.api_reads == "open", settings.api_dev_open,
+                      settings.api_allowed_hosts),
         max_countdown_ms=int(settings.max_countdown * 1000),
         max_body_bytes=settings.max_message_bytes * 2 + BODY_OVERHEAD_BYTES,
     )  # fmt: skip

@@ -1,8 +1,10 @@
 """HTTP errors of the API: every refusal is a 4xx JSON body `{"error": ..., "reason": ...}`,
-a dependency away is 503, and nothing is left to become a 500."""
+a dependency away is 503, and nothing is left to become a 500. (What is refused before the
+body is read, `guard` refuses.)"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -11,7 +13,7 @@ import structlog
 from confluent_kafka import KafkaException
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from blackbox.errors import BadCursor, ConcurrentUpdate, CorruptSchedule
@@ -27,8 +29,10 @@ class ApiError(Exception):
         self.status, self.error, self.reason = status, error, reason
 
 
-def refusal(status: int, error: str, reason: str) -> JSONResponse:
-    return JSONResponse({"error": error, "reason": reason}, status_code=status)
+def refusal(
+    status: int, error: str, reason: str, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": error, "reason": reason}, status_code=status, headers=headers)
 
 
 async def _on_api_error(_request: Request, e: Exception) -> JSONResponse:
@@ -66,18 +70,7 @@ async def _on_bad_cursor(_request: Request, e: Exception) -> JSONResponse:
     return refusal(400, "bad_cursor", str(e))
 
 
-def _body_limit(limit: int) -> Any:
-    async def check(request: Request, call_next: Any) -> Response:
-        declared = request.headers.get("content-length", "0")
-        if not declared.isdigit() or int(declared) > limit:
-            return refusal(413, "too_large", f"a request body is at most {limit} bytes")
-        response: Response = await call_next(request)
-        return response
-
-    return check
-
-
-def install(app: FastAPI, max_body_bytes: int) -> None:
+def install(app: FastAPI) -> None:
     """Answer every refusal and dependency failure with a JSON error, never a 500."""
     handlers: list[tuple[type[Exception], Any]] = [
         (ApiError, _on_api_error), (RequestValidationError, _on_invalid),
@@ -87,4 +80,3 @@ def install(app: FastAPI, max_body_bytes: int) -> None:
     ]  # fmt: skip
     for kind, handler in handlers:
         app.add_exception_handler(kind, handler)
-    app.middleware("http")(_body_limit(max_body_bytes))

@@ -63,3 +63,32 @@ def test_a_preview_is_short_text_and_binary_shows_its_size() -> None:
     assert preview(b"x" * 500) == "x" * 80
     assert preview("é".encode() * 100) == "é" * 80
     assert preview(b"\xff\xfe\x00") == "<3 bytes binary>"
+
+
+def test_a_write_is_authorised_from_the_authorization_header_alone() -> None:
+    """check_write reads the raw header as HTTPBearer does (scheme in any case), before any
+    body: the token passes, anything else is 401, no token configured is 403 (guarantee 4)."""
+    access = Access(TOKEN, reads_open=True, dev_open=False)
+    assert write_status(access, f"Bearer {TOKEN}") == 200
+    assert write_status(access, f"bearer {TOKEN}") == 200
+    for header in (None, "", "Bearer", f"Basic {TOKEN}", f"Bearer {TOKEN}x", TOKEN):
+        assert write_status(access, header) == 401, header
+    assert write_status(Access("", reads_open=True, dev_open=False), None) == 403
+    assert write_status(Access("", reads_open=False, dev_open=True), None) == 200
+
+
+def test_the_api_is_open_when_some_call_needs_no_token() -> None:
+    """Open reads, or local development without a token, make the API open (and so guarded
+    by Host); with a token and closed reads it is not, dev setting or not."""
+    assert Access(TOKEN, reads_open=True, dev_open=False).open
+    assert Access("", reads_open=False, dev_open=True).open
+    assert not Access(TOKEN, reads_open=False, dev_open=True).open
+    assert not Access("", reads_open=False, dev_open=False).open
+
+
+def write_status(access: Access, header: str | None) -> int:
+    try:
+        access.check_write(header)
+    except ApiError as e:
+        return e.status
+    return 200
