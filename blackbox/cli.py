@@ -49,6 +49,7 @@ CANCEL_ANSWERS = frozenset(
 SEND_ANSWERS = frozenset(
     o.value for o in (Outcome.SCHEDULED, Outcome.UPDATED, Outcome.DEAD_LETTERED)
 )
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 log = structlog.get_logger("blackbox.cli")
 
 
@@ -74,6 +75,15 @@ def _error(text: str) -> None:
     print(f"blackbox: {text}", file=sys.stderr)  # noqa: T201 - the user's terminal
 
 
+DEV_DESCRIPTION = """\
+Start Redis and Apache Kafka (or Tansu) on loopback, then run the service against them.
+
+Every API call is open without a token (BLACKBOX_API_DEV_OPEN=true), so the API is served on
+127.0.0.1 only and answers only the Host names localhost, 127.0.0.1 and [::1]. To reach it
+from elsewhere: BLACKBOX_HTTP_HOST=0.0.0.0 and BLACKBOX_API_ALLOWED_HOSTS=<names>, and
+better a BLACKBOX_API_TOKEN (with one set, every call needs it)."""
+
+
 def _parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog="blackbox", description=__doc__, formatter_class=raw)
@@ -85,7 +95,8 @@ def _parser() -> argparse.ArgumentParser:
                      "fire what is due, never consume; all: both (default)")  # fmt: skip
     run.set_defaults(command=cmd_run)
     dev = commands.add_parser("dev", help="start a local Redis and broker, then run the service",
-                              epilog=epilog, formatter_class=raw)  # fmt: skip
+                              description=DEV_DESCRIPTION, epilog=epilog,
+                              formatter_class=raw)  # fmt: skip
     dev.add_argument("--broker", choices=BROKERS, default="kafka",
                      help="Apache Kafka, or the light Tansu broker (keeps nothing)")  # fmt: skip
     dev.add_argument("--redis-port", type=int, default=6379)
@@ -327,8 +338,10 @@ def cmd_dev(args: argparse.Namespace, _settings: Settings) -> int:
     stack = DevStack(options)
     stack.start()
     try:
-        # Local development: the API answers every call without a token, unless told not to.
-        local = Settings.from_env({"BLACKBOX_API_DEV_OPEN": "true", **stack.environment()})
+        local = Settings.from_env(stack.environment())
+        if local.http_host not in LOOPBACK_HOSTS:
+            log.warning("dev_api_reachable_from_the_network", http_host=local.http_host,
+                        allowed_hosts=local.api_allowed_hosts)  # fmt: skip
         kafka.ensure_topics(local.kafka, local.own_topics)
         log.info("local_stack_ready", redis=local.redis_url, kafka=local.kafka["bootstrap.servers"],
                  broker=args.broker, state=str(stack.state))  # fmt: skip

@@ -7,7 +7,8 @@ offsets would take new records for re-reads. `fresh` starts both empty. The ligh
 broker keeps nothing on disk, so with it Redis keeps nothing either.
 
 An address given in the environment (REDIS_URL, KAFKA_BOOTSTRAP_SERVERS) is used as it is
-and nothing is started for it.
+and nothing is started for it. The service's API, open to every call without a token here,
+is served on loopback only unless BLACKBOX_HTTP_HOST says otherwise.
 """
 
 from __future__ import annotations
@@ -81,9 +82,11 @@ class DevStack:
         return KafkaBroker(port, self.state / "kafka", controller_port=port + 1, heap="1g")
 
     def environment(self) -> dict[str, str]:
-        """The environment the service runs with: the operator's, pointed at this stack."""
+        """The environment the service runs with: the operator's, pointed at this stack, with
+        every API call open without a token, to this machine alone, unless it says otherwise."""
         local = {"REDIS_URL": f"redis://{LOOPBACK}:{self.options.redis_port}/0",
-                 "KAFKA_BOOTSTRAP_SERVERS": f"{LOOPBACK}:{self.options.kafka_port}"}  # fmt: skip
+                 "KAFKA_BOOTSTRAP_SERVERS": f"{LOOPBACK}:{self.options.kafka_port}",
+                 "BLACKBOX_HTTP_HOST": LOOPBACK, "BLACKBOX_API_DEV_OPEN": "true"}  # fmt: skip
         return {**local, **self.environ}
 
     def start(self) -> None:

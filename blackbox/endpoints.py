@@ -38,8 +38,8 @@ class Endpoints:
 
     def start(self) -> None:
         self._thread.start()
-        log.info("http_listening", port=self.port, paths=["/", "/api/v1", "/live", "/ready",
-                                                          "/metrics"])  # fmt: skip
+        log.info("http_listening", host=self.socket.getsockname()[0], port=self.port,
+                 paths=["/", "/api/v1", "/live", "/ready", "/metrics"])  # fmt: skip
 
     def stop(self) -> None:
         self.server.should_exit = True

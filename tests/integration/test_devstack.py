@@ -7,7 +7,9 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -16,10 +18,12 @@ from tests.kafkatools import TopicReader, unique, wait_until
 from tests.process import BlackboxProcess
 
 
-def _dev(state: Path, log: Path, kafka_port: int, redis_port: int) -> BlackboxProcess:
+def _dev(
+    state: Path, log: Path, kafka_port: int, redis_port: int, broker: str = "kafka"
+) -> BlackboxProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "KAFKA_BOOTSTRAP_SERVERS")}
     env.update(BLACKBOX_HTTP_PORT="0", BLACKBOX_LOG_FORMAT="json", BLACKBOX_POLL_INTERVAL="0.2")
-    return BlackboxProcess(env, log, "dev", "--kafka-port", str(kafka_port),
+    return BlackboxProcess(env, log, "dev", "--kafka-port", str(kafka_port), "--broker", broker,
                            "--redis-port", str(redis_port), "--state-dir", str(state))  # fmt: skip
 
 
@@ -79,3 +83,37 @@ def test_dev_keeps_topics_offsets_and_pending_schedules_across_a_restart(
         assert again.terminate(30) == 0
     assert (state / "kafka" / "kafka-data" / "meta.properties").exists()
     assert (state / "redis" / "appendonlydir").exists()
+
+
+def test_dev_serves_its_open_api_to_this_machine_alone(
+    tmp_path: Path, ports: tuple[int, int]
+) -> None:
+    """Guarantee 4: `blackbox dev` opens every API call without a token, so it listens on
+    127.0.0.1 only and answers only local Host names: a page elsewhere whose name resolves
+    to 127.0.0.1 (DNS rebinding) is refused 400. (Tansu: no state needed here.)"""
+    kafka_port, redis_port = ports
+    dev = _dev(tmp_path / "state", tmp_path / "dev.log", kafka_port, redis_port, "tansu")
+    try:
+        wait_until(lambda: _serving(dev), timeout=120, what="the local stack's API")
+        listening = _event(dev, "http_listening")
+        assert listening["host"] == "127.0.0.1"
+        stats = f"http://127.0.0.1:{listening['port']}/api/v1/stats"
+        assert httpx.get(stats, timeout=10).status_code == 200
+        rebound = httpx.get(stats, headers={"Host": "attacker.example"}, timeout=10)
+        assert rebound.status_code == 400
+    finally:
+        assert dev.terminate(30) == 0
+
+
+def _serving(process: BlackboxProcess) -> bool:
+    return _started(process) and '"http_listening"' in process.output()
+
+
+def _event(process: BlackboxProcess, name: str) -> dict[str, Any]:
+    """The first log event of this name (the log is JSON lines)."""
+    for line in process.output().splitlines():
+        if line.startswith("{") and f'"{name}"' in line:
+            event: dict[str, Any] = orjson.loads(line)
+            if event.get("event") == name:
+                return event
+    raise AssertionError(f"no {name} event in the log")

@@ -63,6 +63,18 @@ def test_addresses_in_the_environment_are_used_and_nothing_is_started(tmp_path: 
     assert stack.environment()["REDIS_URL"] == "redis://127.0.0.1:6379/0"
 
 
+def test_dev_serves_the_open_api_on_loopback_unless_told_otherwise(tmp_path: Path) -> None:
+    """`blackbox dev` opens every API call without a token (guarantee 4: so it binds
+    127.0.0.1, and the open API answers only local Host names); BLACKBOX_HTTP_HOST and
+    BLACKBOX_API_DEV_OPEN in the environment override it."""
+    local = DevStack(DevOptions(state_dir=tmp_path), environ={}).environment()
+    assert (local["BLACKBOX_HTTP_HOST"], local["BLACKBOX_API_DEV_OPEN"]) == ("127.0.0.1", "true")
+    told = {"BLACKBOX_HTTP_HOST": "0.0.0.0", "BLACKBOX_API_DEV_OPEN": "false"}  # noqa: S104
+    assert DevStack(DevOptions(state_dir=tmp_path), environ=told).environment().items() >= (
+        told.items()
+    )
+
+
 def test_state_folder_follows_xdg_state_home() -> None:
     """The kept state lives where the user's state belongs, never in the repository."""
     assert state_root({"XDG_STATE_HOME": "/srv/state"}) == Path("/srv/state/blackbox/dev")
