@@ -9,9 +9,13 @@ RUN python -m venv /opt/blackbox
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY blackbox ./blackbox
-# Every runtime dependency ships manylinux wheels, so no compiler is needed even here. The
-# bytecode is compiled now: at run time the root filesystem may be read-only.
-RUN /opt/blackbox/bin/pip install . \
+# The wheel is built, then installed with its runtime dependencies only: exactly what
+# tests/deploy/test_wheel.py runs (it runs this stage's RUN lines) before it starts the
+# installed `blackbox run` and delivers through it. Every runtime dependency ships manylinux
+# wheels, so no compiler is needed even here. The bytecode is compiled now: at run time the
+# root filesystem may be read-only.
+RUN /opt/blackbox/bin/pip wheel --no-deps --wheel-dir /tmp/wheels . \
+    && /opt/blackbox/bin/pip install /tmp/wheels/blackbox-*.whl \
     && /opt/blackbox/bin/pip uninstall --yes pip
 
 FROM ${PYTHON_IMAGE}

@@ -6,17 +6,21 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 
 class BlackboxProcess:
     """`python -m blackbox ARGS` with a given environment, its output kept in a file."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, *args: str) -> None:
+    def __init__(
+        self, env: dict[str, str], log_path: Path, *args: str, program: Sequence[str] = ()
+    ) -> None:
+        """`program` replaces `python -m blackbox` (an installed `blackbox` command)."""
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "blackbox", *(args or ("run",))],
+            [*(program or (sys.executable, "-m", "blackbox")), *(args or ("run",))],
             env={**os.environ, **env},
             stdout=self._log,
             stderr=subprocess.STDOUT,
