@@ -21,7 +21,7 @@ import orjson
 import structlog
 from confluent_kafka import KafkaException
 
-from blackbox import client, console, envelope, kafka, logs
+from blackbox import client, console, envelope, kafka, keypair, logs
 from blackbox.answers import Answers
 from blackbox.backoff import Backoff
 from blackbox.devstack import BROKERS, DevOptions, DevStack
@@ -35,7 +35,7 @@ from blackbox.errors import (
 )
 from blackbox.events import Outcome
 from blackbox.progress import Progress
-from blackbox.receiving import limits_of
+from blackbox.receiving import caller_policy_of, limits_of
 from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.settings import Settings, describe, service_links
@@ -115,6 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     cancel = commands.add_parser("cancel", help="cancel a pending schedule by its id")
     cancel.add_argument("id", metavar="ID", help="the id it was scheduled with")
     cancel.add_argument("--caller", help=f"the {CALLER_HEADER} it was scheduled as")
+    keypair.add_signing_options(cancel)
     cancel.add_argument(
         "--wait",
         type=float,
@@ -124,6 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     cancel.set_defaults(command=cmd_cancel)
     console.add_commands(commands)
+    keypair.add_commands(commands)
     spark_command.add_commands(commands)
     return parser
 
@@ -142,6 +144,7 @@ def _add_send(commands: Any) -> None:
     send.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
                       help="a header of the delivered record (repeatable)")  # fmt: skip
     send.add_argument("--caller", help=f"the {CALLER_HEADER} header")
+    keypair.add_signing_options(send)
     kind = send.add_mutually_exclusive_group()
     kind.add_argument("--text", action="store_true", help="MESSAGE is a string, not JSON")
     kind.add_argument("--binary", action="store_true",
@@ -169,7 +172,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_create_topics(args: argparse.Namespace, settings: Settings) -> int:
-    names = settings.own_topics
+    names = [*settings.own_topics, *sorted(caller_policy_of(settings).bound_topics)]
     kafka.ensure_topics(settings.kafka, names, partitions=args.partitions)
     log.info("topics_ready", topics=names)
     return EXIT_OK
@@ -201,7 +204,8 @@ def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
 
 def _client(args: argparse.Namespace, settings: Settings) -> client.Client:
     return client.Client(dict(settings.kafka), caller=args.caller,
-                         intake_topic=settings.intake_topic)  # fmt: skip
+                         intake_topic=settings.intake_topic,
+                         signer=keypair.signer_of(args))  # fmt: skip
 
 
 def _answered(

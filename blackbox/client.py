@@ -25,8 +25,9 @@ from typing import Any
 import orjson
 from confluent_kafka import KafkaError, Message, Producer
 
-from blackbox.envelope import CALLER_HEADER
+from blackbox.envelope import CALLER_HEADER, Header
 from blackbox.errors import BlackboxError
+from blackbox.signing import Parts, Signer
 
 DEFAULT_INTAKE_TOPIC = "blackbox"
 
@@ -106,12 +107,18 @@ class Client:
         *,
         caller: str | None = None,
         intake_topic: str = DEFAULT_INTAKE_TOPIC,
+        signer: Signer | None = None,
     ) -> None:
+        """`signer` signs every request with the caller's key (see blackbox.signing), for
+        callers whose policy requires it."""
         self.producer = (
             producer if isinstance(producer, Producer) else Producer(producer_config(producer))
         )
         self.intake_topic = intake_topic
         self.caller = caller
+        self.signer = signer
+        if signer is not None and caller is None:
+            raise ValueError("a signed request must name its caller")
         self.failures: list[KafkaError] = []
         self.acknowledged = 0
         self.queue_wait_seconds = 30.0
@@ -149,13 +156,17 @@ class Client:
         """
         key = None if schedule_id is None else schedule_id.encode()
         deadline = time.monotonic() + self.queue_wait_seconds
-        headers: list[tuple[str, str | bytes | None]] = []
+        headers: list[Header] = []
         if self.caller is not None:
             headers.append((CALLER_HEADER, self.caller.encode()))
+        if self.signer is not None:
+            parts = Parts(self.intake_topic, key, value, headers)
+            headers.append(self.signer.header(parts, issued_ms=time.time_ns() // 1_000_000))
+        sent: list[tuple[str, str | bytes | None]] = [*headers]
         while True:
             try:
                 self.producer.produce(
-                    self.intake_topic, value, key, headers=headers, on_delivery=self._report
+                    self.intake_topic, value, key, headers=sent, on_delivery=self._report
                 )
                 break
             except BufferError:  # the local queue is full: let the broker catch up

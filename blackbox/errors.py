@@ -31,6 +31,10 @@ class DeadLetterReason(enum.StrEnum):
     RECORD_TOO_LARGE = "record_too_large"
     DELIVERY_FAILED = "delivery_failed"
     UNREADABLE = "unreadable"  # handling it failed in a way no check foresaw
+    BAD_SIGNATURE = "bad_signature"  # missing where required, malformed, forged or replayed
+    UNKNOWN_KEY = "unknown_key"  # signed with a key id the caller's policy does not list
+    SIGNATURE_EXPIRED = "signature_expired"  # issued too long ago, or too far from its record
+    UNVERIFIED_CALLER = "unverified_caller"  # names a bound caller outside its own topics
 
 
 class BlackboxError(Exception):

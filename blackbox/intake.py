@@ -32,13 +32,16 @@ from blackbox.deadletter import DeadLetter
 from blackbox.envelope import Cancel, Header, Limits, Request
 from blackbox.errors import BlackboxError, DeadLetterReason, InvalidEnvelope
 from blackbox.events import Coordinates, Event, Outcome
+from blackbox.identity import Identity, Proof
 from blackbox.incarnations import Incarnations
 from blackbox.kafka import lasting_reason, read_headers
 from blackbox.metrics import Metrics
+from blackbox.nonces import Nonces
 from blackbox.outbox import Outbox, Record, Reports
 from blackbox.policy import CallerPolicy
 from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.shares import Nudge
+from blackbox.signing import Parts
 from blackbox.store import Applied, Cancellation, IntakeSlice, RedisStore, Write
 
 log = structlog.get_logger("blackbox.intake")
@@ -79,6 +82,17 @@ class _Batch:
     landed: int = 0
     # Records whose handling died CRASH_LIMIT times (topic, partition, offset): not read.
     poisoned: set[tuple[str, int, int]] = field(default_factory=set)
+    # Signed records parsed since their nonces were last checked against replays.
+    signed: list[_Signed] = field(default_factory=list)
+
+    def take_signed(self) -> list[_Signed]:
+        signed, self.signed = self.signed, []
+        return signed
+
+    def unsend(self, where: tuple[str, int, int]) -> None:
+        """Take back the parsed request of one record (not yet sent to Redis)."""
+        items = self.unsent[where[:2]]
+        items[:] = [(offset, write) for offset, write in items if offset != where[2]]
 
     def saw(self, topic: str, partition: int, offset: int) -> None:
         self.unsent.setdefault((topic, partition), [])
@@ -124,6 +138,17 @@ class _Batch:
             yield coordinates, write, code
 
 
+@dataclass(frozen=True, slots=True)
+class _Signed:
+    """A signed record whose request is parsed; its nonce is checked before it is sent."""
+
+    proof: Proof
+    origin: str
+    message: Message
+    where: tuple[str, int, int]
+    headers: list[Header]
+
+
 def received_ms(message: Message, now: int) -> int:
     """The instant a countdown runs from: the record's timestamp, never later than now.
 
@@ -159,12 +184,15 @@ class Intake:
         *,
         incarnations: Incarnations,
         guard: CrashGuard,
+        nonces: Nonces,
         on_scheduled: Nudge = lambda _shard, _due_ms: None,
         on_refused_for_memory: Callable[[bool], None] = lambda _refused: None,
     ) -> None:
         self.on_scheduled = on_scheduled
         self.incarnations = incarnations
         self.guard = guard
+        self.nonces = nonces
+        self.identity = Identity(config.policy)
         self.on_refused_for_memory = on_refused_for_memory
         self.consumer = consumer
         self.store = store
@@ -177,9 +205,9 @@ class Intake:
     def run(self, stop: threading.Event) -> None:
         """Consume until `stop` is set, then close the consumer (committing what was stored)."""
         self.consumer.subscribe(
-            [self.config.topic], on_assign=self._assigned, on_revoke=self._revoked
+            list(self.config.topics), on_assign=self._assigned, on_revoke=self._revoked
         )
-        log.info("intake_started", topic=self.config.topic)
+        log.info("intake_started", topics=list(self.config.topics))
         died = True
         try:
             while not stop.is_set():
@@ -267,8 +295,9 @@ class Intake:
                 for message in records[start : start + PART_RECORDS]:
                     self._sort(message, now, batch)
                 try:
+                    self._refuse_replays(batch)
                     self._send_dead_letters(batch.unlanded(), stop)
-                except DeadLetterUnavailable:
+                except (DeadLetterUnavailable, redis.RedisError):
                     self._answer(batch, applying.codes(), now, stop, offsets=[])
                     raise
                 batch.all_landed()
@@ -321,8 +350,13 @@ class Intake:
         try:
             if headers is None:
                 raise InvalidEnvelope(DeadLetterReason.INVALID_HEADER, UNREADABLE_HEADERS)
-            request = envelope.parse(message.value(), headers, self.config.limits, message.key())
-            write = self._write(request, message, now, intake_id(*where, batch.tags[where[0]]))
+            parts = Parts(where[0], message.key(), message.value(), headers)
+            checked, proof = self.identity.establish(parts, _record_ms(message, now), now)
+            request = envelope.parse(parts.value, checked, self.config.limits, parts.key)
+            origin = intake_id(*where, batch.tags[where[0]])
+            write = self._write(request, message, now, origin)
+            if proof is not None:
+                batch.signed.append(_Signed(proof, origin, message, where, headers))
         except InvalidEnvelope as e:
             self._refuse(batch, message, where, headers=headers, request=request, error=e)
             return
@@ -333,6 +367,20 @@ class Intake:
             self._refuse(batch, message, where, headers=headers, request=request, error=error)
             return
         batch.unsent[where[:2]].append((where[2], write))
+
+    def _refuse_replays(self, batch: _Batch) -> None:
+        """Refuse the signed records whose nonce another record used first."""
+        signed = batch.take_signed()
+        firsts = self.nonces.first_uses([(s.proof, s.origin) for s in signed])
+        for record, first in zip(signed, firsts, strict=True):
+            if first is None:
+                continue
+            batch.unsend(record.where)
+            error = InvalidEnvelope(
+                DeadLetterReason.BAD_SIGNATURE, f"a replay: its nonce was used by {first}"
+            )
+            self._refuse(batch, record.message, record.where, headers=record.headers,
+                         request=None, error=error)  # fmt: skip
 
     def _refuse(  # noqa: PLR0913 - the record, what could be read of it, and why
         self, batch: _Batch, message: Message, where: tuple[str, int, int], *,
@@ -450,6 +498,12 @@ class Intake:
         log.info("intake_revoked", partitions=sorted(p.partition for p in partitions))
 
 
+def _record_ms(message: Message, now: int) -> int:
+    """The record's own timestamp (now where it has none)."""
+    kind, stamp = message.timestamp()
+    return now if kind == TIMESTAMP_NOT_AVAILABLE or stamp <= 0 else stamp
+
+
 def _where(message: Message) -> tuple[str, int, int]:
     return message.topic() or "", message.partition() or 0, message.offset() or 0
 
@@ -462,7 +516,7 @@ def _unreadable(detail: str) -> InvalidEnvelope:
 class IntakeConfig:
     """What the intake reads, how much at once, and what it accepts."""
 
-    topic: str
+    topics: tuple[str, ...]  # the shared intake topic, then the callers' own
     batch: int
     dlq_topic: str
     events_topic: str

@@ -62,6 +62,11 @@ class Keys:
         this shard are handled (each shard keeps its own mark of every partition)."""
         return f"{self.tag}:in"
 
+    def nonce(self, caller: str, key_id: str, nonce: str) -> str:
+        """String (SET ... NX EX): the intake record that used a signature's nonce first,
+        kept while such a signature is accepted (see nonces.py)."""
+        return f"{self.tag}:sig:{key_id}:{nonce}:{caller}"
+
     def payload(self, schedule_id: str) -> str:
         """String (SET ... EX): the encoded Schedule of one id. Kept short: one per message.
 

@@ -9,11 +9,20 @@ The policy is a YAML or JSON file named by BLACKBOX_POLICY_FILE:
         topics: [invoices, "billing.*"]   # exact names and shell-style patterns
         max_horizon_seconds: 2592000      # 30 days
         max_message_bytes: 65536
+      payments:
+        intake_topics: [blackbox.payments]  # records on it are payments' (Kafka ACLs decide)
+      reports:
+        require_signature: true           # unsigned or forged records schedule nothing
+        keys:                             # key id -> Ed25519 public key (base64 or PEM)
+          reports-2026-11: "Gb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE="
 
 A field left out falls back to the file's `default`, then to the service-wide settings
 (BLACKBOX_MAX_COUNTDOWN, BLACKBOX_MAX_MESSAGE_BYTES). Without a file every caller may
 schedule to any topic within those settings. The intake, events and dead-letter topics and
-internal topics (`__*`) are never targets, whatever the policy says.
+internal topics (`__*`) are never targets, whatever the policy says; nor is a bound intake
+topic. `keys`, `require_signature` and the signature windows are explained in signing.py;
+`intake_topics` binds a caller to its own intake topics: the service consumes them too, and
+a record naming a bound caller anywhere else is refused unless signed by it.
 """
 
 from __future__ import annotations
@@ -28,11 +37,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from blackbox.envelope import ABSOLUTE_MAX_COUNTDOWN_SECONDS, Envelope
 from blackbox.errors import DeadLetterReason, InvalidEnvelope, SettingsError
+from blackbox.signing import public_key_from_text
 
-_RULE_FIELDS = frozenset({"topics", "max_horizon_seconds", "max_message_bytes"})
+_RULE_FIELDS = frozenset({
+    "topics", "max_horizon_seconds", "max_message_bytes", "require_signature", "keys",
+    "signature_skew_seconds", "signature_max_age_seconds",
+})  # fmt: skip
+# How far a signature's issue time may lie from its record's timestamp (clocks differ),
+# and how old it may be when read (its nonce is remembered that long against replays).
+SIGNATURE_SKEW_SECONDS = 300.0
+SIGNATURE_MAX_AGE_SECONDS = 900.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +60,11 @@ class Rule:
     topics: tuple[str, ...]
     max_horizon_seconds: float
     max_message_bytes: int
+    require_signature: bool = False
+    keys: Mapping[str, Ed25519PublicKey] = field(default_factory=dict)
+    signature_skew_seconds: float = SIGNATURE_SKEW_SECONDS
+    signature_max_age_seconds: float = SIGNATURE_MAX_AGE_SECONDS
+    intake_topics: tuple[str, ...] = ()
 
     def allows(self, topic: str) -> bool:
         return _matches(self.topics, topic)
@@ -53,6 +76,17 @@ class CallerPolicy:
 
     default: Rule
     callers: Mapping[str, Rule] = field(default_factory=dict)
+
+    @property
+    def bound_topics(self) -> dict[str, str]:
+        """Intake topic -> the caller it is bound to."""
+        return {t: name for name, rule in self.callers.items() for t in rule.intake_topics}
+
+    @property
+    def verifies(self) -> bool:
+        """Whether any rule asks for identity: a signature, keys or a bound topic."""
+        rules = [self.default, *self.callers.values()]
+        return any(r.require_signature or r.keys or r.intake_topics for r in rules)
 
     def rule_for(self, caller: bytes | None) -> Rule:
         if caller is None:
@@ -113,10 +147,34 @@ def from_document(document: object, base: CallerPolicy, source: str = "policy") 
     if not isinstance(callers, dict):
         raise SettingsError(f"{source}: 'callers' must map caller names to rules")
     rules = {
-        str(name): _rule(_or_empty(entry), default, f"{source}: callers.{name}")
+        str(name): _caller_rule(_or_empty(entry), default, f"{source}: callers.{name}")
         for name, entry in callers.items()
     }
+    _check_bindings(rules, source)
     return CallerPolicy(default, rules)
+
+
+def _caller_rule(entry: object, fallback: Rule, where: str) -> Rule:
+    """A caller's rule: the default's fields, and the topics bound to it."""
+    if not isinstance(entry, dict):
+        raise SettingsError(f"{where} must be a mapping")
+    rule = _rule({k: v for k, v in entry.items() if k != "intake_topics"}, fallback, where)
+    if "intake_topics" in entry:
+        names = _topics(entry["intake_topics"], where, "intake_topics")
+        if any(any(c in n for c in "*?[") for n in names):
+            raise SettingsError(f"{where}.intake_topics must be topic names, not patterns")
+        rule = replace(rule, intake_topics=names)
+    return rule
+
+
+def _check_bindings(rules: Mapping[str, Rule], source: str) -> None:
+    seen: dict[str, str] = {}
+    for name, rule in rules.items():
+        for topic in rule.intake_topics:
+            if topic in seen:
+                raise SettingsError(f"{source}: intake topic {topic!r} is bound to both "
+                                    f"{seen[topic]!r} and {name!r}")  # fmt: skip
+            seen[topic] = name
 
 
 def _or_empty(entry: object) -> object:
@@ -129,20 +187,55 @@ def _rule(entry: object, fallback: Rule, where: str) -> Rule:
         raise SettingsError(f"{where} must be a mapping")
     unknown = set(entry) - _RULE_FIELDS
     if unknown:
-        raise SettingsError(f"{where} has unknown fields {sorted(unknown)}")
-    rule = fallback
+        hint = " (intake_topics only under callers)" if "intake_topics" in unknown else ""
+        raise SettingsError(f"{where} has unknown fields {sorted(unknown)}{hint}")
+    rule = replace(fallback, intake_topics=())
     if "topics" in entry:
         rule = replace(rule, topics=_topics(entry["topics"], where))
     if "max_horizon_seconds" in entry:
         rule = replace(rule, max_horizon_seconds=_horizon(entry["max_horizon_seconds"], where))
     if "max_message_bytes" in entry:
         rule = replace(rule, max_message_bytes=_size(entry["max_message_bytes"], where))
+    return _signature_fields(entry, rule, where)
+
+
+def _signature_fields(entry: dict[str, Any], rule: Rule, where: str) -> Rule:
+    if "require_signature" in entry:
+        if not isinstance(entry["require_signature"], bool):
+            raise SettingsError(f"{where}.require_signature must be true or false")
+        rule = replace(rule, require_signature=entry["require_signature"])
+    if "keys" in entry:
+        rule = replace(rule, keys=_keys(entry["keys"], where))
+    if "signature_skew_seconds" in entry:
+        skew = _seconds(entry["signature_skew_seconds"], f"{where}.signature_skew_seconds")
+        rule = replace(rule, signature_skew_seconds=skew)
+    if "signature_max_age_seconds" in entry:
+        age = _seconds(entry["signature_max_age_seconds"], f"{where}.signature_max_age_seconds")
+        rule = replace(rule, signature_max_age_seconds=age)
     return rule
 
 
-def _topics(value: Any, where: str) -> tuple[str, ...]:
+def _keys(value: Any, where: str) -> dict[str, Ed25519PublicKey]:
+    if not isinstance(value, dict):
+        raise SettingsError(f"{where}.keys must map key ids to Ed25519 public keys")
+    keys = {}
+    for key_id, text in value.items():
+        try:
+            keys[str(key_id)] = public_key_from_text(str(text))
+        except ValueError as e:
+            raise SettingsError(f"{where}.keys.{key_id} is not an Ed25519 public key: {e}") from e
+    return keys
+
+
+def _seconds(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
+        raise SettingsError(f"{where} must be a number of seconds > 0")
+    return float(value)
+
+
+def _topics(value: Any, where: str, name: str = "topics") -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
-        raise SettingsError(f"{where}.topics must be a list of topic names or patterns")
+        raise SettingsError(f"{where}.{name} must be a list of topic names or patterns")
     return tuple(value)
 
 

@@ -20,6 +20,7 @@ from blackbox.incarnations import Incarnations
 from blackbox.intake import POLL_SECONDS, Intake, IntakeConfig
 from blackbox.memory import Room
 from blackbox.metrics import Metrics
+from blackbox.nonces import Nonces
 from blackbox.outbox import Outbox
 from blackbox.policy import CallerPolicy
 from blackbox.settings import Settings
@@ -29,10 +30,13 @@ from blackbox.store import RedisStore
 Loop = Callable[[], None]
 
 
-def limits_of(settings: Settings) -> Limits:
+def limits_of(settings: Settings, caller_policy: CallerPolicy | None = None) -> Limits:
+    """The service-wide limits: its own topics and the callers' bound intake topics are
+    never targets."""
+    bound = caller_policy.bound_topics if caller_policy is not None else {}
     return Limits(
         max_value_bytes=settings.max_message_bytes,
-        forbidden_topics=frozenset(settings.own_topics),
+        forbidden_topics=frozenset([*settings.own_topics, *bound]),
     )
 
 
@@ -44,11 +48,11 @@ def caller_policy_of(settings: Settings) -> CallerPolicy:
 
 def intake_config_of(settings: Settings, caller_policy: CallerPolicy) -> IntakeConfig:
     return IntakeConfig(
-        topic=settings.intake_topic,
+        topics=(settings.intake_topic, *sorted(caller_policy.bound_topics)),
         batch=settings.intake_batch,
         dlq_topic=settings.dlq_topic,
         events_topic=settings.events_topic,
-        limits=limits_of(settings),
+        limits=limits_of(settings, caller_policy),
         policy=caller_policy,
     )
 
@@ -82,6 +86,7 @@ class Receiving:
             intake_config_of(settings, caller_policy), metrics,
             incarnations=Incarnations(kafka.topic_id_lookup(settings.kafka)),
             guard=CrashGuard(store.client, store.layout.intake_handling),
+            nonces=Nonces(store.client, store.layout),
             on_scheduled=announce, on_refused_for_memory=room.intake_refused,
         )  # fmt: skip
 

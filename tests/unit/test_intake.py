@@ -36,12 +36,12 @@ class _Consumer:
 
 def _intake(consumer: _Consumer, batch: int) -> Intake:
     limits = Limits(max_value_bytes=1024, forbidden_topics=frozenset())
-    config = IntakeConfig("in", batch, "dlq", "events", limits, open_policy(3600, 1024))
+    config = IntakeConfig(("in",), batch, "dlq", "events", limits, open_policy(3600, 1024))
     unused: Any = None  # neither the store nor the outbox is reached
     incarnations = Incarnations(lambda names: {})
     return Intake(
         cast(Consumer, consumer), unused, unused, config, Metrics(),
-        incarnations=incarnations, guard=unused,
+        incarnations=incarnations, guard=unused, nonces=unused,
     )  # fmt: skip
 
 

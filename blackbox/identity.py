@@ -1,0 +1,123 @@
+"""Who sent an intake record, where the operator's policy asks to know.
+
+Two ways, both from the policy file (policy.py):
+- a caller's own intake topics (`intake_topics`): a record on one is that caller's,
+  whatever its CALLER_SERVICE says (the header is replaced), so Kafka's authentication and
+  ACLs decide who may write as whom. A record naming a bound caller on any other topic is
+  refused as `unverified_caller`, unless the caller signed it;
+- a signature (signing.py) by one of the caller's keys, required where the caller's rule
+  says `require_signature`.
+
+Pure: a verified signature's nonce is handed back, for the intake to check against
+replays in Redis (nonces.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from blackbox.envelope import CALLER_HEADER, Header, caller_of
+from blackbox.errors import DeadLetterReason, InvalidEnvelope
+from blackbox.policy import CallerPolicy, Rule
+from blackbox.signing import SIGNATURE_HEADER, Parts, Signature, parse_header, verify
+
+_R = DeadLetterReason
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    """A verified signature: its nonce must not have been used by another record."""
+
+    caller: str
+    key_id: str
+    nonce: str
+    remember_seconds: int
+
+
+class Identity:
+    """Establishes the caller of each record under one policy."""
+
+    def __init__(self, policy: CallerPolicy) -> None:
+        self.policy = policy
+        self.bound = policy.bound_topics
+        self.bound_callers = set(self.bound.values())
+        self.active = policy.verifies
+
+    def establish(
+        self, parts: Parts, record_ms: int, now_ms: int
+    ) -> tuple[Sequence[Header], Proof | None]:
+        """The headers to parse the record with (its caller set where a topic is bound),
+        and the proof of a valid signature; InvalidEnvelope when the caller is not proven
+        where it must be."""
+        headers = parts.headers
+        signed = [v for name, v in headers if name == SIGNATURE_HEADER]
+        if not self.active and not signed:
+            return headers, None
+        owner = self.bound.get(parts.topic)
+        caller = owner or _caller_text(headers)
+        rule = self.policy.rule_for(None if caller is None else caller.encode())
+        proof = None
+        if signed:
+            proof = _checked(parts, signed, caller, rule, (record_ms, now_ms))
+        elif owner is None and rule.require_signature:
+            raise InvalidEnvelope(_R.BAD_SIGNATURE, f"{_who(caller)} must sign its records")
+        elif owner is None and caller in self.bound_callers:
+            raise InvalidEnvelope(
+                _R.UNVERIFIED_CALLER,
+                f"{caller!r} sends on its own intake topics only, or signed",
+            )
+        if owner is not None:
+            headers = [(n, v) for n, v in headers if n != CALLER_HEADER]
+            headers.append((CALLER_HEADER, owner.encode()))
+        return headers, proof
+
+
+def _caller_text(headers: Sequence[Header]) -> str | None:
+    raw = caller_of(headers)
+    return None if raw is None else raw.decode()
+
+
+def _who(caller: str | None) -> str:
+    return "a record without CALLER_SERVICE" if caller is None else repr(caller)
+
+
+def _checked(
+    parts: Parts, signed: list[bytes | None], caller: str | None, rule: Rule,
+    instants: tuple[int, int],
+) -> Proof:  # fmt: skip
+    """The proof of the one signature `signed` holds, checked against the caller's keys."""
+    if len(signed) > 1 or signed[0] is None:
+        raise InvalidEnvelope(_R.BAD_SIGNATURE, f"{SIGNATURE_HEADER} must appear once, valued")
+    if caller is None:
+        raise InvalidEnvelope(_R.BAD_SIGNATURE, "a signed record must name its CALLER_SERVICE")
+    signature = parse_header(signed[0])
+    public_key = rule.keys.get(signature.key_id)
+    if public_key is None:
+        raise InvalidEnvelope(
+            _R.UNKNOWN_KEY, f"{caller!r} has no key {signature.key_id!r} in the policy"
+        )
+    _check_age(signature, rule, instants)
+    verify(public_key, signature, parts)
+    remember = int(rule.signature_max_age_seconds + rule.signature_skew_seconds) + 1
+    return Proof(caller, signature.key_id, signature.nonce, remember)
+
+
+def _check_age(signature: Signature, rule: Rule, instants: tuple[int, int]) -> None:
+    """Issued near its record's timestamp, and young enough for its nonce to be known."""
+    record_ms, now_ms = instants
+    skew = abs(record_ms - signature.issued_ms) / 1000
+    age = (now_ms - signature.issued_ms) / 1000
+    if skew > rule.signature_skew_seconds:
+        raise InvalidEnvelope(
+            _R.SIGNATURE_EXPIRED,
+            f"issued {skew:.0f} s from its record's timestamp; at most "
+            f"{rule.signature_skew_seconds:.0f} s allowed",
+        )
+    if age < -rule.signature_skew_seconds:
+        raise InvalidEnvelope(_R.SIGNATURE_EXPIRED, f"issued {-age:.0f} s in the future")
+    if age > rule.signature_max_age_seconds:
+        raise InvalidEnvelope(
+            _R.SIGNATURE_EXPIRED,
+            f"issued {age:.0f} s ago; at most {rule.signature_max_age_seconds:.0f} s allowed",
+        )

@@ -1,0 +1,131 @@
+"""Callers proven, on the real stack: signatures required, keys rotated, replays refused,
+and callers bound to their own intake topics."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import orjson
+import redis
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from blackbox import kafka
+from blackbox.client import Client
+from blackbox.envelope import CALLER_HEADER, Header
+from blackbox.errors import DeadLetterReason
+from blackbox.identity import Proof
+from blackbox.keys import Layout
+from blackbox.nonces import Nonces
+from blackbox.signing import Parts, Signer, public_text
+from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
+from tests.kafkatools import produce, unique
+
+KEY, OTHER = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+_R = DeadLetterReason
+
+
+def _policy_file(tmp_path: Path, payments_topic: str) -> str:
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        "callers:\n"
+        "  billing:\n"
+        "    require_signature: true\n"
+        f'    keys: {{billing-1: "{public_text(KEY.public_key())}"}}\n'
+        "  payments:\n"
+        f"    intake_topics: [{payments_topic}]\n"
+    )
+    return str(path)
+
+
+def _document(target: str, n: int) -> bytes:
+    return orjson.dumps({"topic": target, "message": {"n": n}, "countdown": 0})
+
+
+def _signed_headers(topic: str, value: bytes, key: Ed25519PrivateKey, issued_ms: int,
+                    caller: bytes = b"billing") -> list[Header]:  # fmt: skip
+    headers: list[Header] = [(CALLER_HEADER, caller)]
+    header = Signer(key, "billing-1").header(Parts(topic, None, value, headers),
+                                             issued_ms=issued_ms)  # fmt: skip
+    return [*headers, header]
+
+
+def test_only_records_the_caller_signed_are_scheduled(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Guarantee 7: with a signature required, the client's signed records are delivered;
+    unsigned, forged, replayed and expired ones are dead-lettered with their reason and
+    nothing of them reaches the target."""
+    target, payments_topic = unique("signed"), unique("payments")
+    kafka.ensure_topics({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}, [payments_topic])
+    service = start_service(BLACKBOX_POLICY_FILE=_policy_file(tmp_path, payments_topic))
+    bootstrap, intake = env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_INTAKE_TOPIC"]
+    now = time.time_ns() // 1_000_000
+    with Client({"bootstrap.servers": bootstrap}, caller="billing", intake_topic=intake,
+                signer=Signer(KEY, "billing-1")) as signed:  # fmt: skip
+        signed.send_later(target, {"n": 0}, delay=0)
+    with Client({"bootstrap.servers": bootstrap}, caller="billing", intake_topic=intake) as plain:
+        plain.send_later(target, {"n": 1}, delay=0)
+    forged = _document(target, 2)
+    produce(bootstrap, intake, [forged], _signed_headers(intake, forged, OTHER, now))
+    replayed = _document(target, 3)
+    headers = _signed_headers(intake, replayed, KEY, now)
+    produce(bootstrap, intake, [replayed, replayed], headers)
+    old = _document(target, 4)
+    sent_long_ago = now - 1_000_000  # record and signature alike: older than 900 s
+    produce(bootstrap, intake, [old], _signed_headers(intake, old, KEY, sent_long_ago),
+            timestamp_ms=sent_long_ago)  # fmt: skip
+
+    dead = reader(env["BLACKBOX_DLQ_TOPIC"]).wait_count(4)
+    delivered = reader(target).wait_count(2)
+    settle(service)
+    by_offset = {int(d.header("blackbox-dlq-offset")): d for d in dead}
+    reasons = {offset: d.header("blackbox-dlq-reason") for offset, d in by_offset.items()}
+    assert reasons == {1: _R.BAD_SIGNATURE, 2: _R.BAD_SIGNATURE, 4: _R.BAD_SIGNATURE,
+                       5: _R.SIGNATURE_EXPIRED}  # fmt: skip
+    assert "must sign" in by_offset[1].header("blackbox-dlq-detail")
+    assert "replay" in by_offset[4].header("blackbox-dlq-detail")
+    assert "ago" in by_offset[5].header("blackbox-dlq-detail")
+    assert sorted(orjson.loads(r.value or b"")["n"] for r in delivered) == [0, 3]
+    assert all(r.header(CALLER_HEADER) == "billing" for r in delivered)
+
+
+def test_a_bound_topic_decides_the_caller(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Guarantee 7: the service consumes payments' own intake topic; records on it are
+    delivered as payments' whatever CALLER_SERVICE says, and a record naming payments on the
+    shared topic is refused as unverified_caller."""
+    target, payments_topic = unique("bound"), unique("payments")
+    bootstrap = env["KAFKA_BOOTSTRAP_SERVERS"]
+    kafka.ensure_topics({"bootstrap.servers": bootstrap}, [payments_topic])
+    service = start_service(BLACKBOX_POLICY_FILE=_policy_file(tmp_path, payments_topic))
+    produce(bootstrap, payments_topic, [_document(target, 0)], [(CALLER_HEADER, b"billing")])
+    produce(bootstrap, payments_topic, [_document(target, 1)])
+    produce(bootstrap, env["BLACKBOX_INTAKE_TOPIC"], [_document(target, 2)],
+            [(CALLER_HEADER, b"payments")])  # fmt: skip
+    produce(bootstrap, payments_topic, [_document(payments_topic, 3)])
+
+    dead = reader(env["BLACKBOX_DLQ_TOPIC"]).wait_count(2)
+    delivered = reader(target).wait_count(2)
+    settle(service)
+    by_topic = {d.header("blackbox-dlq-topic"): d.header("blackbox-dlq-reason") for d in dead}
+    assert by_topic == {
+        env["BLACKBOX_INTAKE_TOPIC"]: _R.UNVERIFIED_CALLER,
+        payments_topic: _R.FORBIDDEN_TOPIC,  # a bound intake topic is never a target
+    }
+    assert sorted(orjson.loads(r.value or b"")["n"] for r in delivered) == [0, 1]
+    assert {r.header(CALLER_HEADER) for r in delivered} == {"payments"}
+
+
+def test_a_nonce_is_the_first_records_own(redis_client: redis.Redis) -> None:
+    """Guarantees 2 and 7: the record that used a nonce first passes again when re-read after
+    a crash; any other record with that nonce is a replay, also across shards."""
+    nonces = Nonces(redis_client, Layout(unique("ns"), 4))
+    first = Proof("billing", "k", "n" * 16, 60)
+    other = Proof("billing", "k", "m" * 16, 60)
+    assert nonces.first_uses([(first, "t:0:5"), (other, "t:0:6")]) == [None, None]
+    assert nonces.first_uses([(first, "t:0:5")]) == [None]
+    assert nonces.first_uses([(first, "t:0:9"), (other, "t:1:2")]) == ["t:0:5", "t:0:6"]
+    assert 0 < redis_client.ttl(Layout(nonces.layout.namespace, 4).keys_of(first.nonce)
+                                .nonce("billing", "k", first.nonce)) <= 60  # fmt: skip
