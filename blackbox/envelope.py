@@ -4,7 +4,8 @@ Two modes share one intake topic:
 
 * JSON mode: the value is a JSON object ``{"topic": T, "message": M, "countdown": N}``,
   with optional ``deliver_at`` (instead of countdown), ``message_base64`` (instead of
-  message), ``key``, ``headers`` and ``id``; ``{"id": X, "cancel": true}`` cancels.
+  message), ``key``, ``headers`` and ``id``; ``{"id": X, "cancel": true}`` cancels and
+  ``{"id": X, "reschedule": true, "countdown" | "deliver_at": ...}`` moves X's due time.
 * Header mode (etf1's kafka-message-scheduler): headers ``scheduler-epoch``,
   ``scheduler-target-topic`` and optionally ``scheduler-target-key``; the value is the
   payload byte for byte and the record key is the schedule id.
@@ -112,7 +113,25 @@ class Cancel:
     caller: bytes | None
 
 
-Request = Envelope | Cancel
+# Not frozen, as Cancel.
+@dataclass(slots=True)
+class Reschedule:
+    """A request to move the sender's pending schedule `schedule_id` to a new due time,
+    its message kept: after `countdown_ms` or at `at_ms` (exactly one is set)."""
+
+    schedule_id: str
+    caller: bytes | None
+    countdown_ms: int | None = None
+    at_ms: int | None = None
+
+    def due_ms(self, received_ms: int) -> int:
+        """When to deliver: never before `received_ms`, as an envelope's."""
+        if self.at_ms is not None:
+            return max(self.at_ms, received_ms)
+        return received_ms + (self.countdown_ms or 0)
+
+
+Request = Envelope | Cancel | Reschedule
 
 
 def parse(
@@ -146,6 +165,9 @@ def parse(
 def _json_request(document: dict[str, Any], caller: bytes | None, limits: Limits) -> Request:
     if "cancel" in document and _cancel_flag(document):
         return Cancel(_id(_field(document, "id"), "id"), caller)
+    if "reschedule" in document and _flag(document, "reschedule"):
+        countdown_ms, at_ms = _due(document)
+        return Reschedule(_id(_field(document, "id"), "id"), caller, countdown_ms, at_ms)
     countdown_ms, at_ms = _due(document)
     return Envelope(
         topic=_target_topic(_field(document, "topic"), limits),
@@ -264,6 +286,13 @@ def _decode(value: bytes) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise InvalidEnvelope(_R.NOT_AN_OBJECT, f"value is a JSON {_kind(document)}")
     return document
+
+
+def _flag(document: dict[str, Any], name: str) -> bool:
+    flag = document[name]
+    if not isinstance(flag, bool):
+        raise InvalidEnvelope(_R.WRONG_TYPE, f"{name} must be true or false, not {_kind(flag)}")
+    return flag
 
 
 def _cancel_flag(document: dict[str, Any]) -> bool:

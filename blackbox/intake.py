@@ -29,7 +29,7 @@ from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
 from blackbox.crashguard import CRASH_LIMIT, CrashGuard
 from blackbox.deadletter import DeadLetter
-from blackbox.envelope import Cancel, Header, Limits, Request
+from blackbox.envelope import Cancel, Header, Limits, Request, Reschedule
 from blackbox.errors import BlackboxError, DeadLetterReason, InvalidEnvelope
 from blackbox.events import Coordinates, Event, Outcome
 from blackbox.identity import Identity, Proof
@@ -42,7 +42,7 @@ from blackbox.policy import CallerPolicy
 from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.shares import Nudge
 from blackbox.signing import Parts
-from blackbox.store import Applied, Cancellation, IntakeSlice, RedisStore, Write
+from blackbox.store import Applied, Cancellation, IntakeSlice, Move, RedisStore, Write
 
 log = structlog.get_logger("blackbox.intake")
 # How long one poll waits for a record; also how soon intake sees a stop.
@@ -322,7 +322,7 @@ class Intake:
             if code is None or code is Applied.REPLAYED:
                 continue
             events.append(_event(coordinates, write, code))
-            if isinstance(write, Schedule) and code in (Applied.SCHEDULED, Applied.UPDATED):
+            if isinstance(write, Schedule | Move) and code in (Applied.SCHEDULED, Applied.UPDATED):
                 shard = shard_of(write.id)
                 earliest[shard] = min(earliest.get(shard, write.due_ms), write.due_ms)
         for code, count in Counter(c for c in codes if c is not None).items():
@@ -398,6 +398,10 @@ class Intake:
         if isinstance(request, Cancel):
             return Cancellation(scoped_id(request.caller, request.schedule_id))
         received = received_ms(message, now)
+        if isinstance(request, Reschedule):
+            due_ms = request.due_ms(received)
+            self.config.policy.check_horizon(request.caller, due_ms, received)
+            return Move(scoped_id(request.caller, request.schedule_id), request.caller, due_ms)
         schedule = Schedule.from_envelope(request, origin, received, sent_ms=received)
         self.config.policy.check(request, schedule.due_ms, received)
         return schedule
@@ -531,6 +535,10 @@ def _label(code: Applied) -> str:
 def _event(coordinates: Coordinates, write: Write, code: Applied) -> Event:
     if isinstance(write, Cancellation):
         return Event.of_stored(OUTCOMES[code], write.id, None, intake=coordinates)
+    if isinstance(write, Move):
+        due_ms = write.due_ms if code is Applied.UPDATED else None
+        return Event.of_stored(OUTCOMES[code], write.id, write.caller, due_ms=due_ms,
+                               intake=coordinates)  # fmt: skip
     return Event.of_stored(
         OUTCOMES[code], write.id, write.caller,
         due_ms=write.due_ms, topic=write.topic, intake=coordinates,

@@ -108,8 +108,14 @@ class CallerPolicy:
                 f"message is {len(envelope.value)} bytes; {who} may send "
                 f"at most {rule.max_message_bytes}",
             )
+        self.check_horizon(envelope.caller, due_ms, received_ms)
+
+    def check_horizon(self, caller: bytes | None, due_ms: int, received_ms: int) -> None:
+        """Raise InvalidEnvelope if the caller may not schedule that far ahead."""
+        rule = self.rule_for(caller)
         ahead = (due_ms - received_ms) / 1000
         if ahead > rule.max_horizon_seconds:
+            who = "no caller" if caller is None else repr(caller.decode())
             raise InvalidEnvelope(
                 DeadLetterReason.BEYOND_HORIZON,
                 f"due {ahead:.0f} s ahead; {who} may schedule at most "

@@ -29,8 +29,8 @@ SCRIPT_CHUNK = 500
 RESCHEDULE_TRIES = 3
 RESCHEDULE_CHANGED = 6  # reschedule.lua: the payload changed since it was read
 # intake.lua's ops: a new id derived from the record, a caller's id stored or replaced, a
-# cancel of a caller's id.
-NEW, UPSERT, CANCEL = "n", "u", "c"
+# cancel of a caller's id, a move of a caller's pending id to another due time.
+NEW, UPSERT, CANCEL, MOVE = "n", "u", "c", "m"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,17 @@ class Cancellation:
     id: str
 
 
-Write = Schedule | Cancellation
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A request to move the pending schedule `id` (a caller's id) to `due_ms`, its
+    message kept."""
+
+    id: str
+    caller: bytes | None
+    due_ms: int
+
+
+Write = Schedule | Cancellation | Move
 
 
 class Applied(enum.IntEnum):
@@ -403,6 +413,9 @@ class RedisStore:
     def _args(self, offset: int, write: Write, now_ms: int) -> tuple[Any, ...]:
         if isinstance(write, Cancellation):
             return (offset, CANCEL, 0, 0, b"")
+        if isinstance(write, Move):
+            ttl = max(0, math.ceil((write.due_ms - now_ms) / 1000)) + self.grace_seconds
+            return (offset, MOVE, write.due_ms, ttl, b"")
         op = UPSERT if write.id.startswith(SCOPED_PREFIX) else NEW
         ttl = max(0, math.ceil((write.due_ms - now_ms) / 1000)) + self.grace_seconds
         return (offset, op, write.due_ms, ttl, write.encode())

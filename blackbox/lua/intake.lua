@@ -22,10 +22,11 @@
 -- ARGV[5i+1..5i+5]  per request: intake offset (ascending), op, due ms, payload TTL s,
 --              encoded payload. op "n": a new id derived from the record (SET NX);
 --              "u": a caller's id, stored or replaced; "c": cancel a caller's id (due,
---              TTL and payload unused).
+--              TTL and payload unused); "m": move a caller's pending id to the due time,
+--              its payload kept but for the due time it encodes (payload unused).
 --
 -- Returns: one code per request: 0 already applied (a re-read), 1 scheduled, 2 updated,
--- 3 cancelled, 4 already fired, 5 not found. An error, changing nothing, when the chunk
+-- 3 cancelled, 4 already fired (or, for a move, being produced right now), 5 not found. An error, changing nothing, when the chunk
 -- before this one did not run (its call failed): applying this one would move the
 -- watermark past requests never applied, and a retry would skip them as re-reads.
 -- Invariants: a record at or below the watermark was applied before; re-reading it after a
@@ -54,6 +55,29 @@ end
 
 local sets = {due = KEYS[1], fly = KEYS[2], attempts = KEYS[4]}
 
+-- An epoch-ms due time as the payload encodes it (schedule.py): 8 bytes, big-endian.
+local function be64(n)
+  local bytes = {}
+  for i = 8, 1, -1 do
+    bytes[i] = string.char(n % 256)
+    n = math.floor(n / 256)
+  end
+  return table.concat(bytes)
+end
+
+-- As the API's reschedule: an id in flight is never moved (its firer owns it).
+local function move(payload_key, marker_key, id, due, ttl)
+  if redis.call('ZSCORE', KEYS[2], id) then return 4 end
+  local payload = redis.call('GET', payload_key)
+  if not redis.call('ZSCORE', KEYS[1], id) or not payload then
+    return ended_code(sets, marker_key, id)
+  end
+  local moved = string.sub(payload, 1, 1) .. be64(tonumber(due)) .. string.sub(payload, 10)
+  redis.call('SET', payload_key, moved, 'EX', ttl)
+  redis.call('ZADD', KEYS[1], 'XX', due, id)
+  return 2
+end
+
 local tag_length = tonumber(ARGV[4])
 local k = 5
 for a = 6, #ARGV, 5 do
@@ -81,6 +105,8 @@ for a = 6, #ARGV, 5 do
       end
     elseif op == 'u' then
       code = upsert(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+    elseif op == 'm' then
+      code = move(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3])
     else
       code = cancel(sets, payload_key, marker_key, id, retention)
     end

@@ -823,6 +823,41 @@ def test_cancel_without_an_id() -> None:
     assert reason_of(b'{"cancel": true, "id": 5}') == DeadLetterReason.WRONG_TYPE
 
 
+# Reschedules
+
+
+def test_json_reschedule_moves_an_id_keeping_its_message() -> None:
+    """`{"id": X, "reschedule": true, "countdown": N}` moves X (no topic, no message)."""
+    value = b'{"id": "order-42", "reschedule": true, "countdown": 60}'
+    parsed = envelope.parse(value, [(CALLER_HEADER, b"billing")], LIMITS)
+    assert parsed == envelope.Reschedule("order-42", b"billing", countdown_ms=60_000)
+    assert parsed.due_ms(1_000) == 61_000
+
+
+def test_json_reschedule_to_an_instant() -> None:
+    """A reschedule takes deliver_at as an envelope does; an instant gone fires at once."""
+    value = b'{"id": "x", "reschedule": true, "deliver_at": "2030-01-01T00:00:00Z"}'
+    parsed = envelope.parse(value, [], LIMITS)
+    assert isinstance(parsed, envelope.Reschedule)
+    assert parsed.at_ms == calendar.timegm((2030, 1, 1, 0, 0, 0)) * 1000
+    assert parsed.due_ms(parsed.at_ms + 5) == parsed.at_ms + 5
+
+
+@pytest.mark.parametrize(
+    ("document", "reason"),
+    [({"id": "x", "reschedule": True}, DeadLetterReason.MISSING_FIELD),
+     ({"id": "x", "reschedule": 1, "countdown": 1}, DeadLetterReason.WRONG_TYPE),
+     ({"reschedule": True, "countdown": 1}, DeadLetterReason.MISSING_FIELD),
+     ({"id": "x", "reschedule": True, "countdown": -1}, DeadLetterReason.INVALID_COUNTDOWN),
+     ({"id": "x", "reschedule": True, "countdown": 1, "deliver_at": 5},
+      DeadLetterReason.CONFLICTING_FIELDS)],
+)  # fmt: skip
+def test_a_bad_reschedule_is_refused_with_its_reason(document: object, reason: object) -> None:
+    """Guarantee 4: a reschedule without a due time, id or flag of the right type is
+    dead-lettered with the reason an envelope would get."""
+    assert reason_of(orjson.dumps(document)) == reason
+
+
 def test_tombstone_with_a_key_cancels_that_id() -> None:
     """A record without a value whose key is an id cancels that id of the sender."""
     parsed = cancelled(None, [(CALLER_HEADER, b"billing")], b"order-42")
