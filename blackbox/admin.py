@@ -1,9 +1,11 @@
-"""Admin: an operator's actions on schedules, answered on the events topic as intake answers.
+"""Admin: the API's actions on schedules, answered on the events topic as intake answers.
 
-Cancel runs the intake's own cancel (the same Lua function, atomically) and sends the same
-event an intake cancel sends; a reschedule sends `updated`; a new schedule is produced to
-the intake topic, so the caller's policy, idempotency and answers are those of any
-producer.
+A request about a caller's own id (cancel, reschedule) and a new schedule are produced to
+the caller's intake topic (its own where the policy binds one, else the shared one), keyed
+by the id, so they are applied in order with the caller's records, under its policy. An id
+derived from an intake record has no later records to race: cancel runs the intake's own
+cancel (the same Lua function, atomically) and sends the same event an intake cancel
+sends; a reschedule sends `updated`.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from blackbox.envelope import CALLER_HEADER, Limits
 from blackbox.events import Event, Outcome
 from blackbox.incarnations import Lookup, tag_of
 from blackbox.intake import OUTCOMES
+from blackbox.policy import CallerPolicy, open_policy
 from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.shares import Nudge
 from blackbox.store import RedisStore
 
 log = structlog.get_logger("blackbox.admin")
 SEND_SECONDS = 10.0
+Coordinates = tuple[str, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +54,9 @@ class Admin:
         limits: Limits,
         lookup: Lookup,
         on_scheduled: Nudge = lambda _shard, _due_ms: None,
+        *,
+        policy: CallerPolicy | None = None,
+        send_seconds: float = SEND_SECONDS,
     ) -> None:
         self.store = store
         self.producer = producer
@@ -58,6 +65,9 @@ class Admin:
         self.limits = limits
         self.lookup = lookup  # topic names -> ids: an intake-derived id names the incarnation
         self.on_scheduled = on_scheduled
+        self.policy = policy or open_policy(float("inf"), limits.max_value_bytes)
+        self._bound = {caller: topic for topic, caller in self.policy.bound_topics.items()}
+        self.send_seconds = send_seconds
         self._lock = threading.Lock()  # one produce-and-flush at a time
 
     def cancel(self, blackbox_id: str) -> Outcome:
@@ -79,8 +89,30 @@ class Admin:
         log.info("api_reschedule", blackbox_id=blackbox_id, outcome=outcome.value, due_ms=due_ms)
         return Moved(outcome, schedule)
 
+    def topic_for(self, caller: str | None) -> str:
+        """The intake topic a caller's requests go to: its own, else the shared one."""
+        return self.intake_topic if caller is None else self._bound.get(caller, self.intake_topic)
+
+    def check_horizon(self, caller: str | None, due_ms: int) -> None:
+        """Raise InvalidEnvelope when `caller` may not schedule that far ahead."""
+        self.policy.check_horizon(None if caller is None else caller.encode(), due_ms, now_ms())
+
+    def request(
+        self, caller: bytes | None, own_id: str, document: dict[str, object]
+    ) -> Coordinates:
+        """Produce a request about the caller's own id as the caller would, keyed by the id;
+        return where it landed (its answer names it)."""
+        name = None if caller is None else caller.decode("utf-8")
+        topic = self.topic_for(name)
+        headers = [] if caller is None else [(CALLER_HEADER, caller)]
+        delivered = self._send(topic, orjson.dumps(document), own_id.encode(), headers)
+        log.info("api_request", caller=name, id=own_id, topic=topic,
+                 partition=delivered.partition(), offset=delivered.offset())  # fmt: skip
+        return (topic, delivered.partition() or 0, delivered.offset() or 0)
+
     def create(self, caller: str | None, document: dict[str, object]) -> str:
-        """Produce an envelope to the intake topic as `caller`; return the id it will have.
+        """Produce an envelope to the caller's intake topic as `caller`; return the id it
+        will have.
 
         Raises InvalidEnvelope when the intake would dead-letter it for its form (the
         caller's policy is still the intake's to apply)."""
@@ -88,13 +120,12 @@ class Admin:
         headers = [] if caller is None else [(CALLER_HEADER, caller.encode("utf-8"))]
         request = envelope.parse(value, headers, self.limits)
         own = request.schedule_id
-        delivered = self._send(self.intake_topic, value, None if own is None else own.encode(),
-                               headers)  # fmt: skip
+        topic = self.topic_for(caller)
+        delivered = self._send(topic, value, None if own is None else own.encode(), headers)
         if own is not None:
             return scoped_id(None if caller is None else caller.encode("utf-8"), own)
-        tag = tag_of(self.lookup([self.intake_topic]).get(self.intake_topic))
-        return intake_id(self.intake_topic, delivered.partition() or 0, delivered.offset() or 0,
-                         tag)  # fmt: skip
+        tag = tag_of(self.lookup([topic]).get(topic))
+        return intake_id(topic, delivered.partition() or 0, delivered.offset() or 0, tag)
 
     def _answer(self, event: Event) -> None:
         record = event.record(self.events_topic, now_ms())
@@ -109,7 +140,7 @@ class Admin:
         with self._lock:
             self.producer.produce(topic, value, key, headers=list(headers),
                                   on_delivery=lambda e, m: reports.append((e, m)))  # fmt: skip
-            self.producer.flush(SEND_SECONDS)
+            self.producer.flush(self.send_seconds)
         if not reports:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{topic}: no acknowledgement"))
         error, message = reports[0]

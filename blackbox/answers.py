@@ -2,14 +2,19 @@
 
 Mark the topic's end before sending, then wait: only events written after the mark count.
 The reader assigns partitions itself (no consumer group), so it joins nothing and commits
-nothing.
+nothing. `Follower` does the same for many waiters at once (the API's), matching each answer
+to the intake record it answers.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import orjson
@@ -71,3 +76,82 @@ def _about(
     if (event.get("caller"), event.get("id")) != (caller, schedule_id):
         return False
     return outcomes is None or event.get("outcome") in outcomes
+
+
+Coordinates = tuple[str, int, int]  # an intake record's topic, partition, offset
+RECENT_ANSWERS = 10_000
+
+
+class Follower:
+    """The events topic from its end onwards, read on one thread: hands a waiter the answer
+    to the intake record it names (by topic, partition and offset).
+
+    An answer read before anyone waits for it is kept a while (the last RECENT_ANSWERS), so
+    a request acknowledged by the broker just before its answer was read still gets it."""
+
+    def __init__(self, config: Mapping[str, str], topic: str) -> None:
+        self.answers = Answers(config, topic)
+        self._lock = threading.Lock()
+        self._waiting: dict[Coordinates, Future[dict[str, Any]]] = {}
+        self._recent: OrderedDict[Coordinates, dict[str, Any]] = OrderedDict()
+        self._stop = threading.Event()
+        self._marked = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="answers", daemon=True)
+
+    def start(self) -> None:
+        """Follow from the topic's end, marked on the thread (the broker may be away)."""
+        self._thread.start()
+
+    def ready(self, timeout: float) -> bool:
+        """Whether it follows the topic (a request sent from now on gets its answer)."""
+        return self._marked.wait(timeout)
+
+    def wait(self, intake: Coordinates, timeout: float) -> dict[str, Any] | None:
+        """The answer to the intake record at `intake`; None after `timeout` seconds."""
+        with self._lock:
+            known = self._recent.pop(intake, None)
+            if known is not None:
+                return known
+            future = self._waiting.setdefault(intake, Future())
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            return None
+        finally:
+            with self._lock:
+                self._waiting.pop(intake, None)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5.0)
+        self.answers.close()
+
+    def _run(self) -> None:
+        delay = 0.2
+        while not self._stop.is_set():
+            try:
+                self.answers.mark(timeout=5.0)
+                self._marked.set()
+                break
+            except KafkaException:
+                self._stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+        while not self._stop.is_set():
+            for message in self.answers.consumer.consume(100, timeout=0.2):
+                if message.error() is None and message.value() is not None:
+                    self._arrived(orjson.loads(message.value() or b"null"))
+
+    def _arrived(self, event: object) -> None:
+        where = event.get("intake") if isinstance(event, dict) else None
+        if not isinstance(where, dict) or not isinstance(event, dict):
+            return
+        intake = (where.get("topic"), where.get("partition"), where.get("offset"))
+        with self._lock:
+            future = self._waiting.pop(intake, None)  # type: ignore[arg-type]
+            if future is not None:
+                future.set_result(event)
+                return
+            self._recent[intake] = event  # type: ignore[index]
+            while len(self._recent) > RECENT_ANSWERS:
+                self._recent.popitem(last=False)

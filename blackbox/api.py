@@ -3,17 +3,21 @@
 A FastAPI app: the OpenAPI document (/openapi.json) is generated from the typed
 models below and in `pending`. Every bad request is answered 4xx with a JSON body (see
 `httperrors`); Redis or the broker away is 503, never a 500.
+
+A token acts for the callers it was given (tokens.py). A change to a caller's id (cancel,
+reschedule) travels through the intake topic keyed by the id, as the caller's own records
+do, so it is applied in their order; the API answers with what the intake answered.
 """
 
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
@@ -23,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from blackbox import envelope, httperrors, kafka
 from blackbox.admin import Admin
+from blackbox.answers import Follower
 from blackbox.clock import now_ms
 from blackbox.dlqtail import DeadLetterTail, DeadLetterView
 from blackbox.errors import InvalidEnvelope
@@ -32,9 +37,13 @@ from blackbox.health import Health
 from blackbox.httperrors import ApiError
 from blackbox.metrics import Metrics
 from blackbox.pending import Detail, Filter, Page, Pending, PendingGauges, State, Stats
+from blackbox.policy import CallerPolicy
+from blackbox.receiving import limits_of
+from blackbox.schedule import split_scoped
 from blackbox.settings import Settings
 from blackbox.shares import Nudge
 from blackbox.store import RedisStore
+from blackbox.tokens import DEV_OPEN, OPEN_READS, OPERATOR, Grant, Tokens, tokens_of
 
 PREFIX = "/api/v1"
 MAX_LIMIT = 500
@@ -43,7 +52,7 @@ MAX_ID_CHARS = 1024
 BODY_OVERHEAD_BYTES = 65_536
 _STATUS = {
     Outcome.CANCELLED: 200, Outcome.UPDATED: 200, Outcome.ALREADY_FIRED: 409,
-    Outcome.NOT_FOUND: 404,
+    Outcome.NOT_FOUND: 404, Outcome.DEAD_LETTERED: 422,
 }  # fmt: skip
 
 
@@ -52,10 +61,11 @@ class Access:
     """Who may call what: the bearer token, whether reads need it, the local-dev bypass, and
     the Host names answered besides the local ones while some call needs no token."""
 
-    token: str
+    token: str  # the operator's: every caller, reads and writes
     reads_open: bool
     dev_open: bool
     hosts: tuple[str, ...] = ()
+    tokens: Tokens = field(default_factory=lambda: Tokens({}))  # acting for some callers
 
     def __repr__(self) -> str:
         return f"Access(token={'********' if self.token else ''!r}, reads_open={self.reads_open})"
@@ -63,18 +73,29 @@ class Access:
     @property
     def open(self) -> bool:
         """Whether some call needs no token (then only the Host names served are answered)."""
-        return self.reads_open or (self.dev_open and not self.token)
+        return self.reads_open or (self.dev_open and not self.token and not self.tokens)
 
-    def check(self, credentials: HTTPAuthorizationCredentials | None, *, read: bool) -> None:
-        if read and self.reads_open:
-            return
-        if not self.token:
+    def check(self, credentials: HTTPAuthorizationCredentials | None, *, read: bool) -> Grant:
+        """What the call's token may do; ApiError when it may not make this call."""
+        given = "" if credentials is None else credentials.credentials
+        if read and self.reads_open and not given:
+            return OPEN_READS
+        if not self.token and not self.tokens:
             if self.dev_open:
-                return
+                return DEV_OPEN
             raise ApiError(403, "disabled", "set BLACKBOX_API_TOKEN to use this endpoint")
-        given = b"" if credentials is None else credentials.credentials.encode()
-        if not hmac.compare_digest(given, self.token.encode()):
-            raise ApiError(401, "unauthorized", "send Authorization: Bearer <BLACKBOX_API_TOKEN>")
+        grant = self._grant(given)
+        if grant is None:
+            raise ApiError(401, "unauthorized", "send Authorization: Bearer <token>")
+        if not (grant.read if read else grant.write):
+            raise ApiError(403, "forbidden", f"token {grant.name!r} may not "
+                           f"{'read' if read else 'change'} schedules")  # fmt: skip
+        return grant
+
+    def _grant(self, given: str) -> Grant | None:
+        if self.token and hmac.compare_digest(given.encode(), self.token.encode()):
+            return OPERATOR
+        return self.tokens.grant_for(given)
 
     def check_write(self, authorization: str | None) -> None:
         """`check` for a call that changes something, from its Authorization header alone."""
@@ -96,10 +117,43 @@ class Backend:
     access: Access
     max_countdown_ms: int
     max_body_bytes: int
+    answers: Follower | None = None  # None: changes are not waited for (tests of access)
+    answer_seconds: float = 10.0
 
     def close(self) -> None:
         self.admin.producer.flush(1.0)
         self.dead_letters.close()
+        if self.answers is not None:
+            self.answers.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call's backend and what its token may do."""
+
+    backend: Backend
+    grant: Grant
+
+    def caller_of(self, blackbox_id: str) -> tuple[bool, str | None]:
+        """(whether it is a caller's own id, its caller) of a stored id; for an id derived
+        from an intake record the caller is read from the schedule (404 when gone)."""
+        scoped = split_scoped(blackbox_id)
+        if scoped is not None:
+            caller = None if scoped[0] is None else scoped[0].decode()
+            return True, caller
+        found = self.backend.pending.get(blackbox_id)
+        if found is None:
+            raise ApiError(404, "not_found", f"no pending schedule {blackbox_id[:200]!r}")
+        return False, found.item.caller
+
+    def check_acts_for(self, caller: str | None, blackbox_id: str) -> None:
+        """404 for an id of a caller the token does not act for: it is not theirs to see."""
+        if not self.grant.acts_for(caller):
+            raise ApiError(404, "not_found", f"no schedule {blackbox_id[:200]!r} of yours")
+
+    def check_every_caller(self) -> None:
+        if self.grant.callers is not None:
+            raise ApiError(403, "forbidden", "totals across callers need a token for every caller")
 
 
 class ErrorBody(BaseModel):
@@ -162,20 +216,20 @@ def _backend(request: Request) -> Backend:
     return backend
 
 
-def reader(request: Request, credentials: Credentials) -> Backend:
+def reader(request: Request, credentials: Credentials) -> Call:
     backend = _backend(request)
-    backend.access.check(credentials, read=True)
-    return backend
+    return Call(backend, backend.access.check(credentials, read=True))
 
 
-def writer(request: Request, credentials: Credentials) -> Backend:
+def writer(request: Request, credentials: Credentials) -> Call:
     backend = _backend(request)
-    backend.access.check(credentials, read=False)
-    return backend
+    return Call(backend, backend.access.check(credentials, read=False))
 
 
-Reader = Annotated[Backend, Depends(reader)]
-Writer = Annotated[Backend, Depends(writer)]
+Reader = Annotated[Call, Depends(reader)]
+Writer = Annotated[Call, Depends(writer)]
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
+                                              max_length=255)]  # fmt: skip
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422, 503)
 }
@@ -184,7 +238,7 @@ router = APIRouter(prefix=PREFIX, responses=ERRORS)
 
 @router.get("/schedules", response_model=Page)
 def list_schedules(  # noqa: PLR0913, PLR0917 - the query's filters, each by name
-    backend: Reader,
+    call: Reader,
     state: State = State.PENDING,
     caller: Annotated[str | None, Query(max_length=255)] = None,
     topic: Annotated[str | None, Query(max_length=255)] = None,
@@ -197,66 +251,127 @@ def list_schedules(  # noqa: PLR0913, PLR0917 - the query's filters, each by nam
 
     A call reads at most a bounded number of ids: a filter that matches rarely may answer
     fewer items than `limit` with a `cursor` to go on from."""
-    kept = Filter(state, caller, topic, due_from_ms, due_to_ms)
-    return backend.pending.page(kept, cursor, limit)
+    kept = Filter(state, _listed_caller(call.grant, caller), topic, due_from_ms, due_to_ms)
+    return call.backend.pending.page(kept, cursor, limit)
+
+
+def _listed_caller(grant: Grant, caller: str | None) -> str | None:
+    """The caller a listing keeps: any for a token of every caller; else its own."""
+    if grant.callers is None:
+        return caller
+    if caller is None:
+        if grant.sole_caller is None:
+            several = "this token acts for several callers: name one with ?caller="
+            raise ApiError(400, "caller_required", several)
+        return grant.sole_caller
+    if not grant.acts_for(caller):
+        raise ApiError(403, "forbidden", f"this token does not act for {caller[:200]!r}")
+    return caller
 
 
 @router.post("/schedules/{blackbox_id:path}/reschedule", response_model=Answer)
-def reschedule(blackbox_id: BlackboxId, when: When, backend: Writer) -> JSONResponse:
+def reschedule(blackbox_id: BlackboxId, when: When, call: Writer) -> JSONResponse:
     """Move a pending schedule to a new due time (an `updated` event); a message being
-    produced right now answers `already_fired`."""
+    produced right now answers `already_fired`. A caller's id is moved through the intake
+    topic, after every record of that id sent before, within the caller's horizon."""
+    backend = call.backend
     due_ms = _due_ms(when, backend.max_countdown_ms)
+    own, caller = call.caller_of(blackbox_id)
+    call.check_acts_for(caller, blackbox_id)
+    if own:
+        chosen = {k: v for k, v in when.model_dump().items() if v is not None}
+        return _through_intake(backend, blackbox_id, {"reschedule": True, **chosen})
+    backend.admin.check_horizon(caller, due_ms)
     moved = backend.admin.reschedule(blackbox_id, due_ms)
     return _answer(moved.outcome, blackbox_id, due_ms if moved.schedule else None)
 
 
 @router.get("/schedules/{blackbox_id:path}", response_model=Detail)
-def get_schedule(blackbox_id: BlackboxId, backend: Reader) -> Detail:
+def get_schedule(blackbox_id: BlackboxId, call: Reader) -> Detail:
     """One pending schedule with its whole message (base64 when binary) and headers."""
-    found = backend.pending.get(blackbox_id)
+    found = call.backend.pending.get(blackbox_id)
     if found is None:
         raise ApiError(404, "not_found", f"no pending schedule {blackbox_id[:200]!r}")
+    call.check_acts_for(found.item.caller, blackbox_id)
     return found
 
 
 @router.delete("/schedules/{blackbox_id:path}", response_model=Answer)
-def cancel(blackbox_id: BlackboxId, backend: Writer) -> JSONResponse:
+def cancel(blackbox_id: BlackboxId, call: Writer) -> JSONResponse:
     """Cancel: `cancelled` (200), `already_fired` (409) or `not_found` (404), exactly as
-    an intake cancel answers, with the same event on the events topic."""
-    return _answer(backend.admin.cancel(blackbox_id), blackbox_id, None)
+    an intake cancel answers, with the same event on the events topic. A caller's id is
+    cancelled through the intake topic, after every record of that id sent before."""
+    own, caller = call.caller_of(blackbox_id)
+    call.check_acts_for(caller, blackbox_id)
+    if own:
+        return _through_intake(call.backend, blackbox_id, {"cancel": True})
+    return _answer(call.backend.admin.cancel(blackbox_id), blackbox_id, None)
+
+
+def _through_intake(backend: Backend, blackbox_id: str, request: dict[str, Any]) -> JSONResponse:
+    """Send a caller's request about its id as the caller would; answer what intake did."""
+    scoped = split_scoped(blackbox_id)
+    assert scoped is not None  # only a caller's own id comes here
+    caller, own = scoped
+    if backend.answers is not None and not backend.answers.ready(backend.answer_seconds):
+        raise ApiError(503, "unavailable", "the events topic cannot be read: try again")
+    where = backend.admin.request(caller, own, {"id": own, **request})
+    answer = (
+        None if backend.answers is None else backend.answers.wait(where, backend.answer_seconds)
+    )
+    if answer is None:
+        raise ApiError(504, "no_answer_yet", f"the request is in {where[0]!r} partition "
+                       f"{where[1]} offset {where[2]} and will be applied in order; its answer "
+                       "will be on the events topic")  # fmt: skip
+    outcome = Outcome(answer["outcome"])
+    if outcome is Outcome.DEAD_LETTERED:
+        raise ApiError(422, str(answer.get("reason")), str(answer.get("detail")))
+    return _answer(outcome, blackbox_id, answer.get("due_ms"))
 
 
 @router.post("/schedules", status_code=202, response_model=Created)
-def create(body: NewSchedule, backend: Writer) -> Created:
-    """Produce an envelope to the intake topic as `caller`: the caller's policy,
-    idempotency and answers are those of any producer."""
+def create(body: NewSchedule, call: Writer, idempotency_key: IdempotencyKey = None) -> Created:
+    """Produce an envelope to the intake topic as `caller` (the token's own caller when it
+    acts for one): the caller's policy and answers are those of any producer. With an
+    `Idempotency-Key` (the schedule's id when the envelope has none), a retried create
+    never schedules twice, even once the first one fired."""
+    caller = body.caller or call.grant.sole_caller
+    if not call.grant.acts_for(caller):
+        raise ApiError(403, "forbidden", f"this token does not act for {caller!r}")
+    document = dict(body.envelope)
+    if idempotency_key is not None:
+        document = {"id": idempotency_key, **document, "if_absent": True}
     try:
-        blackbox_id = backend.admin.create(body.caller, body.envelope)
+        blackbox_id = call.backend.admin.create(caller, document)
     except InvalidEnvelope as e:
         raise ApiError(422, e.reason.value, e.detail) from e
     except (orjson.JSONEncodeError, UnicodeEncodeError) as e:  # lone surrogates in the JSON
         raise ApiError(422, "invalid_text", f"not encodable as UTF-8 JSON: {e}") from e
-    return Created(blackbox_id=blackbox_id, intake_topic=backend.admin.intake_topic)
+    topic = call.backend.admin.topic_for(caller)
+    return Created(blackbox_id=blackbox_id, intake_topic=topic)
 
 
 @router.get("/stats", response_model=Stats)
-def stats(backend: Reader) -> Stats:
+def stats(call: Reader) -> Stats:
     """Counts, pending per due bucket ahead, and the next due per target topic."""
-    return backend.pending.stats()
+    call.check_every_caller()
+    return call.backend.pending.stats()
 
 
 @router.get("/dead-letters", response_model=DeadLetters)
 def dead_letters(
-    backend: Reader, limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50
+    call: Reader, limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50
 ) -> DeadLetters:
     """The most recent dead letters (read back from the dead-letter topic), newest first."""
-    return DeadLetters(items=backend.dead_letters.recent(limit))
+    call.check_every_caller()
+    return DeadLetters(items=call.backend.dead_letters.recent(limit))
 
 
 @router.get("/lateness", response_model=Lateness)
-def lateness(backend: Reader) -> Lateness:
+def lateness(call: Reader) -> Lateness:
     """This replica's delivery lateness histogram: cumulative count per upper bound (s)."""
-    return Lateness(buckets=_histogram(backend.metrics, "blackbox_lateness_seconds"))
+    call.check_every_caller()
+    return Lateness(buckets=_histogram(call.backend.metrics, "blackbox_lateness_seconds"))
 
 
 def _histogram(metrics: Metrics, name: str) -> list[LatenessBucket]:
@@ -341,23 +456,27 @@ def create_app(backend: Backend) -> FastAPI:
     return app
 
 
-def backend_of(
+def backend_of(  # noqa: PLR0913 - the service's parts the API acts on
     settings: Settings, store: RedisStore, health: Health, metrics: Metrics,
-    on_scheduled: Nudge,
+    on_scheduled: Nudge, *, caller_policy: CallerPolicy,
 ) -> Backend:  # fmt: skip
     """The API's parts for one service; the pending gauges join its metrics."""
     pending = Pending(store)
-    limits = envelope.Limits(settings.max_message_bytes, frozenset(settings.own_topics))
     metrics.registry.register(PendingGauges(pending))
     admin = Admin(store, kafka.new_producer(settings), settings.intake_topic,
-                  settings.events_topic, limits,
-                  kafka.topic_id_lookup(settings.kafka), on_scheduled)  # fmt: skip
+                  settings.events_topic, limits_of(settings, caller_policy),
+                  kafka.topic_id_lookup(settings.kafka), on_scheduled,
+                  policy=caller_policy, send_seconds=settings.delivery_timeout)  # fmt: skip
+    answers = Follower(settings.kafka, settings.events_topic)
+    answers.start()
     return Backend(
         pending=pending, admin=admin,
         dead_letters=DeadLetterTail(kafka.consumer_config(settings), settings.dlq_topic),
         health=health, metrics=metrics,
         access=Access(settings.api_token, settings.api_reads == "open", settings.api_dev_open,
-                      settings.api_allowed_hosts),
+                      settings.api_allowed_hosts,
+                      tokens_of("", settings.api_tokens_file)),
         max_countdown_ms=int(settings.max_countdown * 1000),
         max_body_bytes=settings.max_message_bytes * 2 + BODY_OVERHEAD_BYTES,
+        answers=answers, answer_seconds=settings.delivery_timeout * 2,
     )  # fmt: skip

@@ -95,6 +95,9 @@ class Envelope:
     headers: tuple[Header, ...] = ()
     schedule_id: str | None = None
     etf1: bool = False
+    # Schedule only if the id is neither pending nor ended lately ({"if_absent": true}): a
+    # retried create then never schedules twice, even after the first one fired.
+    if_absent: bool = False
 
     def due_ms(self, received_ms: int) -> int:
         """When to deliver: never before `received_ms` (a time in the past fires at once)."""
@@ -178,6 +181,7 @@ def _json_request(document: dict[str, Any], caller: bytes | None, limits: Limits
         key=_optional_text(document, "key"),
         headers=_json_headers(document.get("headers")),
         schedule_id=None if document.get("id") is None else _id(document["id"], "id"),
+        if_absent=_if_absent(document),
     )
 
 
@@ -286,6 +290,14 @@ def _decode(value: bytes) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise InvalidEnvelope(_R.NOT_AN_OBJECT, f"value is a JSON {_kind(document)}")
     return document
+
+
+def _if_absent(document: dict[str, Any]) -> bool:
+    if "if_absent" not in document or not _flag(document, "if_absent"):
+        return False
+    if document.get("id") is None:
+        raise InvalidEnvelope(_R.MISSING_FIELD, "if_absent needs an id (what must be absent)")
+    return True
 
 
 def _flag(document: dict[str, Any], name: str) -> bool:

@@ -66,6 +66,8 @@ class Schedule:
     headers: tuple[Header, ...] = ()
     origin: str | None = None
     sent_ms: int | None = None
+    # Intake only, never stored: apply only if the id is neither pending nor ended lately.
+    if_absent: bool = False
 
     @classmethod
     def from_envelope(
@@ -83,6 +85,7 @@ class Schedule:
             headers=envelope.headers,
             origin=origin if scoped else None,
             sent_ms=sent_ms if envelope.etf1 else None,
+            if_absent=envelope.if_absent,
         )
 
     @property

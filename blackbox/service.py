@@ -29,6 +29,7 @@ from blackbox.firing import Firing, Loop
 from blackbox.health import Health, Probe
 from blackbox.keys import Layout
 from blackbox.metrics import Metrics
+from blackbox.policy import CallerPolicy
 from blackbox.receiving import Receiving, caller_policy_of
 from blackbox.role import Role
 from blackbox.settings import Settings
@@ -74,7 +75,9 @@ class Service:
             if role.takes_intake else None
         )  # fmt: skip
         self.health = Health(self._probes(), self.metrics, self._stall_seconds())
-        self.endpoints = None if settings.http_port is None else self._endpoints(settings)
+        self.endpoints = (
+            None if settings.http_port is None else self._endpoints(settings, caller_policy)
+        )
         self._threads = [
             threading.Thread(target=self._guard(loop), name=name, daemon=True)
             for name, loop in self._loops().items()
@@ -102,9 +105,10 @@ class Service:
                 loops.update(part.loops())
         return loops
 
-    def _endpoints(self, settings: Settings) -> Endpoints:
+    def _endpoints(self, settings: Settings, caller_policy: CallerPolicy) -> Endpoints:
         """The HTTP server: health, metrics, the API and its page."""
-        backend = api.backend_of(settings, self.store, self.health, self.metrics, self._scheduled)
+        backend = api.backend_of(settings, self.store, self.health, self.metrics,
+                                 self._scheduled, caller_policy=caller_policy)  # fmt: skip
         try:
             return Endpoints(settings.http_host, settings.http_port or 0,
                              api.create_app(backend), backend.close)  # fmt: skip

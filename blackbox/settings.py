@@ -193,6 +193,8 @@ VARIABLES: tuple[Var, ...] = (
         "port of those endpoints; 0 picks a free one, 'off' serves none"),
     Var("BLACKBOX_API_TOKEN", "api_token", _token, "",
         "bearer token of the HTTP API (16+ characters); empty: none, mutations refused"),
+    Var("BLACKBOX_API_TOKENS_FILE", "api_tokens_file", str, "",
+        "YAML or JSON of tokens (SHA-256 hashes) acting for some callers, read and/or write"),
     Var("BLACKBOX_API_READS", "api_reads", _choice("open", "token"), "token",
         "open: anyone reaching the port may read schedules; token: reads need the token too"),
     Var("BLACKBOX_API_DEV_OPEN", "api_dev_open", _flag, "false",
@@ -237,6 +239,7 @@ class Settings:
     http_host: str
     http_port: int | None
     api_token: str
+    api_tokens_file: str
     api_reads: str
     api_dev_open: bool
     api_allowed_hosts: tuple[str, ...]

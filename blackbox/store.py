@@ -29,8 +29,9 @@ SCRIPT_CHUNK = 500
 RESCHEDULE_TRIES = 3
 RESCHEDULE_CHANGED = 6  # reschedule.lua: the payload changed since it was read
 # intake.lua's ops: a new id derived from the record, a caller's id stored or replaced, a
-# cancel of a caller's id, a move of a caller's pending id to another due time.
-NEW, UPSERT, CANCEL, MOVE = "n", "u", "c", "m"
+# cancel of a caller's id, a move of a caller's pending id to another due time, a caller's
+# id stored only if neither pending nor ended lately.
+NEW, UPSERT, CANCEL, MOVE, ONCE = "n", "u", "c", "m", "o"
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,6 +418,8 @@ class RedisStore:
             ttl = max(0, math.ceil((write.due_ms - now_ms) / 1000)) + self.grace_seconds
             return (offset, MOVE, write.due_ms, ttl, b"")
         op = UPSERT if write.id.startswith(SCOPED_PREFIX) else NEW
+        if write.if_absent and op == UPSERT:
+            op = ONCE
         ttl = max(0, math.ceil((write.due_ms - now_ms) / 1000)) + self.grace_seconds
         return (offset, op, write.due_ms, ttl, write.encode())
 

@@ -23,7 +23,9 @@
 --              encoded payload. op "n": a new id derived from the record (SET NX);
 --              "u": a caller's id, stored or replaced; "c": cancel a caller's id (due,
 --              TTL and payload unused); "m": move a caller's pending id to the due time,
---              its payload kept but for the due time it encodes (payload unused).
+--              its payload kept but for the due time it encodes (payload unused); "o": a
+--              caller's id stored only if it is neither pending nor ended lately (answered
+--              1 when it is pending already, else as it ended: a retried create is a no-op).
 --
 -- Returns: one code per request: 0 already applied (a re-read), 1 scheduled, 2 updated,
 -- 3 cancelled, 4 already fired (or, for a move, being produced right now), 5 not found. An error, changing nothing, when the chunk
@@ -105,6 +107,15 @@ for a = 6, #ARGV, 5 do
       end
     elseif op == 'u' then
       code = upsert(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+    elseif op == 'o' then
+      if redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id) then
+        code = 1
+      else
+        code = ended_code(sets, marker_key, id)
+        if code == 5 then
+          code = upsert(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+        end
+      end
     elseif op == 'm' then
       code = move(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3])
     else

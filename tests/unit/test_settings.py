@@ -37,6 +37,7 @@ def test_defaults_from_an_empty_environment() -> None:
         http_host="0.0.0.0",  # noqa: S104
         http_port=8080,
         api_token="",
+        api_tokens_file="",
         api_reads="token",
         api_dev_open=False,
         api_allowed_hosts=(),

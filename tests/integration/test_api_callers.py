@@ -1,0 +1,155 @@
+"""The API acts only for the callers a token was given, applies changes in the caller's
+order through the intake topic, and never schedules a retried create twice."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from blackbox.client import Client
+from blackbox.role import Role
+from blackbox.service import Service
+from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
+from tests.kafkatools import unique, wait_until
+
+BILLING, SHOP, READER = (
+    "billing-token-0123456789",
+    "shop-token-0123456789ab",
+    "read-only-0123456789ab",
+)
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _tokens_file(path: Path) -> str:
+    def entry(token: str, callers: list[str], scopes: list[str]) -> str:
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        return f'  - {{sha256: "{digest}", callers: {callers}, scopes: {scopes}}}\n'
+
+    path.write_text("tokens:\n" + entry(BILLING, ["billing"], ["read", "write"])
+                    + entry(SHOP, ["shop"], ["read", "write"])
+                    + entry(READER, ["billing", "shop"], ["read"]))  # fmt: skip
+    return str(path)
+
+
+def _api(service: Service) -> httpx.Client:
+    assert service.endpoints is not None
+    return httpx.Client(base_url=f"http://127.0.0.1:{service.endpoints.port}", timeout=30)
+
+
+@pytest.fixture
+def callers_api(
+    start_service: ServiceFactory, tmp_path: Path
+) -> Iterator[tuple[Service, httpx.Client]]:
+    service = start_service(BLACKBOX_API_TOKENS_FILE=_tokens_file(tmp_path / "tokens.yaml"))
+    with _api(service) as client:
+        yield service, client
+
+
+def _create(client: httpx.Client, token: str, target: str, schedule_id: str,
+            caller: str | None = None) -> httpx.Response:  # fmt: skip
+    body = {"envelope": {"topic": target, "message": schedule_id, "countdown": 3600,
+                         "id": schedule_id}, **({"caller": caller} if caller else {})}  # fmt: skip
+    return client.post("/api/v1/schedules", json=body, headers=_auth(token))
+
+
+def test_a_token_acts_only_for_its_callers(callers_api: tuple[Service, httpx.Client]) -> None:
+    """Guarantee 7: billing's token creates as billing (its caller by default), lists,
+    reads, reschedules and cancels billing's ids only; shop's ids are not found for it; a
+    read-only token changes nothing; totals across callers need an operator's token."""
+    service, client = callers_api
+    target = unique("scoped")
+    assert _create(client, BILLING, target, "b-1").status_code == 202
+    assert _create(client, SHOP, target, "s-1").status_code == 202
+    assert _create(client, BILLING, target, "x", caller="shop").status_code == 403
+    wait_until(lambda: service.store.counts()[0] == 2, what="both stored")
+
+    listed = client.get("/api/v1/schedules", headers=_auth(BILLING)).json()["items"]
+    assert [i["blackbox_id"] for i in listed] == ["@billing/b-1"]
+    assert client.get("/api/v1/schedules", params={"caller": "shop"},
+                      headers=_auth(BILLING)).status_code == 403  # fmt: skip
+    assert client.get("/api/v1/schedules/@shop/s-1", headers=_auth(BILLING)).status_code == 404
+    assert client.delete("/api/v1/schedules/@shop/s-1", headers=_auth(BILLING)).status_code == 404
+    moved = client.post("/api/v1/schedules/@shop/s-1/reschedule", json={"countdown": 1},
+                        headers=_auth(BILLING))  # fmt: skip
+    assert moved.status_code == 404
+    assert client.get("/api/v1/stats", headers=_auth(BILLING)).status_code == 403
+    assert client.get("/api/v1/schedules", headers=_auth(READER)).status_code == 400
+    assert client.delete("/api/v1/schedules/@billing/b-1", headers=_auth(READER)).status_code == 403
+    assert client.get("/api/v1/schedules/@shop/s-1", headers=_auth(READER)).status_code == 200
+
+    gone = client.delete("/api/v1/schedules/@billing/b-1", headers=_auth(BILLING))
+    assert (gone.status_code, gone.json()["outcome"]) == (200, "cancelled")
+    assert service.store.counts()[0] == 1  # shop's is still there
+
+
+def test_an_api_cancel_is_applied_after_an_older_update_of_the_id(
+    start_service: ServiceFactory, reader: ReaderFactory, tmp_path: Path
+) -> None:
+    """Guarantee 7: an update of an id still waiting in the intake topic when the API is
+    asked to cancel it is applied first, then the cancel: the message never fires, and the
+    API answers `cancelled` (applied directly in Redis, the cancel was overtaken and the
+    update fired the message)."""
+    tokens = _tokens_file(tmp_path / "tokens.yaml")
+    first = start_service(BLACKBOX_API_TOKENS_FILE=tokens)
+    settings = first.settings
+    bootstrap, target = settings.kafka["bootstrap.servers"], unique("raced")
+    intake = settings.intake_topic
+    with Client({"bootstrap.servers": bootstrap}, caller="billing", intake_topic=intake) as c:
+        c.send_later(target, "v1", delay=5, id="order-1")
+    wait_until(lambda: first.store.counts()[0] == 1, what="order-1 stored")
+    first.stop()
+    api_only = start_service(Role.DISPATCH, BLACKBOX_API_TOKENS_FILE=tokens,
+                             BLACKBOX_DELIVERY_TIMEOUT="5")  # fmt: skip
+    with Client({"bootstrap.servers": bootstrap}, caller="billing", intake_topic=intake) as c:
+        c.send_later(target, "v2", delay=1, id="order-1")  # waits: nobody reads the intake yet
+    answers: list[httpx.Response] = []
+    with _api(api_only) as client:
+        asking = threading.Thread(
+            target=lambda: answers.append(
+                client.delete("/api/v1/schedules/@billing/order-1", headers=_auth(BILLING))
+            )
+        )
+        asking.start()
+        wait_until(lambda: api_only.store.counts()[0] == 1, what="the API asked")  # fmt: skip
+        start_service(Role.INTAKE, BLACKBOX_API_TOKENS_FILE=tokens)
+        asking.join(30)
+    events = reader(settings.events_topic)
+    outcomes = events.wait_for(lambda r: len(r) >= 3)
+    settle(api_only)
+    (answer,) = answers
+    assert (answer.status_code, answer.json()["outcome"]) == (200, "cancelled")
+    assert [orjson.loads(e.value or b"")["outcome"] for e in outcomes] == [
+        "scheduled", "updated", "cancelled"]  # fmt: skip
+    assert reader(target).read_to_end() == []
+
+
+def test_a_create_retried_with_its_idempotency_key_schedules_once(
+    callers_api: tuple[Service, httpx.Client], reader: ReaderFactory
+) -> None:
+    """Guarantee 7: the same Idempotency-Key sent twice (a client retrying after a timeout)
+    schedules one message, also when the first had fired already."""
+    service, client = callers_api
+    target = unique("once")
+    body = {"envelope": {"topic": target, "message": "hello", "countdown": 0}}
+    key = {"Idempotency-Key": "req-7f3a", **_auth(BILLING)}
+    first = client.post("/api/v1/schedules", json=body, headers=key)
+    assert first.status_code == 202
+    assert first.json()["blackbox_id"] == "@billing/req-7f3a"
+    reader(target).wait_count(1)
+    settle(service)
+    again = client.post("/api/v1/schedules", json=body, headers=key)
+    assert again.json()["blackbox_id"] == first.json()["blackbox_id"]
+    events = reader(service.settings.events_topic).wait_for(lambda r: len(r) >= 2)
+    settle(service)
+    assert [orjson.loads(e.value or b"")["outcome"] for e in events] == [
+        "scheduled", "already_fired"]  # fmt: skip
+    assert len(reader(target).read_to_end()) == 1
