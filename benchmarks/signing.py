@@ -1,0 +1,100 @@
+"""Intake with signed envelopes against unsigned ones: records/s and service CPU per record.
+
+    python -m benchmarks.signing [--count N] [--rounds R]
+
+Each round runs both on a fresh stack, alternating which goes first (the machine drifts):
+COUNT records due in an hour are produced to the intake topic first, then `blackbox run`
+starts and stores them; the signed runs use a policy that requires billing's signature,
+and every record carries one (made before the clock starts, as a producer would).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+import redis
+from confluent_kafka import Producer
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from benchmarks.stack import cpu_seconds, local_stack, service_process
+from blackbox.envelope import CALLER_HEADER, Header
+from blackbox.keys import Keys
+from blackbox.signing import Parts, Signer, public_text
+
+KEY = Ed25519PrivateKey.generate()
+
+
+def _policy(work: Path) -> str:
+    path = work / "policy.yaml"
+    path.write_text("callers:\n  billing:\n    require_signature: true\n"
+                    f"    keys: {{bench-1: \"{public_text(KEY.public_key())}\"}}\n")  # fmt: skip
+    return str(path)
+
+
+def _produce(bootstrap: str, intake: str, count: int, signed: bool) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    signer, target = Signer(KEY, "bench-1"), f"sig-{uuid.uuid4().hex[:8]}"
+    now = time.time_ns() // 1_000_000
+    for n in range(count):
+        value = orjson.dumps({"topic": target, "message": n, "countdown": 3600})
+        headers: list[Header] = [(CALLER_HEADER, b"billing")]
+        if signed:
+            headers.append(signer.header(Parts(intake, None, value, headers), issued_ms=now))
+        while True:
+            try:
+                producer.produce(intake, value, headers=[*headers])
+                break
+            except BufferError:
+                producer.poll(0.01)
+    producer.flush(60)
+
+
+def run(count: int, signed: bool) -> dict[str, float]:
+    with local_stack() as stack:
+        if signed:
+            stack.env["BLACKBOX_POLICY_FILE"] = _policy(stack.work)
+        _produce(stack.settings.kafka["bootstrap.servers"], stack.settings.intake_topic,
+                 count, signed)  # fmt: skip
+        client = redis.Redis.from_url(stack.redis.url)
+        due = Keys(stack.settings.namespace).due
+        with service_process(stack) as process:
+            while client.zcard(due) == 0:
+                time.sleep(0.001)
+            first, cpu_first = time.monotonic(), cpu_seconds(process.pid)
+            while client.zcard(due) < count:
+                time.sleep(0.005)
+            elapsed, cpu = time.monotonic() - first, cpu_seconds(process.pid) - cpu_first
+        client.close()
+    return {
+        "records_per_s": round(count / elapsed),
+        "cpu_us_per_record": round(cpu / count * 1e6, 1),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--count", type=int, default=50_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    for round_ in range(args.rounds):
+        for signed in (round_ % 2 == 0, round_ % 2 == 1):
+            result = run(args.count, signed)
+            results[signed].append(result)
+            print(orjson.dumps({"signed": signed, **result}).decode(), flush=True)  # noqa: T201
+    for signed, runs in results.items():
+        rate = statistics.median(r["records_per_s"] for r in runs)
+        cpu = statistics.median(r["cpu_us_per_record"] for r in runs)
+        label = "signed  " if signed else "unsigned"
+        print(f"{label} median of {len(runs)}: {rate:,.0f} records/s, {cpu} µs CPU/record")  # noqa: T201
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
