@@ -20,13 +20,14 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from blackbox import envelope
 from blackbox.clock import now_ms
-from blackbox.envelope import CALLER_HEADER, Limits
+from blackbox.envelope import CALLER_HEADER, Header, Limits
 from blackbox.events import Event, Outcome
 from blackbox.incarnations import Lookup, tag_of
 from blackbox.intake import OUTCOMES
 from blackbox.policy import CallerPolicy, open_policy
 from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.shares import Nudge
+from blackbox.signing import Parts, Signer
 from blackbox.store import RedisStore
 
 log = structlog.get_logger("blackbox.admin")
@@ -57,6 +58,7 @@ class Admin:
         *,
         policy: CallerPolicy | None = None,
         send_seconds: float = SEND_SECONDS,
+        signer: Signer | None = None,
     ) -> None:
         self.store = store
         self.producer = producer
@@ -68,6 +70,7 @@ class Admin:
         self.policy = policy or open_policy(float("inf"), limits.max_value_bytes)
         self._bound = {caller: topic for topic, caller in self.policy.bound_topics.items()}
         self.send_seconds = send_seconds
+        self.signer = signer  # signs what the API sends for callers (see the README)
         self._lock = threading.Lock()  # one produce-and-flush at a time
 
     def cancel(self, blackbox_id: str) -> Outcome:
@@ -104,8 +107,11 @@ class Admin:
         return where it landed (its answer names it)."""
         name = None if caller is None else caller.decode("utf-8")
         topic = self.topic_for(name)
-        headers = [] if caller is None else [(CALLER_HEADER, caller)]
-        delivered = self._send(topic, orjson.dumps(document), own_id.encode(), headers)
+        headers: list[Header] = [] if caller is None else [(CALLER_HEADER, caller)]
+        value = orjson.dumps(document)
+        delivered = self._send(
+            topic, value, own_id.encode(), self._signed(topic, own_id.encode(), value, headers)
+        )
         log.info("api_request", caller=name, id=own_id, topic=topic,
                  partition=delivered.partition(), offset=delivered.offset())  # fmt: skip
         return (topic, delivered.partition() or 0, delivered.offset() or 0)
@@ -117,15 +123,25 @@ class Admin:
         Raises InvalidEnvelope when the intake would dead-letter it for its form (the
         caller's policy is still the intake's to apply)."""
         value = orjson.dumps(document)
-        headers = [] if caller is None else [(CALLER_HEADER, caller.encode("utf-8"))]
+        headers: list[Header] = [] if caller is None else [(CALLER_HEADER, caller.encode())]
         request = envelope.parse(value, headers, self.limits)
         own = request.schedule_id
         topic = self.topic_for(caller)
-        delivered = self._send(topic, value, None if own is None else own.encode(), headers)
+        key = None if own is None else own.encode()
+        delivered = self._send(topic, value, key, self._signed(topic, key, value, headers))
         if own is not None:
             return scoped_id(None if caller is None else caller.encode("utf-8"), own)
         tag = tag_of(self.lookup([topic]).get(topic))
         return intake_id(topic, delivered.partition() or 0, delivered.offset() or 0, tag)
+
+    def _signed(
+        self, topic: str, key: bytes | None, value: bytes, headers: list[Header]
+    ) -> list[Header]:
+        """The headers of a request for a caller, signed by the API's key where it has one."""
+        if self.signer is None or not headers:
+            return headers
+        issued = now_ms()
+        return [*headers, self.signer.header(Parts(topic, key, value, headers), issued_ms=issued)]
 
     def _answer(self, event: Event) -> None:
         record = event.record(self.events_topic, now_ms())

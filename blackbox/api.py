@@ -14,6 +14,7 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
@@ -30,7 +31,7 @@ from blackbox.admin import Admin
 from blackbox.answers import Follower
 from blackbox.clock import now_ms
 from blackbox.dlqtail import DeadLetterTail, DeadLetterView
-from blackbox.errors import InvalidEnvelope
+from blackbox.errors import InvalidEnvelope, SettingsError
 from blackbox.events import Outcome
 from blackbox.guard import BodyGate, OpenHosts
 from blackbox.health import Health
@@ -42,6 +43,7 @@ from blackbox.receiving import limits_of
 from blackbox.schedule import split_scoped
 from blackbox.settings import Settings
 from blackbox.shares import Nudge
+from blackbox.signing import Signer
 from blackbox.store import RedisStore
 from blackbox.tokens import DEV_OPEN, OPEN_READS, OPERATOR, Grant, Tokens, tokens_of
 
@@ -456,6 +458,17 @@ def create_app(backend: Backend) -> FastAPI:
     return app
 
 
+def _api_signer(settings: Settings) -> Signer | None:
+    """The API's own signing key, where the settings name one."""
+    if not settings.api_signing_key_file:
+        return None
+    try:
+        pem = Path(settings.api_signing_key_file).read_bytes()
+        return Signer.from_pem(pem, settings.api_key_id)
+    except (OSError, ValueError) as e:
+        raise SettingsError(f"BLACKBOX_API_SIGNING_KEY_FILE: {e}") from e
+
+
 def backend_of(  # noqa: PLR0913 - the service's parts the API acts on
     settings: Settings, store: RedisStore, health: Health, metrics: Metrics,
     on_scheduled: Nudge, *, caller_policy: CallerPolicy,
@@ -466,7 +479,8 @@ def backend_of(  # noqa: PLR0913 - the service's parts the API acts on
     admin = Admin(store, kafka.new_producer(settings), settings.intake_topic,
                   settings.events_topic, limits_of(settings, caller_policy),
                   kafka.topic_id_lookup(settings.kafka), on_scheduled,
-                  policy=caller_policy, send_seconds=settings.delivery_timeout)  # fmt: skip
+                  policy=caller_policy, send_seconds=settings.delivery_timeout,
+                  signer=_api_signer(settings))  # fmt: skip
     answers = Follower(settings.kafka, settings.events_topic)
     answers.start()
     return Backend(

@@ -195,6 +195,10 @@ VARIABLES: tuple[Var, ...] = (
         "bearer token of the HTTP API (16+ characters); empty: none, mutations refused"),
     Var("BLACKBOX_API_TOKENS_FILE", "api_tokens_file", str, "",
         "YAML or JSON of tokens (SHA-256 hashes) acting for some callers, read and/or write"),
+    Var("BLACKBOX_API_SIGNING_KEY_FILE", "api_signing_key_file", str, "",
+        "Ed25519 private key (PEM) the API signs its requests for callers with"),
+    Var("BLACKBOX_API_KEY_ID", "api_key_id", str, "blackbox-api",
+        "the key id the callers' policy lists the API's public key under"),
     Var("BLACKBOX_API_READS", "api_reads", _choice("open", "token"), "token",
         "open: anyone reaching the port may read schedules; token: reads need the token too"),
     Var("BLACKBOX_API_DEV_OPEN", "api_dev_open", _flag, "false",
@@ -240,6 +244,8 @@ class Settings:
     http_port: int | None
     api_token: str
     api_tokens_file: str
+    api_signing_key_file: str
+    api_key_id: str
     api_reads: str
     api_dev_open: bool
     api_allowed_hosts: tuple[str, ...]

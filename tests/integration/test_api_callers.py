@@ -11,10 +11,13 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from blackbox.client import Client
 from blackbox.role import Role
 from blackbox.service import Service
+from blackbox.signing import public_text
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
 from tests.kafkatools import unique, wait_until
 
@@ -153,3 +156,38 @@ def test_a_create_retried_with_its_idempotency_key_schedules_once(
     assert [orjson.loads(e.value or b"")["outcome"] for e in events] == [
         "scheduled", "already_fired"]  # fmt: skip
     assert len(reader(target).read_to_end()) == 1
+
+
+def test_the_api_signs_for_callers_that_must_sign(
+    start_service: ServiceFactory, tmp_path: Path
+) -> None:
+    """Guarantee 7: for a caller whose policy requires signatures, the API's own key (listed
+    in that caller's keys) signs its requests, so the cancel is applied; without that key the
+    intake refuses the API's unsigned request and the API answers 422 bad_signature."""
+    api_key = Ed25519PrivateKey.generate()
+    pem = tmp_path / "api.pem"
+    pem.write_bytes(api_key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))  # fmt: skip
+    policy = tmp_path / "policy.yaml"
+    public = public_text(api_key.public_key())
+    policy.write_text("callers:\n  billing:\n    require_signature: true\n"
+                      f"    keys: {{api-1: \"{public}\"}}\n")  # fmt: skip
+    tokens = _tokens_file(tmp_path / "tokens.yaml")
+    unsigned = start_service(BLACKBOX_POLICY_FILE=str(policy), BLACKBOX_API_TOKENS_FILE=tokens)
+    with _api(unsigned) as client:
+        refused = client.delete("/api/v1/schedules/@billing/x", headers=_auth(BILLING))
+    assert (refused.status_code, refused.json()["error"]) == (422, "bad_signature")
+    unsigned.stop()
+    signing = start_service(
+        BLACKBOX_POLICY_FILE=str(policy),
+        BLACKBOX_API_TOKENS_FILE=tokens,
+        BLACKBOX_API_SIGNING_KEY_FILE=str(pem),
+        BLACKBOX_API_KEY_ID="api-1",
+    )
+    with _api(signing) as client:
+        created = _create(client, BILLING, unique("signed-by-api"), "b-9")
+        assert created.status_code == 202
+        wait_until(lambda: signing.store.counts()[0] == 1, what="the signed create stored")
+        gone = client.delete("/api/v1/schedules/@billing/b-9", headers=_auth(BILLING))
+    assert (gone.status_code, gone.json()["outcome"]) == (200, "cancelled")

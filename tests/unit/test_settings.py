@@ -38,6 +38,8 @@ def test_defaults_from_an_empty_environment() -> None:
         http_port=8080,
         api_token="",
         api_tokens_file="",
+        api_signing_key_file="",
+        api_key_id="blackbox-api",
         api_reads="token",
         api_dev_open=False,
         api_allowed_hosts=(),
