@@ -39,13 +39,14 @@ from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox, Record, Reports
 from blackbox.schedule import Schedule, origin_topic, split_scoped
 from blackbox.shares import Share
-from blackbox.store import Claim, Loaded, RedisStore
+from blackbox.store import DEFAULT_CLAIM_BYTES, Claim, Loaded, RedisStore
 
 log = structlog.get_logger("blackbox.dispatcher")
-# Messages sent and not yet settled, at most, in full claims; past it the oldest batch is
-# awaited. Counted in messages, not batches: steady firing sends batches of one, and a
-# broker slow to acknowledge them must not hold back the next due message. It bounds what
-# a crash can deliver twice (acknowledged, not yet settled) and the payloads held.
+# Messages sent and not yet settled, at most, in full claims (by count and by payload
+# bytes); past it the oldest batch is awaited. Counted in messages, not batches: steady
+# firing sends batches of one, and a broker slow to acknowledge them must not hold back the
+# next due message. It bounds what a crash can deliver twice (acknowledged, not yet
+# settled) and the payloads the producer holds.
 MAX_UNSETTLED_CLAIMS = 4
 # A run waits for delivery reports until this many ms before the next due time, no later.
 SETTLE_AHEAD_MS = 50
@@ -68,6 +69,7 @@ class RetryPolicy:
     backoff_max_ms: int
     dlq_topic: str
     events_topic: str
+    batch_bytes: int = DEFAULT_CLAIM_BYTES  # most payload bytes one claim takes
 
     def retry_delay_ms(self, attempt: int) -> int:
         """Exponential backoff: base * 2^(attempt-1), capped."""
@@ -87,6 +89,7 @@ class _Sent:
     """A claimed batch handed to the producer, awaiting its delivery reports."""
 
     claim: Claim
+    payload_bytes: int = 0
     schedules: list[tuple[Schedule, int]] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     reports: Reports | None = None
@@ -162,6 +165,7 @@ class Dispatcher:
         # The shards this replica fires: all of them until the share beats (shares.py).
         self.share = share or Share(store.layout)
         self._unsettled_messages = 0
+        self._unsettled_bytes = 0
 
     def fire_due(
         self, stop: threading.Event, nudged: Nudged = lambda: None, *, sweep: bool = False
@@ -175,41 +179,40 @@ class Dispatcher:
         fired = Fired(delivered=0, next_due_ms=None)
         now = now_ms()
         for shard in self.share.owned if sweep else self.share.due_by(now):
-            self._drain(shard, now_ms, stop, fired)
+            self._drain(shard, stop, fired)
         if sweep:  # one claim per other shard: its owner drains it, a sweep only helps
             cutoff = now - self.share.sweep_after_ms
             for shard in self.share.others():
-                self._drain(shard, lambda: cutoff, stop, fired, once=True)
+                self._drain(shard, stop, fired, due_by_ms=cutoff)
         fired.next_due_ms = self.share.next_due_ms()
         fired.delivered += self._settle_until_due(fired.next_due_ms, stop, nudged)
         return fired
 
     def _drain(
-        self,
-        shard: int,
-        until: Callable[[], int],
-        stop: threading.Event,
-        fired: Fired,
-        *,
-        once: bool = False,
+        self, shard: int, stop: threading.Event, fired: Fired, *, due_by_ms: int | None = None
     ) -> None:
-        """Claim and send what is due by `until()` in `shard` until a claim comes back
-        short (`once`: one claim); the share learns when the shard is next due."""
+        """Claim and send what is due now in `shard` until a claim comes back short; with
+        `due_by_ms` (a sweep of another's shard), one claim of what is due by then. Each
+        claim's lease runs from the claim itself. The share learns when the shard is next
+        due."""
         while not stop.is_set():
             self.share.claiming(shard)
             self.claims += 1
             claim = self.store.claim_due(
-                until(), self.policy.batch_limit, self.policy.lease_ms, shard
-            )
+                now_ms(), self.policy.batch_limit, self.policy.lease_ms, shard,
+                due_by_ms=due_by_ms, max_bytes=self.policy.batch_bytes,
+            )  # fmt: skip
             if claim.ids:
-                self._unsettled.append(self._send(claim))
+                sent = self._send(claim)
+                self._unsettled.append(sent)
                 self._unsettled_messages += len(claim.ids)
+                self._unsettled_bytes += sent.payload_bytes
             fired.delivered += self._settle_ready(stop)
-            if len(claim.ids) < self.policy.batch_limit:
+            if not claim.more:
                 self.share.learned(shard, claim.next_due_ms)
                 return
             self.share.learned(shard, claim.at_ms)  # more is due: look again
-            if once:
+            if due_by_ms is not None:
                 return
 
     def settle_all(self, stop: threading.Event) -> int:
@@ -238,6 +241,7 @@ class Dispatcher:
     def _oldest(self) -> _Sent:
         sent = self._unsettled.popleft()
         self._unsettled_messages -= len(sent.claim.ids)
+        self._unsettled_bytes -= sent.payload_bytes
         return sent
 
     def _await_reports(
@@ -261,12 +265,15 @@ class Dispatcher:
         """Settle the oldest batches whose reports are all in (or that must be awaited)."""
         self.outbox.producer.poll(0)
         delivered = 0
-        while self._unsettled and (
-            self._unsettled[0].reported
-            or self._unsettled_messages > MAX_UNSETTLED_CLAIMS * self.policy.batch_limit
-        ):
+        while self._unsettled and (self._unsettled[0].reported or self._too_much_unsettled()):
             delivered += self._settle_batch(self._oldest(), stop)
         return delivered
+
+    def _too_much_unsettled(self) -> bool:
+        return (
+            self._unsettled_messages > MAX_UNSETTLED_CLAIMS * self.policy.batch_limit
+            or self._unsettled_bytes > MAX_UNSETTLED_CLAIMS * self.policy.batch_bytes
+        )
 
     def reclaim_expired(self) -> int:
         """Return ids whose replica's lease ran out to due, in this replica's shards; how
@@ -277,7 +284,9 @@ class Dispatcher:
         )
 
     def _send(self, claim: Claim) -> _Sent:
-        sent = _Sent(claim=replace(claim, loaded=[]))  # the payloads are not kept till settled
+        # The payloads are not kept till settled.
+        sent = _Sent(claim=replace(claim, loaded=[]),
+                     payload_bytes=sum(len(i.payload or b"") for i in claim.loaded))  # fmt: skip
         for item in claim.loaded:
             self._classify(item, sent)
         records = [delivery_record(s, a) for s, a in sent.schedules]

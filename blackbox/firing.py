@@ -26,7 +26,7 @@ from blackbox.connections import RedisClient
 from blackbox.dispatcher import Dispatcher, RetryPolicy
 from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox
-from blackbox.settings import Settings
+from blackbox.settings import REPORT_GRACE_SECONDS, Settings
 from blackbox.shares import Share, sweep_after_ms
 from blackbox.store import RedisStore
 from blackbox.waker import NudgeListener, Waker
@@ -41,6 +41,7 @@ Guard = Callable[[Loop], Loop]
 def retry_policy_of(settings: Settings) -> RetryPolicy:
     return RetryPolicy(
         batch_limit=settings.batch_limit,
+        batch_bytes=settings.batch_bytes,
         lease_ms=int(settings.lease_seconds * 1000),
         max_attempts=settings.max_attempts,
         backoff_ms=int(settings.retry_backoff * 1000),
@@ -56,7 +57,7 @@ def firing_outbox(settings: Settings) -> Outbox:
     def renew() -> Producer:
         return kafka.new_producer(settings, linger_ms=kafka.FIRING_LINGER_MS)
 
-    return Outbox(renew(), settings.delivery_timeout + 1.0, renew)
+    return Outbox(renew(), settings.delivery_timeout + REPORT_GRACE_SECONDS, renew)
 
 
 class Firing:
@@ -65,11 +66,11 @@ class Firing:
     def __init__(  # noqa: PLR0913 - its collaborators, each injected
         self, settings: Settings, store: RedisStore, metrics: Metrics, *,
         client: RedisClient, nudge_client: RedisClient, stopping: threading.Event,
-        on_tick: Callable[[], None],
+        on_tick: Callable[[], None], name: str | None = None,
     ) -> None:  # fmt: skip
         """`client` keeps the share's heartbeat; `nudge_client` listens for the due times
         other processes publish; `on_tick` is called after each safety-net tick (the
-        liveness clock)."""
+        liveness clock); `name` is this process's among the firers."""
         self.poll_interval = settings.poll_interval
         self.client = client
         self.metrics = metrics
@@ -77,7 +78,7 @@ class Firing:
         self._on_tick = on_tick
         self._claims_seen = 0
         self.outbox = firing_outbox(settings)
-        share = Share(store.layout, sweep_after_ms=sweep_after_ms(settings.poll_interval))
+        share = Share(store.layout, name, sweep_after_ms(settings.poll_interval))
         self.dispatcher = Dispatcher(store, self.outbox, retry_policy_of(settings), metrics, share)
         self.share = share
         self.waker = Waker(self.fire, stopping)
@@ -137,6 +138,7 @@ class Firing:
             self.share.beat(self.client, now_ms(), shares.ttl_ms(self.poll_interval))
         except redis.RedisError as e:  # the share stays as it was; the heartbeat may run out
             log.warning("share_beat_failed", error=str(e))
+        self.metrics.owned_shards.set(len(self.share.owned))
 
     def fire(self, *, sweep: bool = False) -> int:
         """Deliver what is due; return when to fire next (epoch ms)."""

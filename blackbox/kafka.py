@@ -18,6 +18,7 @@ from confluent_kafka import (
     Message,
     Producer,
     TopicCollection,
+    TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
@@ -164,3 +165,24 @@ def topic_id_lookup(
         return {name: str(future.result(timeout).topic_id) for name, future in futures.items()}
 
     return lookup
+
+
+def committed_offsets(
+    settings: Settings, timeout: float = 10.0
+) -> Callable[[Iterable[tuple[str, int]]], dict[tuple[str, int], int | None]]:
+    """A function giving the intake group's committed offset of each (topic, partition),
+    None where none is committed (raises KafkaException if it cannot ask). It reads the
+    commits without joining the group."""
+
+    def committed(partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        asked = [TopicPartition(topic, partition) for topic, partition in partitions]
+        if not asked:
+            return {}
+        consumer = new_consumer(settings)
+        try:
+            found = consumer.committed(asked, timeout=timeout)
+        finally:
+            consumer.close()
+        return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else None for tp in found}
+
+    return committed

@@ -57,6 +57,11 @@ class Keys:
         return f"{self.tag}:try"
 
     @property
+    def lease_counter(self) -> str:
+        """String (INCR): counts the shard's claims, so each claim's lease token is its own."""
+        return f"{self.tag}:lease"
+
+    @property
     def intake_marks(self) -> str:
         """Hash: "topic:partition[:incarnation]" -> highest intake offset whose requests for
         this shard are handled (each shard keeps its own mark of every partition)."""
@@ -149,6 +154,12 @@ class Layout:
         """Pub/sub channel: "shard:due ms", a due time sooner than replicas may have planned
         for."""
         return f"{self.tag}:wake"
+
+    @property
+    def processes(self) -> str:
+        """Sorted set: process name -> expiry (epoch ms) of its last heartbeat, among every
+        process running with the namespace's shard count, whatever its role (layout.py)."""
+        return f"{self.tag}:procs"
 
     @property
     def members(self) -> str:

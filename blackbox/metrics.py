@@ -92,6 +92,12 @@ class Metrics:
             ["state"],
             registry=self.registry,
         )
+        self.owned_shards = Gauge(
+            "blackbox_owned_shards",
+            "Shards this firing process fires (its share among the live firers); 0: more "
+            "firers than shards, and this one only sweeps (raise BLACKBOX_SHARDS).",
+            registry=self.registry,
+        )
         self.role = Info(
             "blackbox_role",
             "The role this process runs (all, intake or dispatch), as the label of a 1.",

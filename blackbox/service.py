@@ -20,11 +20,11 @@ import redis
 import structlog
 from confluent_kafka import Producer
 
-from blackbox import api, layout, memory
+from blackbox import api, kafka, layout, memory, shares
 from blackbox.clock import now_ms
 from blackbox.connections import redis_client
 from blackbox.endpoints import Endpoints
-from blackbox.errors import RedisFull, SettingsError
+from blackbox.errors import RedisFull, SettingsError, ShardsChanged
 from blackbox.firing import Firing, Loop
 from blackbox.health import Health, Probe
 from blackbox.keys import Layout
@@ -59,11 +59,14 @@ class Service:
         self.stopping = threading.Event()
         self.exit_code = 0
         self.redis = redis_client(settings.redis_url)
-        sharding = Layout(settings.namespace, settings.shards)
+        self._probe_client = redis_client(settings.redis_url, socket_timeout=2)
+        self.name = shares.replica_name()  # among the firers and the processes of the count
+        sharding = Layout(settings.namespace, self._shard_count())
+        self.guard = layout.Guard(self.redis, sharding, self.name,
+                                  layout.heartbeat_ms(settings.health_interval))  # fmt: skip
         self.store = RedisStore(
             self.redis, sharding, settings.grace_seconds, settings.fired_retention
         )
-        self._probe_client = redis_client(settings.redis_url, socket_timeout=2)
         self.room = memory.Room(self._probe_client, sharding, self.metrics)
         self._redis_checked = threading.Event()  # eviction policy and shard count found right
         self._announced = Announcements()
@@ -88,10 +91,27 @@ class Service:
         """The service stopped for a failure (a crashed thread, an evicting Redis)."""
         return self.exit_code != 0
 
+    def _shard_count(self) -> int:
+        """BLACKBOX_SHARDS, or the count the namespace was written with when it is unset
+        (layout.adopt). If Redis is away at start, the default for now: `_read_policy`
+        adopts again once it answers, and stops the process if the count differs (the
+        next start adopts it)."""
+        self._shards_adopted = self.settings.shards is None
+        if self.settings.shards is not None:
+            return self.settings.shards
+        try:
+            return layout.adopt(self._probe_client, self.settings.namespace)
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            log.warning("shards_unknown", error=str(e), shards=layout.DEFAULT_SHARDS,
+                        retry="at each probe")  # fmt: skip
+            self._shards_adopted = False
+            return layout.DEFAULT_SHARDS
+
     def _firing(self) -> Firing:
         nudges = redis_client(self.settings.redis_url)
         return Firing(self.settings, self.store, self.metrics, client=self.redis,
-                      nudge_client=nudges, stopping=self.stopping, on_tick=self._beat)  # fmt: skip
+                      nudge_client=nudges, stopping=self.stopping, on_tick=self._beat,
+                      name=self.name)  # fmt: skip
 
     def _stall_seconds(self) -> float | None:
         """The firing clock's stall limit; none in a role that does not fire."""
@@ -166,15 +186,30 @@ class Service:
 
     def _read_policy(self) -> None:
         memory.check_eviction(self._probe_client, self.settings.accept_eviction)
-        layout.settle(self.redis, self.store.layout, now_ms())
+        self._check_adopted()
+        self.guard.settle(now_ms(), kafka.committed_offsets(self.settings))
         self._redis_checked.set()
+
+    def _check_adopted(self) -> None:
+        """BLACKBOX_SHARDS unset and Redis away at start: the count taken meanwhile must be
+        the one the namespace adopts now."""
+        if self.settings.shards is not None or self._shards_adopted:
+            return
+        adopted = layout.adopt(self._probe_client, self.settings.namespace)
+        if adopted != self.store.layout.count:
+            raise ShardsChanged(
+                f"BLACKBOX_SHARDS is unset and Redis was away at start: this process took "
+                f"{self.store.layout.count} shards, but namespace "
+                f"{self.settings.namespace!r} has {adopted}. Stopping; the next start adopts it."
+            )
+        self._shards_adopted = True
 
     def _check_redis_or_stop(self) -> None:
         """Until Redis was checked: check it (intake waits for that). After: check that no
         other process changed the namespace's shard count meanwhile."""
         try:
             if self._redis_checked.is_set():
-                layout.verify(self.redis, self.store.layout)
+                self.guard.verify(now_ms())
             else:
                 self._read_policy()
         except SettingsError as e:  # an evicting Redis, or a shard count changed under data
@@ -225,11 +260,19 @@ class Service:
             self.firing.wake()
         self._join_threads()
         unflushed = sum(part.stop() for part in (self.receiving, self.firing) if part)
+        self._leave()
         if self.endpoints is not None:
             self.endpoints.stop()
         self.redis.close()
         self._probe_client.close()
         log.info("service_stopped", role=self.role.value, unflushed=unflushed)
+
+    def _leave(self) -> None:
+        """Drop this process's heartbeat: a shard-count change need not wait for it."""
+        try:
+            self.guard.leave()
+        except redis.RedisError as e:  # it runs out instead
+            log.info("heartbeat_not_left", error=str(e))
 
     def _join_threads(self) -> None:
         deadline = time.monotonic() + STOP_TIMEOUT_SECONDS

@@ -25,6 +25,12 @@ _MASK = "********"
 MAX_COUNTDOWN_LIMIT = ABSOLUTE_MAX_COUNTDOWN_SECONDS
 MIN_TIMEOUT = 0.01
 MIN_TOKEN_CHARS = 16
+# The dispatcher waits this long past BLACKBOX_DELIVERY_TIMEOUT for a batch's reports.
+REPORT_GRACE_SECONDS = 1.0
+# What a lease must keep beyond the longest claim-to-ack: Redis round trips, a busy CPU.
+LEASE_MARGIN_SECONDS = 1.0
+# The least time another replica's message must be overdue before a sweep takes it.
+MIN_SWEEP_DELAY_SECONDS = 2.0
 
 
 def _positive_float(text: str) -> float:
@@ -53,7 +59,9 @@ def _batch(text: str) -> int:
     return value
 
 
-def _shards(text: str) -> int:
+def _shards(text: str) -> int | None:
+    if not text:  # unset: the namespace's recorded count, or DEFAULT_SHARDS (layout.py)
+        return None
     value = _positive_int(text)
     if value > MAX_SHARDS:
         raise ValueError(f"must be at most {MAX_SHARDS:,}")
@@ -153,9 +161,10 @@ VARIABLES: tuple[Var, ...] = (
         "true: start on a Redis whose maxmemory-policy evicts keys (it may delete schedules)"),
     Var("BLACKBOX_NAMESPACE", "namespace", _namespace, "bb",
         "Redis key hash tag (no braces, no #); one per deployment"),
-    Var("BLACKBOX_SHARDS", "shards", _shards, "1",
-        "shards the pending messages are spread over (each its own Redis Cluster slot); "
-        "keep it fixed while any are pending"),
+    Var("BLACKBOX_SHARDS", "shards", _shards, "",
+        "shards the pending messages are spread over (each its own Redis Cluster slot), at "
+        "least the firing replicas; empty: the count the namespace was written with, or 16 "
+        "for a new one; keep it fixed while any are pending"),
     Var("BLACKBOX_INTAKE_TOPIC", "intake_topic", _topic, "blackbox", "topic schedules arrive on"),
     Var("BLACKBOX_GROUP_ID", "group_id", str, "blackbox", "consumer group of the intake"),
     Var("BLACKBOX_DLQ_TOPIC", "dlq_topic", _topic, "blackbox.dlq", "dead-letter topic"),
@@ -167,6 +176,8 @@ VARIABLES: tuple[Var, ...] = (
         "seconds between firing ticks"),
     Var("BLACKBOX_BATCH_LIMIT", "batch_limit", _batch, "1000",
         "most ids claimed by one claim (at most 10,000)"),
+    Var("BLACKBOX_BATCH_BYTES", "batch_bytes", _positive_int, "16777216",
+        "most payload bytes claimed by one claim (one id at least, whatever its size)"),
     Var("BLACKBOX_INTAKE_BATCH", "intake_batch", _batch, "500",
         "most intake records handled per poll (sent to Redis in parts of 100)"),
     Var("BLACKBOX_LEASE_SECONDS", "lease_seconds", _positive_float, "30",
@@ -222,7 +233,7 @@ class Settings:
     redis_url: str
     accept_eviction: bool
     namespace: str
-    shards: int
+    shards: int | None  # None: unset (see layout.adopt)
     intake_topic: str
     group_id: str
     dlq_topic: str
@@ -230,6 +241,7 @@ class Settings:
     policy_file: str
     poll_interval: float
     batch_limit: int
+    batch_bytes: int
     intake_batch: int
     lease_seconds: float
     delivery_timeout: float
@@ -280,11 +292,31 @@ class Settings:
         """The topics blackbox itself reads and writes: intake, dead letters, events."""
         return [self.intake_topic, self.dlq_topic, self.events_topic]
 
+    @property
+    def sweep_delay(self) -> float:
+        """Seconds another replica's message must be overdue before a sweep takes it."""
+        return sweep_delay(self.poll_interval)
+
+    @property
+    def least_lease_seconds(self) -> float:
+        """The lease must be longer than this: a claim's delivery may take the delivery
+        timeout and the wait for its reports, and a claim in a sweep comes at the end of a
+        tick that may have waited the sweep delay behind a burst or a starved CPU."""
+        return (
+            self.delivery_timeout + REPORT_GRACE_SECONDS + self.sweep_delay
+            + LEASE_MARGIN_SECONDS
+        )  # fmt: skip
+
     def check(self) -> None:
         """Cross-field rules no single variable can enforce."""
-        if self.delivery_timeout >= self.lease_seconds:
+        least = self.least_lease_seconds
+        if self.lease_seconds <= least:
             raise SettingsError(
-                "BLACKBOX_DELIVERY_TIMEOUT must be shorter than BLACKBOX_LEASE_SECONDS, "
+                f"BLACKBOX_LEASE_SECONDS={self.lease_seconds:g} must be longer than "
+                f"BLACKBOX_DELIVERY_TIMEOUT ({self.delivery_timeout:g}) + "
+                f"{REPORT_GRACE_SECONDS:g} s (the wait for its reports) + the sweep delay "
+                f"({self.sweep_delay:g} s: 2 x BLACKBOX_POLL_INTERVAL, at least "
+                f"{MIN_SWEEP_DELAY_SECONDS:g} s) + {LEASE_MARGIN_SECONDS:g} s = {least:g} s, "
                 "or a slow delivery loses its lease and fires twice"
             )
         if len(set(self.own_topics)) < len(self.own_topics):
@@ -299,6 +331,12 @@ class Settings:
         for name in ("kafka", "kafka_consumer", "kafka_producer"):
             shown[name] = {k: _MASK if _is_secret(k) else v for k, v in shown[name].items()}
         return f"Settings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+
+def sweep_delay(poll_interval: float) -> float:
+    """How overdue another replica's message must be before a sweep fires it: two poll
+    intervals, at least MIN_SWEEP_DELAY_SECONDS (its owner fires it on time while alive)."""
+    return max(MIN_SWEEP_DELAY_SECONDS, 2 * poll_interval)
 
 
 def _read(var: Var, environ: Mapping[str, str]) -> Any:

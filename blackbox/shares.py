@@ -27,6 +27,7 @@ import structlog
 
 from blackbox.connections import RedisClient
 from blackbox.keys import Layout
+from blackbox.settings import sweep_delay
 
 log = structlog.get_logger("blackbox.shares")
 
@@ -39,7 +40,6 @@ EMPTY = 2**62
 # A replica's heartbeat lives this many poll intervals (at least MIN_TTL_MS).
 TTL_INTERVALS = 3
 MIN_TTL_MS = 5_000
-MIN_SWEEP_AFTER_MS = 2_000
 
 
 def replica_name() -> str:
@@ -134,6 +134,10 @@ class Share:
             self._owned, self.members = list(shards), members
             self._due = {s: self._due.get(s, 0) for s in shards}
         log.info("share_changed", replica=self.name, members=members, shards=len(shards))
+        if not shards:
+            log.warning("share_empty", replica=self.name, members=members,
+                        shards=self.layout.count, hint="more firers than BLACKBOX_SHARDS: "
+                        "this one only sweeps")  # fmt: skip
 
     def leave(self, client: RedisClient) -> None:
         """Drop this replica's heartbeat, so the others take its shards at their next beat."""
@@ -171,6 +175,6 @@ def ttl_ms(poll_interval_s: float) -> int:
 
 
 def sweep_after_ms(poll_interval_s: float) -> int:
-    """How overdue another replica's message must be before a sweep fires it: two poll
-    intervals, at least MIN_SWEEP_AFTER_MS (its owner fires it on time while alive)."""
-    return max(MIN_SWEEP_AFTER_MS, int(2 * poll_interval_s * 1000))
+    """How overdue another replica's message must be before a sweep fires it, in ms (the
+    rule is `settings.sweep_delay`, which the lease is checked against)."""
+    return int(sweep_delay(poll_interval_s) * 1000)

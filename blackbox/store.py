@@ -28,6 +28,8 @@ SCRIPT_CHUNK = 500
 # Tries of a reschedule whose payload an intake update replaced between read and write.
 RESCHEDULE_TRIES = 3
 RESCHEDULE_CHANGED = 6  # reschedule.lua: the payload changed since it was read
+# Payload bytes one claim takes at most, unless told (BLACKBOX_BATCH_BYTES).
+DEFAULT_CLAIM_BYTES = 16 * 1024 * 1024
 # intake.lua's ops: a new id derived from the record, a caller's id stored or replaced, a
 # cancel of a caller's id, a move of a caller's pending id to another due time, a caller's
 # id stored only if neither pending nor ended lately.
@@ -122,11 +124,12 @@ class Claim:
     to ack or retry them with."""
 
     ids: list[str]
-    token: int
+    token: float
     next_due_ms: int | None
-    at_ms: int = 0
+    at_ms: int = 0  # the claim took ids due by this time
     loaded: list[Loaded] = field(default_factory=list)  # per id, in the same order
     shard: int = 0
+    more: bool = False  # it stopped at its limit (ids or bytes): more is due
 
 
 def pending_counts(client: RedisClient, layout: Layout) -> tuple[int, int]:
@@ -423,28 +426,36 @@ class RedisStore:
         ttl = max(0, math.ceil((write.due_ms - now_ms) / 1000)) + self.grace_seconds
         return (offset, op, write.due_ms, ttl, write.encode())
 
-    def claim_due(self, now_ms: int, limit: int, lease_ms: int, shard: int = 0) -> Claim:
-        """Move up to `limit` ids of `shard` due by `now_ms` to in flight, leased for
-        `lease_ms`, with their payloads and past attempts, in one round trip."""
-        token = now_ms + lease_ms
+    def claim_due(  # noqa: PLR0913 - the claim script's arguments, each named
+        self, now_ms: int, limit: int, lease_ms: int, shard: int = 0, *,
+        due_by_ms: int | None = None, max_bytes: int = DEFAULT_CLAIM_BYTES,
+    ) -> Claim:  # fmt: skip
+        """Move up to `limit` ids of `shard` due by `due_by_ms` (default: `now_ms`), and
+        of at most `max_bytes` of payload (one at least), to in flight, leased for
+        `lease_ms` from `now_ms` under a token no other claim holds, with their payloads
+        and past attempts, in one round trip."""
+        due_by = now_ms if due_by_ms is None else due_by_ms
         keys_of = self.layout.shards[shard]
-        keys = [keys_of.due, keys_of.in_flight, keys_of.attempts]
-        args = [now_ms, limit, token, keys_of.payload(""), keys_of.ended("")]
-        ids, next_due, payloads, attempts, ended = self._claim(keys=keys, args=args)
+        keys = [keys_of.due, keys_of.in_flight, keys_of.attempts, keys_of.lease_counter]
+        args = [due_by, limit, now_ms + lease_ms, keys_of.payload(""), keys_of.ended(""),
+                max_bytes]  # fmt: skip
+        ids, next_due, payloads, attempts, ended, token = self._claim(keys=keys, args=args)
         loaded = [
             Loaded(id=i.decode("utf-8"), payload=p, attempts=int(a or 0), ended=e)
             for i, p, a, e in zip(ids, payloads, attempts, ended, strict=True)
         ]
+        next_due_ms = int(float(next_due)) if next_due else None
         return Claim(
             ids=[item.id for item in loaded],
             loaded=loaded,
-            token=token,
-            next_due_ms=int(float(next_due)) if next_due else None,
-            at_ms=now_ms,
+            token=float(token),
+            next_due_ms=next_due_ms,
+            at_ms=due_by,
             shard=shard,
+            more=len(loaded) >= limit or (next_due_ms is not None and next_due_ms <= due_by),
         )
 
-    def ack(self, ids: Sequence[str], token: int, shard: int = 0) -> int:
+    def ack(self, ids: Sequence[str], token: float, shard: int = 0) -> int:
         """Forget ids of `shard` that were delivered or dead-lettered; return how many were
         still ours."""
         acked = 0
@@ -457,7 +468,7 @@ class RedisStore:
             acked += int(self._ack(keys=keys, args=args))
         return acked
 
-    def retry(self, ids: Sequence[str], token: int, retry_at_ms: int, shard: int = 0) -> int:
+    def retry(self, ids: Sequence[str], token: float, retry_at_ms: int, shard: int = 0) -> int:
         """Give failed ids of `shard` back to due at `retry_at_ms`, counting the attempt."""
         moved = 0
         keys_of = self.layout.shards[shard]
@@ -466,7 +477,7 @@ class RedisStore:
             moved += int(self._retry(keys=keys, args=[token, retry_at_ms, *chunk]))
         return moved
 
-    def release(self, dues: Sequence[tuple[str, int]], token: int, shard: int = 0) -> int:
+    def release(self, dues: Sequence[tuple[str, int]], token: float, shard: int = 0) -> int:
         """Hand claimed (id, due ms) of `shard` back to due untouched: their payloads were
         not due yet."""
         released = 0

@@ -8,15 +8,21 @@
 -- KEYS[1]  due sorted set (id -> due epoch ms)
 -- KEYS[2]  in-flight sorted set (id -> lease expiry epoch ms)
 -- KEYS[3]  attempts hash (id -> failed attempts)
--- ARGV[1]  now, epoch ms: ids due at or before it are taken
+-- KEYS[4]  lease counter (string, INCR): makes each claim's lease token its own
+-- ARGV[1]  due by, epoch ms: ids due at or before it are taken
 -- ARGV[2]  the most ids to take
--- ARGV[3]  lease expiry, epoch ms; also the token the claimer acks with
+-- ARGV[3]  lease expiry, epoch ms (the claim's instant plus the lease)
 -- ARGV[4]  payload key prefix: an id's payload key is this followed by the id
 -- ARGV[5]  ended-marker key prefix, likewise (read for caller ids, '@...', only)
+-- ARGV[6]  the most payload bytes to take; the first id is taken whatever its size
 --
 -- Returns: {ids taken (earliest due first), due time of the earliest id left or false,
 -- and per id taken: its payload (false once expired), its failed attempts (false for
--- none), its ended marker (false for none)}.
+-- none), its ended marker (false for none); then the lease token, as text}.
+-- The lease token is the lease expiry plus a fraction of a millisecond (n/1024, exact in
+-- a double until the year 2248) that no other claim of this shard within 1,024 claims has:
+-- two claims in one millisecond never share a token, and the in-flight score stays the
+-- lease expiry to the millisecond.
 -- The payload and marker keys are not declared in KEYS (which ids are due is known only
 -- here), but their names carry the namespace's hash tag: one slot, as on Redis Cluster.
 -- Invariant: two claimers never receive the same id while its lease runs. (An id updated
@@ -24,26 +30,42 @@
 -- lease to the new claimer; the old one's ack then finds its lease lost.)
 local ids = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
 local payloads, attempts, ended = {}, {}, {}
-if #ids > 0 then
+local budget = tonumber(ARGV[6])
+local taken = 0
+for i, id in ipairs(ids) do
+  local payload = redis.call('GET', ARGV[4] .. id)
+  local size = payload and #payload or 0
+  if taken > 0 and size > budget then
+    break
+  end
+  budget = budget - size
+  payloads[i] = payload
+  taken = i
+end
+local token = tonumber(ARGV[3])
+local claimed = {}
+if taken > 0 then
+  token = token + (redis.call('INCR', KEYS[4]) % 1024) / 1024
   -- Attempts are recorded only after a failure: usually the hash is empty.
   local tracked = redis.call('HLEN', KEYS[3]) > 0
   -- One ZADD per 1,000 ids rather than one per id (a fifth less time per claim of 1,000);
   -- in chunks, as unpack() takes at most about 8,000 values.
-  for from = 1, #ids, 1000 do
+  for from = 1, taken, 1000 do
     local leased = {}
-    for i = from, math.min(from + 999, #ids) do
-      leased[#leased + 1] = ARGV[3]
+    for i = from, math.min(from + 999, taken) do
+      leased[#leased + 1] = token
       leased[#leased + 1] = ids[i]
     end
     redis.call('ZADD', KEYS[2], unpack(leased))
   end
-  for i, id in ipairs(ids) do
-    payloads[i] = redis.call('GET', ARGV[4] .. id)
+  for i = 1, taken do
+    local id = ids[i]
+    claimed[i] = id
     attempts[i] = tracked and redis.call('HGET', KEYS[3], id)
     ended[i] = string.sub(id, 1, 1) == '@' and redis.call('GET', ARGV[5] .. id)
   end
   -- The ids taken are exactly the lowest ranks of the due set.
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids - 1)
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, taken - 1)
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {ids, first[2] or false, payloads, attempts, ended}
+return {claimed, first[2] or false, payloads, attempts, ended, string.format('%.17g', token)}

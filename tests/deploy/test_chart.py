@@ -448,3 +448,42 @@ def test_dashboard_is_the_shipped_json_on_real_metrics() -> None:
     used = set(re.findall(r"\bblackbox_[a-z_]+", shipped))
     assert used
     assert used <= _metric_names()
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"roles": {"run": {"args": ["run"], "replicas": 17}}},
+        {"roles": {"run": {"args": ["run"], "replicas": 5}}, "config": {"BLACKBOX_SHARDS": 4}},
+        {"autoscaling": {"enabled": True, "maxReplicas": 20}},
+        {
+            "roles": {
+                "run": {"enabled": False},
+                "dispatch": {"args": ["run", "--role", "dispatch"], "replicas": 3},
+                "all": {"args": ["run"], "replicas": 2},
+            },
+            "config": {"BLACKBOX_SHARDS": "4"},
+        },
+    ],
+    ids=["17 on the default 16", "5 on 4", "autoscaled to 20", "two firing roles, 5 on 4"],
+)
+def test_more_firing_replicas_than_shards_is_refused(values: dict[str, Any]) -> None:
+    """Guarantee 3 (replicas share the work): rendering fails when more replicas fire than
+    there are shards, an autoscaler counted at its maximum, naming BLACKBOX_SHARDS."""
+    with pytest.raises(helm_python.HelmRenderError, match="BLACKBOX_SHARDS"):
+        render(values)
+
+
+def test_intake_replicas_need_no_shard() -> None:
+    """Replicas run with `--role intake` fire nothing and are not counted against shards."""
+    roles = {"run": {"enabled": False},
+             "intake": {"args": ["run", "--role", "intake"], "replicas": 8},
+             "dispatch": {"args": ["run", "--role=dispatch"], "replicas": 4}}  # fmt: skip
+    docs = manifests({"roles": roles, "config": {"BLACKBOX_SHARDS": 4}})
+    assert {d["spec"]["replicas"] for d in of_kind(docs, "Deployment")} == {8, 4}
+
+
+def test_a_role_scaled_to_zero_renders_zero_replicas() -> None:
+    """`replicas: 0` (every replica stopped, as a shard-count change needs) is kept as 0."""
+    docs = manifests({"roles": {"run": {"args": ["run"], "replicas": 0}}})
+    assert _deployment(docs)["spec"]["replicas"] == 0

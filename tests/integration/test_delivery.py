@@ -10,9 +10,7 @@ import orjson
 
 from blackbox import kafka
 from blackbox.incarnations import tag_of
-from blackbox.keys import Layout
 from blackbox.service import Service
-from blackbox.store import RedisStore
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import assert_on_time, envelope, now_ms, produce, unique, wait_until
 from tests.process import BlackboxProcess
@@ -75,7 +73,7 @@ def test_a_thousand_messages_with_mixed_countdowns_arrive_exactly_once(
     values = [envelope(target, {"n": n}, c) for n, c in enumerate(countdowns)]
     sent_ms = now_ms()
     produce(_bootstrap(service), service.settings.intake_topic, values)
-    store = RedisStore(service.redis, Layout(service.settings.namespace), 60)
+    store = service.store
 
     target_reader = reader(target)
     target_reader.wait_count(1000, timeout=60)
@@ -111,7 +109,8 @@ def test_firing_does_not_wait_for_the_poll_interval(
     start_service: ServiceFactory, reader: ReaderFactory
 ) -> None:
     """Guarantee 6: a message fires at its due instant, not at the next 30 s poll."""
-    service = start_service(BLACKBOX_POLL_INTERVAL="30")
+    # The lease outlasts the delivery timeout and the sweep delay (2 poll intervals).
+    service = start_service(BLACKBOX_POLL_INTERVAL="30", BLACKBOX_LEASE_SECONDS="80")
     bootstrap, intake = _bootstrap(service), service.settings.intake_topic
     warm, target = unique("warm"), unique("prompt")
     produce(bootstrap, intake, [envelope(warm, 0, 0)])

@@ -19,6 +19,7 @@ from blackbox.localstack import RedisServer
 from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox
 from blackbox.schedule import Schedule
+from blackbox.shares import Share
 from blackbox.store import IntakeSlice, RedisStore
 from tests.kafkatools import unique
 
@@ -122,3 +123,36 @@ def test_many_unacknowledged_batches_do_not_hold_back_the_next_one(
 
     assert time.monotonic() - started < REPORT_WAIT_S / 4
     assert store.counts() == (1, 12)  # all twelve sent, in flight, unsettled
+
+
+def _id_in(layout: Layout, shard: int, prefix: str) -> str:
+    return next(f"{prefix}:{n}" for n in range(100) if layout.shard_of(f"{prefix}:{n}") == shard)
+
+
+def test_a_sweep_leases_from_the_claim_not_from_its_cutoff(
+    redis_server: RedisServer, silent_producer: Producer
+) -> None:
+    """Guarantee 3: an id another replica's sweep claims is leased for the full lease from
+    the moment of the claim. (A lease counted from the sweep's cutoff, now minus the sweep
+    delay, had already run out with a sweep delay as long as the lease: the owner's reclaim
+    put the id back while the sweeper was still sending it.)"""
+    client = redis.Redis.from_url(redis_server.url)
+    layout = Layout(unique("ns"), 2)
+    store = RedisStore(client, layout, grace_seconds=600)
+    share = Share(layout, sweep_after_ms=POLICY.lease_ms)
+    client.zadd(layout.members, {"~other": now_ms() + 60_000})  # ranks after this replica
+    share.beat(client, now_ms(), 60_000)
+    assert share.owned == [0]
+    now = now_ms()
+    swept = Schedule(_id_in(layout, 1, "in:0"), "orders", b"late", now - POLICY.lease_ms - 1000)
+    later = Schedule(_id_in(layout, 0, "in:1"), "orders", b"later", now + 60_000)
+    store.apply([IntakeSlice("in", 0, 1, [(0, swept)]), IntakeSlice("in", 1, 1, [(0, later)])], now)
+    outbox = Outbox(silent_producer, REPORT_WAIT_S)
+    dispatcher = Dispatcher(store, outbox, POLICY, Metrics(), share)
+
+    dispatcher.fire_due(threading.Event(), now_ms, sweep=True)  # returns with it unsettled
+
+    lease_until = client.zscore(layout.shards[1].in_flight, swept.id)
+    assert lease_until is not None
+    assert lease_until >= now + POLICY.lease_ms
+    client.close()

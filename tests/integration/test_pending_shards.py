@@ -134,9 +134,9 @@ def test_filters_and_a_partial_page_over_shards(store: RedisStore) -> None:
     assert ids(second.items) == ["@rare/one"]
 
 
-def claim_all(store: RedisStore) -> list[tuple[int, str]]:
-    """Claim every due id of every shard, one shard after another; (lease expiry, id) each."""
-    claimed: list[tuple[int, str]] = []
+def claim_all(store: RedisStore) -> list[tuple[float, str]]:
+    """Claim every due id of every shard, one shard after another; (lease token, id) each."""
+    claimed: list[tuple[float, str]] = []
     for shard in range(SHARDS):
         claim = store.claim_due(now_ms(), 1_000, 60_000 + shard, shard)
         claimed += [(claim.token, i) for i in claim.ids]

@@ -54,7 +54,7 @@ def test_a_dead_replicas_in_flight_ids_are_delivered_after_the_lease(
     """Guarantee 3: ids claimed by a replica that died return to due when its lease ends."""
     settings = Settings.from_env(env)
     store = RedisStore(redis_client(settings.redis_url), Layout(settings.namespace), 60)
-    layout.settle(store.client, store.layout, now_ms())
+    layout.Guard(store.client, store.layout, "seed").settle(now_ms())  # 1 shard, as seeded
     target = unique("orphans")
     now = now_ms()
     schedules = [Schedule(f"orphan-{n}", target, orjson.dumps(n), now) for n in range(20)]

@@ -90,7 +90,7 @@ def test_an_intake_process_wakes_the_dispatch_process_at_the_due_time(
     dispatch-only process woken through Redis, not at its next safety-net tick (every 60 s
     here, past the test's deadline)."""
     intake = start_service(Role.INTAKE)
-    start_service(Role.DISPATCH, BLACKBOX_POLL_INTERVAL="60")
+    start_service(Role.DISPATCH, BLACKBOX_POLL_INTERVAL="60", BLACKBOX_LEASE_SECONDS="140")
     settings = intake.settings
     target = unique("woken")
     produce(settings.kafka["bootstrap.servers"], settings.intake_topic,

@@ -25,6 +25,7 @@ from blackbox import kafka
 from blackbox.connections import RedisClient, redis_client
 from blackbox.envelope import CALLER_HEADER
 from blackbox.keys import Layout
+from blackbox.layout import DEFAULT_SHARDS
 from blackbox.localstack import KafkaBroker, RedisCluster, RedisServer, free_port
 from blackbox.schedule import scoped_id
 from blackbox.settings import Settings
@@ -104,7 +105,7 @@ class Fleet:
         self.settings = Settings.from_env(env)
         self.replicas: list[Replica] = []
         self.client: RedisClient = redis_client(self.settings.redis_url)
-        self.layout = Layout(self.settings.namespace, self.settings.shards)
+        self.layout = Layout(self.settings.namespace, self.settings.shards or DEFAULT_SHARDS)
         self.store = RedisStore(self.client, self.layout, self.settings.grace_seconds)
         self.admin = AdminClient(dict(self.settings.kafka))
 
@@ -214,9 +215,10 @@ def cluster_fleet(
 @pytest.fixture
 def redis_fleet(redis_server: RedisServer, broker: KafkaBroker, tmp_path: Path) -> Iterator[Fleet]:
     # A short lease (heartbeats last 5 s at least), so a killed replica's messages come back
-    # within seconds.
+    # within seconds: the least the settings accept with a 2 s delivery timeout (2 + 1 s for
+    # the reports + the 2 s sweep delay + 1 s).
     fleet = _fleet(redis_server.url, broker, tmp_path,
-                   BLACKBOX_LEASE_SECONDS="5", BLACKBOX_DELIVERY_TIMEOUT="2")  # fmt: skip
+                   BLACKBOX_LEASE_SECONDS="6.5", BLACKBOX_DELIVERY_TIMEOUT="2")  # fmt: skip
     yield fleet
     fleet.close()
 
@@ -354,7 +356,9 @@ def test_intake_and_dispatch_processes_apart_on_a_redis_cluster_deliver_everythi
     # The safety-net tick comes once at start and then only after the test: every
     # message is fired by a waker, woken through Redis for the shards it fires.
     intake, *dispatch = fleet.start(
-        ["intake", "dispatch", "dispatch"], BLACKBOX_POLL_INTERVAL=str(TICK_S)
+        ["intake", "dispatch", "dispatch"],
+        BLACKBOX_POLL_INTERVAL=str(TICK_S),
+        BLACKBOX_LEASE_SECONDS=str(3 * TICK_S),
     )
     target = unique("apart")
     fleet.send(_burst(target, MESSAGES, spread_s=2.0))

@@ -14,7 +14,9 @@ from blackbox import layout
 from blackbox.clock import now_ms
 from blackbox.errors import ShardsChanged
 from blackbox.keys import Layout
+from blackbox.layout import Committed
 from blackbox.localstack import RedisServer
+from blackbox.role import Role
 from blackbox.schedule import Schedule, scoped_id
 from blackbox.service import EXIT_SETTINGS, Service
 from blackbox.settings import Settings
@@ -140,6 +142,15 @@ def test_claims_take_from_the_shard_they_name_and_ack_there(store: RedisStore) -
     assert store.counts() == (0, 0)
 
 
+def _settle(
+    client: redis.Redis, shards: Layout, name: str = "p", committed: Committed | None = None
+) -> None:
+    """A process starts with `shards` and stops cleanly (its heartbeat dropped)."""
+    guard = layout.Guard(client, shards, name)
+    guard.settle(now_ms(), committed)
+    guard.leave()
+
+
 def test_a_changed_shard_count_is_refused_while_messages_are_pending(
     client: redis.Redis,
 ) -> None:
@@ -147,14 +158,14 @@ def test_a_changed_shard_count_is_refused_while_messages_are_pending(
     wrong shards; it is refused at start, naming the count they were written with."""
     namespace = unique("ns")
     old = RedisStore(client, Layout(namespace, 2), grace_seconds=60)
-    layout.settle(client, old.layout, now_ms())
+    _settle(client, old.layout)
     old.apply([IntakeSlice("in", 0, 9, _plain(range(10), now_ms() + 60_000))], now_ms())
 
     with pytest.raises(ShardsChanged, match="BLACKBOX_SHARDS=2"):
-        layout.settle(client, Layout(namespace, 3), now_ms())
+        _settle(client, Layout(namespace, 3))
     with pytest.raises(ShardsChanged, match="10 messages are pending"):
-        layout.settle(client, Layout(namespace, 1), now_ms())
-    layout.settle(client, Layout(namespace, 2), now_ms())  # the same count starts
+        _settle(client, Layout(namespace, 1))
+    _settle(client, Layout(namespace, 2))  # the same count starts
 
 
 def test_an_empty_namespace_changes_count_and_keeps_its_watermarks(client: redis.Redis) -> None:
@@ -162,14 +173,14 @@ def test_an_empty_namespace_changes_count_and_keeps_its_watermarks(client: redis
     over (the lowest of the old shards'), so re-read records are not scheduled again."""
     namespace, due = unique("ns"), now_ms() - 1
     old = RedisStore(client, Layout(namespace), grace_seconds=60)
-    layout.settle(client, old.layout, now_ms())
+    _settle(client, old.layout)
     old.apply([IntakeSlice("in", 0, 9, _plain(range(10), due))], due)
     claim = old.claim_due(now_ms(), 100, 30_000)
     old.ack(claim.ids, claim.token)
 
     new = RedisStore(client, Layout(namespace, SHARDS), grace_seconds=60)
     with capture_logs() as logs:
-        layout.settle(client, new.layout, now_ms())
+        _settle(client, new.layout)
     codes = new.apply([IntakeSlice("in", 0, 14, _plain(range(5, 15), due))], due)
 
     assert codes == [Applied.REPLAYED] * 5 + [Applied.SCHEDULED] * 5
@@ -213,20 +224,28 @@ def test_a_replica_dropped_from_the_heartbeats_keeps_its_share(client: redis.Red
     assert len(share.owned) == 2 and share.members == 2
 
 
-def test_a_partition_one_old_shard_never_marked_is_not_carried(client: redis.Redis) -> None:
-    """Guarantee 1 across a shard-count change: an old shard without a mark of a partition
-    may have had its first call refused while another shard's ran; carrying the other's
-    mark would skip the refused records on the re-read, so that partition starts over."""
+def test_a_partition_one_old_shard_never_marked_keeps_its_watermark(
+    client: redis.Redis,
+) -> None:
+    """Guarantee 2 (re-reads applied once) across a shard-count change: a partition of
+    which one old shard holds no mark (it got none of its records, as most shards of a
+    quiet partition) keeps the lowest mark the others hold, capped at the last offset the
+    intake group committed (a shard whose calls were refused while another's ran has them
+    above the commit): its records are not stored again on a re-read."""
     namespace = unique("ns")
     old = Layout(namespace, 2)
-    layout.settle(client, old, now_ms())
-    client.hset(old.shards[0].intake_marks, mapping={"in:0": 39, "in:1": 7})
+    _settle(client, old)
+    client.hset(old.shards[0].intake_marks, mapping={"in:0": 39, "in:1": 7, "in:2:tag": 12})
     client.hset(old.shards[1].intake_marks, "in:1", 5)
+    commits = {("in", 0): 40, ("in", 2): 10}  # in:2's records 10..12 were never committed
 
-    layout.settle(client, Layout(namespace, 3), now_ms())
+    _settle(
+        client, Layout(namespace, 3), committed=lambda asked: {p: commits.get(p) for p in asked}
+    )
 
     for keys in Layout(namespace, 3).shards:
-        assert client.hgetall(keys.intake_marks) == {b"in:1": b"5"}
+        assert client.hgetall(keys.intake_marks) == {b"in:0": b"39", b"in:1": b"5",
+                                                     b"in:2:tag": b"9"}  # fmt: skip
 
 
 def test_a_count_change_is_refused_while_other_processes_fire(client: redis.Redis) -> None:
@@ -235,12 +254,54 @@ def test_a_count_change_is_refused_while_other_processes_fire(client: redis.Redi
     even with nothing pending, until their heartbeats are gone."""
     namespace = unique("ns")
     old = Layout(namespace, 2)
-    layout.settle(client, old, now_ms())
+    _settle(client, old)
     Share(old, "running").beat(client, now_ms(), ttl_ms=60_000)
 
     with pytest.raises(ShardsChanged, match="1 process"):
-        layout.settle(client, Layout(namespace, 4), now_ms())
-    layout.settle(client, Layout(namespace, 4), now_ms() + 61_000)  # its heartbeat ran out
+        _settle(client, Layout(namespace, 4))
+    client.zadd(old.members, {"running": now_ms() - 1})  # its heartbeat ran out
+    _settle(client, Layout(namespace, 4))
+
+
+def test_an_intake_process_on_the_old_count_blocks_a_change(env: dict[str, str]) -> None:
+    """Guarantee 1 across a shard-count change: a `--role intake` process still running
+    with the old count (it would go on writing into shards no dispatcher reads, and commit
+    the offsets) keeps a heartbeat too, so a process with another count is refused; once
+    it stopped cleanly, the change goes through."""
+    intake = Service(Settings.from_env({**env, "BLACKBOX_SHARDS": "2"}), role=Role.INTAKE)
+    other = Service(Settings.from_env({**env, "BLACKBOX_SHARDS": "4"}), role=Role.DISPATCH)
+    intake.start()
+    try:
+        wait_until(intake._redis_checked.is_set, what="Redis checked")
+        with pytest.raises(ShardsChanged, match="1 process"):
+            other._read_policy()
+    finally:
+        intake.stop()
+    other.start()
+    try:
+        assert layout.recorded_count(other.redis, other.store.layout) == 4
+    finally:
+        other.stop()
+
+
+def test_an_unset_count_adopts_the_namespaces(client: redis.Redis) -> None:
+    """Scale, upgrading: with BLACKBOX_SHARDS unset a process takes the count recorded for
+    the namespace, or one shard where data was written before counts were recorded (a
+    release whose default was one shard), logged as shards_adopted; a new namespace gets
+    the default of 16."""
+    recorded, written, new = unique("ns"), unique("ns"), unique("ns")
+    _settle(client, Layout(recorded, 4))
+    before = RedisStore(client, Layout(written), grace_seconds=60)
+    before.apply([IntakeSlice("in", 0, 0, _plain(range(1), now_ms() + 60_000))], now_ms())
+
+    with capture_logs() as logs:
+        counts = [layout.adopt(client, ns) for ns in (recorded, written, new)]
+
+    assert counts == [4, 1, layout.DEFAULT_SHARDS] == [4, 1, 16]
+    assert [(e["event"], e["shards"]) for e in logs] == [
+        ("shards_adopted", 4),
+        ("shards_adopted", 1),
+    ]
 
 
 def test_a_running_service_stops_when_another_changes_the_shard_count(

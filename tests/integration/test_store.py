@@ -334,7 +334,7 @@ def test_a_claim_larger_than_one_lease_chunk_leases_every_id_with_its_payload(
     assert store.ack(claim.ids, claim.token) == 2500
 
 
-LateCall = Callable[[RedisStore, int], int]
+LateCall = Callable[[RedisStore, float], int]
 LATE_CALLS: dict[str, LateCall] = {
     "ack": lambda store, token: store.ack([ID], token),
     "retry": lambda store, token: store.retry([ID], token, now_ms() - 1),
@@ -382,3 +382,39 @@ def test_a_fired_marker_is_forgotten_after_its_retention(redis_server: RedisServ
         lambda: not client.exists(store.layout.shards[0].ended(ID)), timeout=5, what="expiry"
     )
     client.close()
+
+
+def test_two_claims_in_one_millisecond_hold_different_leases(store: RedisStore) -> None:
+    """Guarantee 3: an id updated while in flight and claimed again in the same millisecond
+    with the same lease gets a lease token of its own, so the first claim's ack finds its
+    lease lost and leaves the second claimer's lease (and the new version) alone."""
+    intake, now = Intake(store), now_ms()
+    intake.send(_version(b"v1", now - 1, 0))
+    first = store.claim_due(now, 10, 30_000)
+    intake.send(_version(b"v2", now - 1, 1))  # the update is due at once
+    second = store.claim_due(now, 10, 30_000)
+    assert second.ids == [ID]
+
+    assert first.token != second.token
+    assert store.ack([ID], first.token) == 0
+    assert _state(store)[1]  # still in flight, under the second claim
+    assert store.ack([ID], second.token) == 1
+
+
+def test_a_claim_is_bounded_by_payload_bytes(store: RedisStore) -> None:
+    """A claim takes ids while their payloads fit in `max_bytes` (one at least, whatever
+    its size), so 1,000 payloads of 1 MiB are never held at once; what it left is due and
+    said so (`more`), and the next claims take it."""
+    now = now_ms()
+    writes = [(o, Schedule(f"in:0:{o}", "orders", bytes(100_000), now - 1000 + o))
+              for o in range(10)]  # fmt: skip
+    store.apply([IntakeSlice("in", 0, 9, writes)], now)
+
+    first = store.claim_due(now, 1000, 30_000, max_bytes=350_000)
+    assert first.ids == ["in:0:0", "in:0:1", "in:0:2"]
+    assert first.more
+    alone = store.claim_due(now, 1000, 30_000, max_bytes=10)
+    assert alone.ids == ["in:0:3"]
+    rest = store.claim_due(now, 1000, 30_000, max_bytes=10_000_000)
+    assert len(rest.ids) == 6
+    assert not rest.more

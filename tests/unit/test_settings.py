@@ -16,7 +16,7 @@ def test_defaults_from_an_empty_environment() -> None:
         redis_url="redis://localhost:6379/0",
         accept_eviction=False,
         namespace="bb",
-        shards=1,
+        shards=None,
         intake_topic="blackbox",
         group_id="blackbox",
         dlq_topic="blackbox.dlq",
@@ -24,6 +24,7 @@ def test_defaults_from_an_empty_environment() -> None:
         policy_file="",
         poll_interval=1.0,
         batch_limit=1000,
+        batch_bytes=16_777_216,
         intake_batch=500,
         lease_seconds=30.0,
         delivery_timeout=10.0,
@@ -146,11 +147,40 @@ def test_delivery_timeout_must_be_shorter_than_lease(timeout: str, lease: str) -
 
 
 def test_delivery_timeout_just_under_lease_is_accepted() -> None:
-    """A delivery timeout shorter than the lease is accepted."""
+    """A lease just longer than the delivery timeout, the wait for its reports (1 s), the
+    sweep delay (2 s at least) and the margin (1 s) is accepted."""
     loaded = Settings.from_env(
-        {"BLACKBOX_DELIVERY_TIMEOUT": "29.9", "BLACKBOX_LEASE_SECONDS": "30"}
+        {"BLACKBOX_DELIVERY_TIMEOUT": "25.9", "BLACKBOX_LEASE_SECONDS": "30"}
     )
-    assert (loaded.delivery_timeout, loaded.lease_seconds) == (29.9, 30.0)
+    assert (loaded.delivery_timeout, loaded.lease_seconds) == (25.9, 30.0)
+
+
+@pytest.mark.parametrize(
+    ("poll", "timeout", "lease"),
+    [("15", "10", "30"), ("1", "10", "14"), ("0.1", "2", "6"), ("60", "1", "100")],
+    ids=["poll 15 s on the default lease", "lease = timeout + 4", "chaos settings of old",
+         "sweep delay 120 s"],
+)  # fmt: skip
+def test_a_lease_shorter_than_delivery_and_sweep_is_refused(
+    poll: str, timeout: str, lease: str
+) -> None:
+    """Guarantee 3: a lease no longer than the delivery timeout + 1 s + the sweep delay
+    (2 poll intervals, at least 2 s) + 1 s is refused at start, naming the variables: with
+    a poll interval of 15 s the default lease of 30 s would run out under a sweep's claim."""
+    environ = {"BLACKBOX_POLL_INTERVAL": poll, "BLACKBOX_DELIVERY_TIMEOUT": timeout,
+               "BLACKBOX_LEASE_SECONDS": lease}  # fmt: skip
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env(environ)
+    for name in ("BLACKBOX_LEASE_SECONDS", "BLACKBOX_DELIVERY_TIMEOUT", "BLACKBOX_POLL_INTERVAL"):
+        assert name in str(caught.value)
+
+
+def test_an_unset_shard_count_is_none_and_an_empty_one_too() -> None:
+    """BLACKBOX_SHARDS unset or empty (the chart's default) leaves the count to the
+    namespace (layout.adopt); a number is taken as it is."""
+    assert Settings.from_env({}).shards is None
+    assert Settings.from_env({"BLACKBOX_SHARDS": ""}).shards is None
+    assert Settings.from_env({"BLACKBOX_SHARDS": "1"}).shards == 1
 
 
 def test_dlq_topic_must_differ_from_intake_topic() -> None:

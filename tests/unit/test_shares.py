@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from structlog.testing import capture_logs
 
 from blackbox.keys import Layout
 from blackbox.shares import EMPTY, Announcements, Share, owned_by, sweep_after_ms, ttl_ms
@@ -93,3 +94,14 @@ def test_a_nudge_during_a_claim_is_not_overwritten_by_what_the_claim_saw() -> No
     share.learned(0, None)  # the claim saw nothing left
 
     assert share.due_by(7_000) == [0] and share.next_due_ms() == 7_000
+
+
+def test_a_firer_without_a_shard_says_so() -> None:
+    """Scale, fair by default: a firing process that gets no shard (more firers than
+    shards) logs share_empty once its share is taken, naming the count to raise."""
+    share = Share(Layout("bb", 2), "c")
+    with capture_logs() as logs:
+        share._take([], 3)
+    assert share.owned == []
+    assert [e["event"] for e in logs] == ["share_changed", "share_empty"]
+    assert logs[1]["shards"] == 2 and logs[1]["log_level"] == "warning"

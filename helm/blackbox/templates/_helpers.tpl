@@ -86,11 +86,50 @@ ones are written without a fraction or exponent, so 315576000 stays "315576000".
 {{- end }}
 {{- end }}
 
+{{/* "true" when a role runs: `enabled` absent counts as on (a new entry needs only its args). */}}
+{{- define "blackbox.roleEnabled" -}}
+{{- if or (not (hasKey . "enabled")) .enabled }}true{{ end }}
+{{- end }}
+
 {{/* Fails rendering when no role is enabled: the release would run nothing. */}}
 {{- define "blackbox.checkRoles" -}}
 {{- $enabled := list }}
-{{- range $role, $spec := .Values.roles }}{{ if $spec.enabled }}{{ $enabled = append $enabled $role }}{{ end }}{{ end }}
+{{- range $role, $spec := .Values.roles }}{{ if include "blackbox.roleEnabled" $spec }}{{ $enabled = append $enabled $role }}{{ end }}{{ end }}
 {{- if not $enabled }}
 {{- fail "roles: enable at least one role (roles.run.enabled=true runs intake and firing)" }}
+{{- end }}
+{{- end }}
+
+{{/* A role's replicas: its autoscaler's maximum when autoscaled, else `replicas` (0 kept). */}}
+{{- define "blackbox.roleReplicas" -}}
+{{- $autoscaling := mergeOverwrite (deepCopy .root.Values.autoscaling) (default dict .spec.autoscaling) }}
+{{- if $autoscaling.enabled }}{{ $autoscaling.maxReplicas }}{{ else if hasKey .spec "replicas" }}{{ .spec.replicas }}{{ else }}1{{ end }}
+{{- end }}
+
+{{/* The shard count the pods run with: BLACKBOX_SHARDS, or 16 (a new namespace's) when empty. */}}
+{{- define "blackbox.shards" -}}
+{{- $set := include "blackbox.envValue" .Values.config.BLACKBOX_SHARDS }}
+{{- if $set }}{{ $set }}{{ else }}16{{ end }}
+{{- end }}
+
+{{/*
+Fails rendering when more replicas fire than there are shards: only a shard's owner fires
+it, so the replicas past the shard count would own none and add no firing capacity.
+Roles run with `--role intake` do not fire and are not counted.
+*/}}
+{{- define "blackbox.checkShards" -}}
+{{- $firing := 0 }}
+{{- $parts := list }}
+{{- range $role, $spec := .Values.roles }}
+{{- $args := join " " (default list $spec.args) }}
+{{- if and (include "blackbox.roleEnabled" $spec) (not (regexMatch "--role(=| )intake" $args)) }}
+{{- $n := include "blackbox.roleReplicas" (dict "root" $ "spec" $spec) | int }}
+{{- $firing = add $firing $n }}
+{{- $parts = append $parts (printf "%s: %d" $role $n) }}
+{{- end }}
+{{- end }}
+{{- $shards := include "blackbox.shards" . | int }}
+{{- if gt $firing $shards }}
+{{- fail (printf "%d replicas fire (%s, an autoscaler counted at its maxReplicas) but there are %d shards (config.BLACKBOX_SHARDS): only a shard's owner fires it, so %d replica(s) would fire nothing. Raise BLACKBOX_SHARDS (on a new namespace, or with every replica stopped and nothing pending) or lower the replicas" $firing (join ", " $parts) $shards (sub $firing $shards)) }}
 {{- end }}
 {{- end }}
