@@ -45,7 +45,9 @@ from blackbox.localstack import free_port
 
 Result = dict[str, object]
 CHAOS_SETTINGS = {
-    "BLACKBOX_LEASE_SECONDS": "3",
+    # The shortest lease the settings accept with a 2 s delivery timeout: 2 + 1 s for the
+    # reports + the 2 s sweep delay + 1 s.
+    "BLACKBOX_LEASE_SECONDS": "6.5",
     "BLACKBOX_DELIVERY_TIMEOUT": "2",
     "BLACKBOX_POLL_INTERVAL": "0.2",
     "BLACKBOX_MAX_MESSAGE_BYTES": str(hostile.MAX_BYTES),

@@ -56,6 +56,9 @@ def local_stack(appendfsync: str | None = None, **overrides: str) -> Iterator[St
         "BLACKBOX_LOG_FORMAT": "json",
         "BLACKBOX_LOG_LEVEL": "warning",
         "BLACKBOX_HTTP_PORT": str(free_port()),  # known ahead: benchmarks read /metrics
+        # One shard, as the figures they are compared with were measured, and the keys the
+        # single-process scenarios read (scaleout names its own counts).
+        "BLACKBOX_SHARDS": "1",
         **overrides,
     }
     settings = Settings.from_env(env)
