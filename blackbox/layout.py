@@ -35,7 +35,7 @@ log = structlog.get_logger("blackbox.layout")
 
 # A new namespace's shard count when BLACKBOX_SHARDS is unset: enough that any realistic
 # number of firing replicas shares the work (each owns a shard at least), few enough that
-# a sweep stays cheap (docs/CAPACITY.md: intake speed and sweep cost at 16 against 1).
+# a sweep stays cheap (one claim per shard another process owns, per tick).
 DEFAULT_SHARDS = 16
 # A process's heartbeat lives this many probe intervals, at least MIN_HEARTBEAT_MS.
 HEARTBEAT_INTERVALS = 3
