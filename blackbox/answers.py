@@ -18,7 +18,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import orjson
+import structlog
 from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+log = structlog.get_logger("blackbox.answers")
 
 
 class Answers:
@@ -124,19 +127,25 @@ class Follower:
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(5.0)
+            self._thread.join(12.0)  # a mark in progress waits up to 10 s for the broker
         self.answers.close()
 
     def _run(self) -> None:
         delay = 0.2
         while not self._stop.is_set():
             try:
-                self.answers.mark(timeout=5.0)
-                self._marked.set()
-                break
-            except KafkaException:
+                self._follow()
+            except (KafkaException, RuntimeError, orjson.JSONDecodeError) as e:
+                if self._stop.is_set():  # closed while reading: nothing is waited for now
+                    return
+                log.warning("answers_unreadable", error=str(e), retry_in_s=delay)
                 self._stop.wait(delay)
                 delay = min(delay * 2, 5.0)
+
+    def _follow(self) -> None:
+        if not self._marked.is_set():
+            self.answers.mark(timeout=5.0)
+            self._marked.set()
         while not self._stop.is_set():
             for message in self.answers.consumer.consume(100, timeout=0.2):
                 if message.error() is None and message.value() is not None:

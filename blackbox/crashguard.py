@@ -88,6 +88,22 @@ class CrashGuard:
             self._unchecked.discard(partition)
         self._delete([p for p in gone if self._suspects.pop(p, None) is None])
 
+    def interrupted(self, records: Sequence[Message]) -> None:
+        """Handling these records ended in a caught failure (Redis or the broker away), not
+        a death: their notes go back to what they said before, so an outage that outlasts a
+        few restarts is never taken for a record that kills. Best effort: with Redis away
+        the notes stay, and only make the next owner careful."""
+        partitions = {_partition(m) for m in records}
+        restored = {_field(p): s.encode() for p, s in self._suspects.items() if p in partitions}
+        cleared = [_field(p) for p in partitions if p not in self._suspects]
+        try:
+            if restored:
+                self.client.hset(self.key, mapping=restored)  # type: ignore[arg-type]
+            if cleared:
+                self.client.hdel(self.key, *cleared)
+        except redis.RedisError as e:
+            log.info("crash_notes_not_restored", error=str(e))
+
     def stopped(self) -> None:
         """A clean stop: every note without a suspect goes."""
         self.revoked(list(self._owned))

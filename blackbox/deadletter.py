@@ -8,6 +8,7 @@ schedule carries its stored value, its id and its target topic.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message
@@ -20,6 +21,11 @@ from blackbox.outbox import Outbox, Record
 REASON_HEADER = "blackbox-dlq-reason"
 DETAIL_HEADER = "blackbox-dlq-detail"
 MAX_DETAIL_BYTES = 1024
+# The headers blackbox adds to a dead letter, after the record's own.
+OWN_HEADERS = frozenset({
+    REASON_HEADER, DETAIL_HEADER, "blackbox-dlq-topic", "blackbox-dlq-partition",
+    "blackbox-dlq-offset", "blackbox-dlq-value-omitted", "blackbox-id", "blackbox-target-topic",
+})  # fmt: skip
 # In place of a record's own headers when they could not be read.
 HEADERS_OMITTED: Header = ("blackbox-dlq-headers-omitted", b"unreadable")
 
@@ -86,18 +92,42 @@ def without_value(letter: DeadLetter) -> DeadLetter:
     return DeadLetter(None, letter.key, [*letter.headers, omitted], letter.reason)
 
 
+def without_record_headers(letter: DeadLetter) -> DeadLetter:
+    """The dead letter with only blackbox's own headers: the record's were too large too."""
+    size = sum(len(name) + len(value or b"") for name, value in letter.headers)
+    kept: dict[str, bytes | None] = {}
+    for name, value in reversed(letter.headers):  # blackbox's come last: a record's own
+        if name in OWN_HEADERS and name not in kept:  # of the same name is left out
+            kept[name] = value
+    omitted = ("blackbox-dlq-headers-omitted", f"too large: {size} bytes".encode())
+    return DeadLetter(letter.value, letter.key, [*reversed(kept.items()), omitted], letter.reason)
+
+
 def send(
     outbox: Outbox, topic: str, letters: list[DeadLetter], stop: threading.Event | None = None
 ) -> list[tuple[DeadLetter, KafkaError | None]]:
     """Produce dead letters; return each with its final error (None when acknowledged).
 
     A letter refused for a lasting reason (its value too large for the dead-letter topic
-    too) is sent again without its value, loudly marked, rather than blocking forever.
+    too) is sent again without its value, then, if its headers alone are too large, without
+    the record's own headers too, loudly marked, rather than blocking intake forever.
     """
-    first = _send(outbox, topic, letters, stop)
-    retry = [without_value(d) for d, e in first if e is not None and lasting_reason(e)]
-    second = iter(_send(outbox, topic, retry, stop))
-    return [next(second) if e is not None and lasting_reason(e) else (d, e) for d, e in first]
+    results = _send(outbox, topic, letters, stop)
+    for smaller in (without_value, without_record_headers):
+        results = _again_smaller(outbox, topic, results, smaller, stop)
+    return results
+
+
+def _again_smaller(
+    outbox: Outbox, topic: str, results: list[tuple[DeadLetter, KafkaError | None]],
+    smaller: Callable[[DeadLetter], DeadLetter], stop: threading.Event | None,
+) -> list[tuple[DeadLetter, KafkaError | None]]:  # fmt: skip
+    """The letters refused for a lasting reason sent again made `smaller`."""
+    refused = [d for d, e in results if e is not None and lasting_reason(e)]
+    if not refused:
+        return results
+    again = iter(_send(outbox, topic, [smaller(d) for d in refused], stop))
+    return [next(again) if e is not None and lasting_reason(e) else (d, e) for d, e in results]
 
 
 def _send(

@@ -241,6 +241,7 @@ class Intake:
             self.metrics.dependency_errors.labels(dependency=dependency).inc()
             delay = self.backoff.next()
             log.warning("intake_paused", dependency=dependency, error=str(e), retry_in_s=delay)
+            self.guard.interrupted(records)
             self._rewind(records)
             stop.wait(delay)
 

@@ -349,8 +349,9 @@ def _read(var: Var, environ: Mapping[str, str]) -> Any:
 
 # What Kubernetes (and Docker's legacy links) inject for a Service named NAME:
 # NAME_SERVICE_HOST, NAME_SERVICE_PORT[_PORTNAME], NAME_PORT=tcp://ip:port and
-# NAME_PORT_<port>_<PROTO>[_PROTO|_PORT|_ADDR]. A Service called `kafka` would otherwise
-# reach librdkafka as properties such as `port.9092.tcp.addr`.
+# NAME_PORT_<port>_<PROTO>[_PROTO|_PORT|_ADDR]; a Docker link adds NAME_NAME=/a/b and a
+# NAME_ENV_<VAR> per variable of the linked container. A Service called `kafka` would
+# otherwise reach librdkafka as properties such as `port.9092.tcp.addr`.
 _SERVICE_HOST = "_SERVICE_HOST"
 _LINK_URL = re.compile(r"(tcp|udp|sctp)://", re.IGNORECASE)
 _LINK_PORT = re.compile(r"_PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?")
@@ -375,6 +376,8 @@ def _is_link(variable: str, service: str, environ: Mapping[str, str]) -> bool:
     rest = variable[len(service) :]
     if rest in (_SERVICE_HOST, "_SERVICE_PORT") or rest.startswith("_SERVICE_PORT_"):
         return True
+    if rest.startswith("_ENV_") or (rest == "_NAME" and environ[variable].startswith("/")):
+        return f"{service}_PORT" in environ
     link = _LINK_PORT.fullmatch(rest)
     if link and link.group(2):  # NAME_PORT_9092_TCP_ADDR and its kin
         return True

@@ -91,6 +91,24 @@ def test_a_retry_in_the_same_process_is_not_a_death(redis_client: redis.Redis) -
     assert redis_client.hget(key, f"{TOPIC}:0") == b"7 8 2"
 
 
+def test_a_caught_failure_is_not_counted_as_a_death(redis_client: redis.Redis) -> None:
+    """Guarantee 5 beside 4: a poll that failed for Redis or the broker (caught, backing
+    off) puts its notes back as they were, so killing a paused intake a few times never
+    sets a good record aside as unreadable."""
+    key = unique("handling")
+    plain = _owner(redis_client, key)
+    plain.note(_records(0, 1))
+    plain.interrupted(_records(0, 1))
+    assert redis_client.hget(key, f"{TOPIC}:0") is None
+    _owner(redis_client, key).note(_records(7, 8))  # died
+    careful = _owner(redis_client, key)
+    now, _ = careful.careful(_records(7, 8))
+    careful.note(now)
+    assert redis_client.hget(key, f"{TOPIC}:0") == b"7 8 2"
+    careful.interrupted(now)
+    assert redis_client.hget(key, f"{TOPIC}:0") == b"7 8 1"
+
+
 def test_a_revoke_keeps_an_unresolved_death_for_the_next_owner(
     redis_client: redis.Redis,
 ) -> None:

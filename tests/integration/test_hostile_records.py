@@ -34,6 +34,9 @@ CALLER = f"{CALLER_HEADER}=billing".encode()
 # Larger than librdkafka's default message.max.bytes (1,000,000), within the broker's
 # 1,048,588: the dead-letter copy is refused for its size and sent without its value.
 AT_THE_BROKERS_LIMIT = 1_048_000
+# Nine headers of 115,000 bytes (one argument of kcat's may hold 128 KiB): the record's
+# headers alone are too large for the dead-letter producer.
+HUGE_HEADERS = [f"big{i}=".encode() + b"x" * 115_000 for i in range(9)]
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,8 @@ def _cases(target: str) -> list[Hostile]:
         Hostile("tombstone, binary key", None, b"\xff\xfe", [CALLER], _R.INVALID_ID),
         Hostile("tombstone without key", None, None, [CALLER], _R.EMPTY_VALUE),
         Hostile("value at the broker's size limit", b"x" * AT_THE_BROKERS_LIMIT, None, [CALLER],
+                _R.INVALID_JSON),
+        Hostile("1 MB of headers, not JSON", b"{not json", b"k", [*HUGE_HEADERS, CALLER],
                 _R.INVALID_JSON),
     ]  # fmt: skip
 
@@ -121,13 +126,15 @@ def test_every_record_a_kafka_client_can_write_is_handled(
     settle(service)
 
     assert [d.header("blackbox-dlq-reason") for d in dead] == [c.expected for c in refused]
+    too_large = {"value at the broker's size limit", "1 MB of headers, not JSON"}
     for letter, case in zip(dead, refused, strict=True):
         assert letter.key == case.key, case.name
-        if len(case.value or b"") < AT_THE_BROKERS_LIMIT:
-            assert letter.value == case.value, case.name
+        assert letter.value == (None if case.name in too_large else case.value), case.name
     assert dead[0].header("blackbox-dlq-headers-omitted") == "unreadable"
-    assert dead[-1].value is None
-    assert dead[-1].header("blackbox-dlq-value-omitted") == f"{AT_THE_BROKERS_LIMIT} bytes"
+    assert dead[-2].header("blackbox-dlq-value-omitted") == f"{AT_THE_BROKERS_LIMIT} bytes"
+    assert dead[-1].header("blackbox-dlq-headers-omitted").startswith("too large")
+    assert "big0" not in dead[-1].headers
+    assert dead[-1].header("blackbox-dlq-reason") == _R.INVALID_JSON
     expected_values = [orjson.loads(v)["message"] for v in sent_good]
     expected_values += [{"hostile": True}] * len(scheduled)
     got = [orjson.loads(r.value or b"") for r in delivered]

@@ -205,6 +205,25 @@ def test_dead_letter_of_unreadable_headers_says_they_were_left_out() -> None:
     assert letter.headers[1] == (REASON_HEADER, b"invalid_header")
 
 
+def test_a_dead_letter_whose_headers_are_too_large_keeps_only_blackboxs() -> None:
+    """Guarantee 4: the last resort for a refused record whose own headers are too large
+    keeps blackbox's headers (the last of each name: a record's own copy is dropped)."""
+    message = Message(topic="blackbox", partition=1, offset=9, key=b"k", value=b"v")
+    headers: list[tuple[str, bytes | None]] = [
+        ("big", b"x" * 100),
+        (REASON_HEADER, b"forged"),
+        ("trace", b"t"),
+    ]
+    letter = deadletter.from_intake(message, headers, DeadLetterReason.INVALID_JSON, "bad")
+    small = deadletter.without_record_headers(deadletter.without_value(letter))
+    names = [name for name, _ in small.headers]
+    assert names == [REASON_HEADER, DETAIL_HEADER, "blackbox-dlq-topic", "blackbox-dlq-partition",
+                     "blackbox-dlq-offset", "blackbox-dlq-value-omitted",
+                     "blackbox-dlq-headers-omitted"]  # fmt: skip
+    assert dict(small.headers)[REASON_HEADER] == b"invalid_json"
+    assert (small.value, small.key) == (None, b"k")
+
+
 def test_delivery_record_carries_dedup_headers() -> None:
     """Guarantee 2: a delivered record carries caller, stable blackbox-id, due time and attempt."""
     schedule = Schedule("blackbox:0:5", "orders", b"\x00bin", 1_700_000_000_000, b"billing")

@@ -406,6 +406,16 @@ def test_a_service_named_like_a_setting_does_not_break_the_start() -> None:
     assert "BLACKBOX_HTTP_PORT" not in settings.service_links(explicit)
 
 
+def test_a_docker_links_variables_are_ignored_too() -> None:
+    """Guarantee 4: a legacy Docker link to a container named kafka adds KAFKA_NAME and a
+    KAFKA_ENV_* per variable of that container: none reaches librdkafka."""
+    link = {"KAFKA_PORT": "tcp://172.17.0.2:9092", "KAFKA_NAME": "/app/kafka",
+            "KAFKA_ENV_KAFKA_CFG_NODE_ID": "0",
+            "KAFKA_PORT_9092_TCP_ADDR": "172.17.0.2"}  # fmt: skip
+    assert settings.service_links(link) == frozenset(link)
+    assert Settings.from_env(link).kafka == {"bootstrap.servers": "localhost:9092"}
+
+
 def test_link_shaped_names_without_a_service_are_kept() -> None:
     """Only a Service that is there makes its variables links: KAFKA_PORT_1_TCP_ADDR alone
     (no KAFKA_SERVICE_HOST, no KAFKA_PORT URL) is passed on and refused by librdkafka."""
