@@ -6,11 +6,14 @@ kubernetes-validate checks each object against the bundled Kubernetes schemas.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import helm_python
@@ -20,7 +23,7 @@ import yaml
 from kubernetes_validate.utils import SchemaNotFoundError
 from prometheus_client.utils import floatToGoString
 
-from blackbox import cli, policy
+from blackbox import cli, policy, tokens
 from blackbox.api import probes_app
 from blackbox.endpoints import Endpoints
 from blackbox.health import Health
@@ -74,6 +77,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "autoscaling": {"enabled": True},
         "createTopics": {"enabled": True},
         "policy": {"default": {"topics": []}, "callers": {"billing": {"topics": ["invoices"]}}},
+        "apiTokens": [{"name": "ops", "sha256": "0" * 64, "callers": ["*"]}],
         "kafka": {"KAFKA_BOOTSTRAP_SERVERS": "kafka:9092", "KAFKA_SECURITY_PROTOCOL": "SASL_SSL"},
         "secret": {"values": {"KAFKA_SASL_PASSWORD": "pw", "KAFKA_SASL_USERNAME": "bb"}},
         "extraEnv": [{"name": "KAFKA_SASL_MECHANISM", "value": "SCRAM-SHA-512"}],
@@ -369,6 +373,25 @@ def test_policy_is_mounted_where_the_setting_points() -> None:
     text = named(docs, "ConfigMap", "bb-blackbox-policy")["data"][path.rsplit("/", 1)[1]]
     base = policy.open_policy(60.0, 1000)
     assert policy.from_document(yaml.safe_load(text), base).rule_for(b"billing").allows("invoices")
+
+
+def test_api_tokens_are_mounted_from_a_secret_where_the_setting_points(tmp_path: Path) -> None:
+    """Guarantee 7: `apiTokens` become a Secret mounted where BLACKBOX_API_TOKENS_FILE
+    points, holding hashes only, and the service's own loader accepts it."""
+    entry = {"name": "billing", "sha256": hashlib.sha256(b"billing-token").hexdigest(),
+             "callers": ["billing"], "scopes": ["read"]}  # fmt: skip
+    docs = manifests({"apiTokens": [entry]})
+    deployment = _deployment(docs)
+    path = environment(docs, deployment)["BLACKBOX_API_TOKENS_FILE"]
+    (mount,) = [m for m in container(deployment)["volumeMounts"] if m["name"] == "api-tokens"]
+    assert path.startswith(mount["mountPath"] + "/")
+    data = named(docs, "Secret", "bb-blackbox-api-tokens")["data"][path.rsplit("/", 1)[1]]
+    written = tmp_path / "api-tokens.yaml"
+    written.write_bytes(base64.b64decode(data))
+    grant = tokens.tokens_of("", str(written)).grant_for("billing-token")
+    assert grant is not None and (grant.callers, grant.read, grant.write) == (
+        frozenset({"billing"}), True, False)  # fmt: skip
+    assert "billing-token" not in written.read_text()
 
 
 def test_topics_job_runs_create_topics_after_its_config() -> None:

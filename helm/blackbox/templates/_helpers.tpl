@@ -77,6 +77,10 @@ ones are written without a fraction or exponent, so 315576000 stays "315576000".
 /etc/blackbox/policy.yaml
 {{- end }}
 
+{{- define "blackbox.apiTokensPath" -}}
+/etc/blackbox-api-tokens/api-tokens.yaml
+{{- end }}
+
 {{/* Fails rendering when SIGTERM's drain could outlast the grace period. */}}
 {{- define "blackbox.checkGracePeriod" -}}
 {{- $timeout := include "blackbox.envValue" .Values.config.BLACKBOX_DELIVERY_TIMEOUT | float64 }}
