@@ -50,7 +50,10 @@ def _schedule_options(jobs: Any) -> None:
         "reason.\nIds blackbox already scheduled are skipped, so a re-run sends nothing twice.",
     )  # fmt: skip
     p.add_argument("input", nargs="+", metavar="INPUT", help="files, folders or globs")
-    p.add_argument("--format", choices=("parquet", "csv", "json"), help="default: by suffix")
+    p.add_argument("--format", choices=("parquet", "csv", "json"), help="default: by suffix "
+                   "(.csv, .json/.jsonl, else Parquet)")  # fmt: skip
+    p.add_argument("--encoding", default="UTF-8", help="of CSV and JSON input (default UTF-8; "
+                   "a byte order mark is dropped)")  # fmt: skip
     p.add_argument("--caller", required=True, help="the CALLER_SERVICE the rows are sent as")
     p.add_argument("--id", metavar="COLUMN", help="the rows' ids (default: a hash of the row)")
     target = p.add_mutually_exclusive_group(required=True)
@@ -85,6 +88,13 @@ def _schedule_options(jobs: Any) -> None:
     p.add_argument("--rejects", metavar="PATH", help="write rejected rows here (overwritten)")
     p.add_argument("--rejects-format", choices=("json", "parquet", "csv"), default="json")
     p.add_argument("--dry-run", action="store_true", help="judge the rows, send nothing")
+    p.add_argument("--show", type=int, default=0, metavar="N", help="print the first N good "
+                   "rows' intake records exactly as they are (or would be) produced")  # fmt: skip
+    p.add_argument(
+        "--since",
+        help="read the events topic from here to find the ids already "
+        "scheduled: RFC 3339 or epoch s, no later than the first run (default: all)",
+    )
     p.add_argument(
         "--resend",
         action="store_true",
@@ -139,7 +149,7 @@ def instant_ms(text: str) -> int:
 
 def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
     spark.require()
-    from blackbox.spark import schedule, session  # noqa: PLC0415 - needs the extra
+    from blackbox.spark import inputs, schedule, session  # noqa: PLC0415 - needs the extra
     from blackbox.spark.rows import Judge, MessageKind  # noqa: PLC0415
 
     columns = schedule.Columns(
@@ -151,12 +161,15 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
     )  # fmt: skip
     job = _schedule_run(args, settings)
     session_ = session.start(args.master, "blackbox-schedule", ui=sys.stderr.isatty())
-    frame = schedule.read_input(session_, args.input, args.format)
-    _, kind, due_kind = schedule.canonical(frame, columns)
+    source = inputs.Source(args.input, args.format, args.encoding)
+    frame = inputs.read(session_, source, args.message)
+    rows, kind, due_kind = schedule.canonical(frame, columns, blank_is_none=source.kind == "csv")
     judge = Judge(args.caller, _limits(settings), _policy(settings), kind, due_kind,
                   round(args.jitter * 1000))  # fmt: skip
-    summary = schedule.run(session_, frame, columns, judge, job)
-    _print_summary(vars(summary) | {"rejected_total": summary.rejected_total}, args.summary)
+    summary = schedule.run(session_, rows, judge, job)
+    for record in summary.shown:
+        print(record.line())  # noqa: T201 - the command's output
+    _print_summary(summary.figures(), args.summary)
     return EXIT_OK
 
 
@@ -167,7 +180,8 @@ def _schedule_run(args: argparse.Namespace, settings: Settings) -> Any:
         kafka=topics.options(settings.kafka, args.kafka_option),
         intake_topic=settings.intake_topic, events_topic=settings.events_topic,
         rejects=args.rejects, dry_run=args.dry_run, skip_known=not args.resend,
-        rejects_format=args.rejects_format,
+        rejects_format=args.rejects_format, show=args.show,
+        since_ms=instant_ms(args.since) if args.since else None,
     )  # fmt: skip
 
 

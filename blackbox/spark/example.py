@@ -75,7 +75,8 @@ def main() -> None:
     if args.format != "parquet":  # CSV holds no struct: the payload goes as JSON text
         frame = frame.withColumn("payload", F.to_json("payload"))
     writer = frame.write.mode("overwrite").format(args.format)
-    writer.option("header", "true").save(args.out)  # the header line: CSV only
+    # CSV only: a header line, and quotes doubled (RFC 4180) rather than Spark's backslash.
+    writer.options(header="true", quote='"', escape='"').save(args.out)
     expected = expected_rejects(args.rows, args.bad_every)
     print(f"{args.rows:,} rows in {args.out}; rejects expected: {expected}")  # noqa: T201
     spark.stop()

@@ -3,7 +3,9 @@
 The schedule job runs `Judge.row` in its Python workers. A row becomes the JSON-mode
 envelope the intake reads (`envelope.parse`) and passes the caller's policy
 (`CallerPolicy.check`) or is rejected with the same reason the dead-letter topic would give.
-The job adds one rule of its own: every row needs an id, so a re-run finds what it sent.
+The job adds rules of its own: every row needs an id, so a re-run finds what it sent; a
+row whose message column is empty (null) is rejected `missing_field` rather than sent as
+the JSON `null`; and a row that could not be read at all is `malformed_row`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from blackbox.schedule import scoped_id
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _R = DeadLetterReason
+# The job's own reject reason, beside the dead-letter ones: the input row could not be read.
+MALFORMED_ROW = "malformed_row"
 
 
 class MessageKind(enum.StrEnum):
@@ -103,6 +107,8 @@ class Judge:
         return document
 
     def message(self, message: Any) -> dict[str, Any]:
+        if message is None:
+            raise InvalidEnvelope(_R.MISSING_FIELD, "the message column is empty")
         if self.message_kind is MessageKind.BINARY:
             return {"message_base64": _base64(message)}
         if self.message_kind is MessageKind.JSON and isinstance(message, str):

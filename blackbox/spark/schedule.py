@@ -1,36 +1,40 @@
 """`blackbox spark schedule`: a dataset of rows becomes schedules on the intake topic.
 
-Read Parquet, CSV or JSON lines; map the user's columns onto the canonical ones (id, topic,
-message, key, due, zone); judge every row with the service's own rules (`rows.Judge`); write
-the rejects with their reason; send the good rows to the intake topic as CALLER_SERVICE,
-keyed by their id. Ids blackbox already answered `scheduled` or `updated` for (read from the
-events topic) are skipped, so a re-run schedules nothing twice.
+Read Parquet, CSV or JSON lines exactly (`inputs`); map the user's columns onto the canonical
+ones (id, topic, message, key, due, zone); judge every row with the service's own rules
+(`rows.Judge`); write the rejects with their reason (a row that could not be read at all is
+`malformed_row`, with its raw text); send the good rows to the intake topic as
+CALLER_SERVICE, keyed by their id. Ids blackbox already answered `scheduled` or `updated`
+for (read from the events topic) are skipped, so a re-run schedules nothing twice.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
 import structlog
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import DeadLetterReason, SettingsError
 from blackbox.events import Outcome
-from blackbox.spark import topics
-from blackbox.spark.rows import DueKind, Judge, MessageKind
+from blackbox.spark import inputs, topics
+from blackbox.spark.rows import MALFORMED_ROW, DueKind, Judge, MessageKind
 
 log = structlog.get_logger("blackbox.spark.schedule")
+_REPEATED = DeadLetterReason.INVALID_ID.value
 
 JUDGED = T.StructType(
     [
+        T.StructField("row", T.LongType()),
         T.StructField("id", T.StringType()),
         T.StructField("blackbox_id", T.StringType()),
         T.StructField("topic", T.StringType()),
@@ -42,8 +46,8 @@ JUDGED = T.StructType(
     ]
 )
 _ARROW_JUDGED = pa.schema(
-    [(f.name, pa.int64() if f.name == "due_ms" else pa.binary() if f.name == "value"
-      else pa.string()) for f in JUDGED.fields]
+    [(f.name, pa.int64() if f.name in ("row", "due_ms") else pa.binary()
+      if f.name == "value" else pa.string()) for f in JUDGED.fields]
 )  # fmt: skip
 
 
@@ -64,6 +68,24 @@ class Columns:
     zone: str | None = None
 
 
+@dataclass(frozen=True)
+class Shown:
+    """One intake record exactly as the job produces it (`--show`)."""
+
+    topic: str
+    key: bytes
+    headers: tuple[tuple[str, bytes], ...]
+    value: bytes
+
+    def line(self) -> str:
+        """One JSON line; the value, itself JSON text, is written into it byte for byte."""
+        headers = [[name, value.decode("utf-8")] for name, value in self.headers]
+        return (
+            f'{{"topic": {json.dumps(self.topic)}, "key": {json.dumps(self.key.decode())}, '
+            f'"headers": {json.dumps(headers)}, "value": {self.value.decode()}}}'
+        )
+
+
 @dataclass
 class Summary:
     """What a run did, by outcome."""
@@ -75,62 +97,67 @@ class Summary:
     sent: int = 0
     dry_run: bool = False
     seconds: float = 0.0
+    shown: list[Shown] = field(default_factory=list, repr=False)
+
+    def figures(self) -> dict[str, Any]:
+        """The summary as printed: every count (the shown records are printed apart)."""
+        figures = {k: v for k, v in vars(self).items() if k != "shown"}
+        return figures | {"rejected_total": self.rejected_total}
 
     @property
     def rejected_total(self) -> int:
         return sum(self.rejected.values())
 
 
-def read_input(spark: SparkSession, paths: Sequence[str], fmt: str | None) -> DataFrame:
-    """Parquet, CSV (with a header line) or JSON lines, by `fmt` or the first path's suffix."""
-    kind = fmt or _format_of(paths[0])
-    reader = spark.read
-    if kind == "csv":
-        reader = reader.option("header", "true").option("inferSchema", "true")
-    return reader.format(kind).load(list(paths))
-
-
-def _format_of(path: str) -> str:
-    name = path.lower().rstrip("/*")
-    for suffix, kind in ((".csv", "csv"), (".json", "json"), (".jsonl", "json")):
-        if name.endswith(suffix):
-            return kind
-    return "parquet"
-
-
-def canonical(frame: DataFrame, mapping: Columns) -> tuple[DataFrame, MessageKind, DueKind]:
-    """The input with the canonical columns, each row's original kept as JSON (`source`)."""
+def canonical(
+    frame: DataFrame, mapping: Columns, *, blank_is_none: bool = False
+) -> tuple[DataFrame, MessageKind, DueKind]:
+    """The input with the canonical columns, each row's original kept (`source`): its raw
+    text when it could not be read, else its columns as JSON. `blank_is_none` (CSV, where an
+    empty field is the only way to say "none"): an empty key or zone is no key or zone."""
     _check_columns(frame, mapping)
     message, kind = _message(frame, mapping)
     due, due_kind = _due(frame, mapping)
-    source = F.to_json(F.struct(*[F.col(f"`{c}`") for c in frame.columns]))
+    optional = _blank_is_none if blank_is_none else (lambda c: c)
+    as_json = F.to_json(F.struct(*[F.col(f"`{c}`") for c in inputs.columns(frame)]))
+    source = F.coalesce(F.col(inputs.RAW), as_json)
     selected = frame.select(
+        F.monotonically_increasing_id().alias("row"),
         (F.col(f"`{mapping.id}`").cast("string") if mapping.id else F.sha2(source, 256))
         .alias("id"),
         (F.col(f"`{mapping.topic_column}`") if mapping.topic_column else F.lit(mapping.topic))
         .alias("topic"),
         message.alias("message"),
-        (F.col(f"`{mapping.key}`").cast("string") if mapping.key else F.lit(None)).alias("key"),
+        (optional(F.col(f"`{mapping.key}`").cast("string")) if mapping.key else F.lit(None))
+        .alias("key"),
         due.alias("due"),
-        (F.col(f"`{mapping.zone}`").cast("string") if mapping.zone else F.lit(None)).alias("zone"),
+        (optional(F.col(f"`{mapping.zone}`").cast("string")) if mapping.zone else F.lit(None))
+        .alias("zone"),
+        F.col(inputs.MALFORMED).alias("malformed"),
         source.alias("source"),
     )  # fmt: skip
     return selected, kind, due_kind
 
 
+def _blank_is_none(column: Column) -> Column:
+    return F.when(column != F.lit(""), column)
+
+
 def _check_columns(frame: DataFrame, mapping: Columns) -> None:
     named = [mapping.id, mapping.topic_column, mapping.message, mapping.key, mapping.due,
              mapping.zone]  # fmt: skip
-    missing = [c for c in named if c is not None and c not in frame.columns]
+    have = inputs.columns(frame)
+    missing = [c for c in named if c is not None and c not in have]
     if missing:
-        raise SettingsError(f"the input has no column {missing[0]!r} (it has {frame.columns})")
+        raise SettingsError(f"the input has no column {missing[0]!r} (it has {have})")
 
 
 def _message(frame: DataFrame, mapping: Columns) -> tuple[Column, MessageKind]:
     column = F.col(f"`{mapping.message}`")
     kind = frame.schema[mapping.message].dataType
     if isinstance(kind, T.StructType | T.MapType | T.ArrayType):
-        return F.to_json(column), MessageKind.JSON
+        # Every field the struct declares is sent, a null one as null.
+        return F.to_json(column, {"ignoreNullFields": "false"}), MessageKind.JSON
     if mapping.message_kind is not None:
         return column, mapping.message_kind
     if isinstance(kind, T.BinaryType):
@@ -153,12 +180,14 @@ def _due(frame: DataFrame, mapping: Columns) -> tuple[Column, DueKind]:
     return _DUE_COLUMNS[mapping.due_source](column)
 
 
-# What each kind of due column becomes before the Python workers see it.
+# What each kind of due column becomes before the Python workers see it. A value that is
+# not one (CSV text such as "soon") becomes null, which that row's verdict rejects: a plain
+# cast would fail the whole job (Spark's ANSI mode).
 _DUE_COLUMNS: dict[str, Callable[[Column], tuple[Column, DueKind]]] = {
-    "timestamp": lambda c: (F.unix_millis(c.cast("timestamp")), DueKind.AT_MS),
-    "epoch_s": lambda c: (F.ceil(c.cast("double") * 1000).cast("long"), DueKind.AT_MS),
-    "epoch_ms": lambda c: (c.cast("long"), DueKind.AT_MS),
-    "delay": lambda c: (c.cast("double"), DueKind.DELAY),
+    "timestamp": lambda c: (F.unix_millis(c.try_cast("timestamp")), DueKind.AT_MS),
+    "epoch_s": lambda c: (F.ceil(c.try_cast("double") * 1000).cast("long"), DueKind.AT_MS),
+    "epoch_ms": lambda c: (c.try_cast("long"), DueKind.AT_MS),
+    "delay": lambda c: (c.try_cast("double"), DueKind.DELAY),
 }
 
 
@@ -169,46 +198,70 @@ def _wall_clock(frame: DataFrame, name: str, column: Column) -> Column:
     return column.cast("string")
 
 
-def judged(rows: DataFrame, judge: Judge, now_ms: int) -> DataFrame:
+# More ids than this appearing twice or more is a mapping mistake (an `--id` column that is
+# not the rows' id), not data to judge row by row: the job stops and says so.
+MAX_REPEATED_IDS = 100_000
+
+
+def repeated_ids(rows: DataFrame) -> dict[str, int]:
+    """The ids that appear more than once in the canonical `rows`, with their counts: an
+    aggregation of the id column alone, so no row is moved to find them."""
+    counts = rows.groupBy("id").count().where(F.col("id").isNotNull() & (F.col("count") > 1))
+    found = {r["id"]: int(r["count"]) for r in counts.limit(MAX_REPEATED_IDS + 1).collect()}
+    if len(found) > MAX_REPEATED_IDS:
+        most = max(found, key=found.__getitem__)
+        raise SettingsError(
+            f"over {MAX_REPEATED_IDS:,} ids appear more than once in the input "
+            f"({most!r} {found[most]:,} times): is --id the rows' id?"
+        )
+    return found
+
+
+def judged(rows: DataFrame, judge: Judge, now_ms: int, repeated: Mapping[str, int]) -> DataFrame:
     """Every row's verdict, run in the Python workers with the service's own code (rows
-    cross in Arrow batches); an id that appears more than once in the input is rejected in
-    each of its rows."""
+    cross in Arrow batches); an id in `repeated` (see `repeated_ids`) is rejected in each of
+    its rows. `source` is kept for the rejects only."""
 
     def verdicts(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            out = [_verdict(judge, row, now_ms) for row in batch.to_pylist()]
+            out = [_verdict(judge, row, now_ms, repeated) for row in batch.to_pylist()]
             yield pa.RecordBatch.from_pylist(out, schema=_ARROW_JUDGED)
 
-    frame = rows.mapInArrow(verdicts, JUDGED)
-    copies = F.count(F.lit(1)).over(Window.partitionBy("id"))
-    repeated = frame.withColumn("copies", copies)
-    twice = F.col("id").isNotNull() & (F.col("copies") > 1) & F.col("reason").isNull()
-    return repeated.select(
-        *[c for c in frame.columns if c not in ("reason", "detail")],
-        F.when(twice, F.lit(DeadLetterReason.INVALID_ID.value)).otherwise(F.col("reason"))
-        .alias("reason"),
-        F.when(twice, F.format_string("the id appears %d times in the input", F.col("copies")))
-        .otherwise(F.col("detail")).alias("detail"),
-    )  # fmt: skip
+    return rows.mapInArrow(verdicts, JUDGED)
 
 
-def _verdict(judge: Judge, row: dict[str, Any], now_ms: int) -> dict[str, Any]:
+def _verdict(
+    judge: Judge, row: dict[str, Any], now_ms: int, repeated: Mapping[str, int]
+) -> dict[str, Any]:
+    if row["malformed"] is not None:
+        return {"row": row["row"], "reason": MALFORMED_ROW, "detail": row["malformed"],
+                "source": row["source"]}  # fmt: skip
     v = judge.row(row, now_ms)
-    return {"id": v.schedule_id, "blackbox_id": v.blackbox_id, "topic": v.topic,
-            "due_ms": v.due_ms, "value": v.value, "reason": v.reason, "detail": v.detail,
-            "source": row["source"]}  # fmt: skip
+    copies = repeated.get(v.schedule_id or "", 1)
+    if v.reason is None and copies > 1:
+        v = replace(v, blackbox_id=None, due_ms=None, value=None, reason=_REPEATED,
+                    detail=f"the id appears {copies} times in the input")  # fmt: skip
+    return {"row": row["row"], "id": v.schedule_id, "blackbox_id": v.blackbox_id,
+            "topic": v.topic, "due_ms": v.due_ms, "value": v.value, "reason": v.reason,
+            "detail": v.detail, "source": row["source"] if v.reason else None}  # fmt: skip
 
 
 def known_ids(
-    spark: SparkSession, kafka: Mapping[str, str], events_topic: str, caller: str
+    spark: SparkSession,
+    kafka: Mapping[str, str],
+    events_topic: str,
+    caller: str,
+    since_ms: int | None = None,
 ) -> DataFrame:
-    """Stored ids blackbox has answered `scheduled` or `updated` for, for this caller."""
+    """Stored ids blackbox has answered `scheduled` or `updated` for, for this caller, in the
+    events written since `since_ms` (all of them when None); an id may come more than once."""
     schema = "outcome string, caller string, blackbox_id string"
-    events = topics.read(spark, kafka, [events_topic], None)
+    events = topics.read(spark, kafka, [events_topic], since_ms)
     parsed = events.select(F.from_json(F.col("value").cast("string"), schema).alias("e"))
     answered = F.col("e.outcome").isin(Outcome.SCHEDULED.value, Outcome.UPDATED.value)
     mine = parsed.where(answered & (F.col("e.caller") == caller))
-    return mine.select(F.col("e.blackbox_id").alias("blackbox_id")).distinct()
+    # Not distinct: an anti-join needs no unique keys, and de-duplicating is one more shuffle.
+    return mine.select(F.col("e.blackbox_id").alias("blackbox_id"))
 
 
 def intake_records(good: DataFrame, caller: str) -> DataFrame:
@@ -222,6 +275,14 @@ def intake_records(good: DataFrame, caller: str) -> DataFrame:
     )
 
 
+def first_records(good: DataFrame, caller: str, topic: str, count: int) -> list[Shown]:
+    """The intake records of the first `count` good rows, in input order."""
+    first = intake_records(good.orderBy("row").limit(count), caller).collect()
+    return [Shown(topic, bytes(r["key"]),
+                  tuple((h["key"], bytes(h["value"])) for h in r["headers"]), bytes(r["value"]))
+            for r in first]  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Run:
     """One run's settings beside the column mapping."""
@@ -233,21 +294,26 @@ class Run:
     dry_run: bool = False
     skip_known: bool = True
     rejects_format: str = "json"
+    show: int = 0  # print the intake records of the first N good rows
+    since_ms: int | None = None  # read the events topic from here to find known ids
 
 
-def run(spark: SparkSession, frame: DataFrame, mapping: Columns, judge: Judge, job: Run) -> Summary:
-    """Judge, write the rejects, send the good rows; the summary counts every row once."""
+def run(spark: SparkSession, rows: DataFrame, judge: Judge, job: Run) -> Summary:
+    """Judge the canonical `rows`, write the rejects, send the good rows; the summary counts
+    every row once."""
     started = time.monotonic()
-    rows, _, _ = canonical(frame, mapping)
-    verdicts = judged(rows, judge, int(time.time() * 1000))
+    verdicts = judged(rows, judge, int(time.time() * 1000), repeated_ids(rows))
     verdicts = verdicts.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         summary = _count(verdicts, job.dry_run)
         log.info("rows_judged", rows=summary.rows, valid=summary.valid, rejected=summary.rejected)
         if job.rejects is not None:
             _write_rejects(verdicts, job.rejects, job.rejects_format)
+        good = verdicts.where(F.col("reason").isNull())
+        if job.show > 0:
+            summary.shown = first_records(good, judge.caller, job.intake_topic, job.show)
         if not job.dry_run:
-            _send(spark, verdicts.where(F.col("reason").isNull()), judge.caller, job, summary)
+            _send(spark, good, judge.caller, job, summary)
     finally:
         verdicts.unpersist()
     summary.seconds = round(time.monotonic() - started, 3)
@@ -265,22 +331,37 @@ def _count(verdicts: DataFrame, dry_run: bool) -> Summary:
 def _write_rejects(verdicts: DataFrame, path: str, fmt: str) -> None:
     rejects = verdicts.where(F.col("reason").isNotNull())
     rejects = rejects.select("id", "topic", "reason", "detail", "source")
-    rejects.write.mode("overwrite").format(fmt).save(path)
+    writer = rejects.write.mode("overwrite").format(fmt)
+    if fmt == "csv":  # RFC 4180, as the input: quotes doubled, a header line
+        writer = writer.options(header="true", quote='"', escape='"')
+    writer.save(path)
     log.info("rejects_written", path=path, format=fmt)
 
 
 def _send(spark: SparkSession, good: DataFrame, caller: str, job: Run, summary: Summary) -> None:
+    fresh, known = good, None
     if job.skip_known:
-        known = known_ids(spark, job.kafka, job.events_topic, caller)
-        fresh = good.join(known, on="blackbox_id", how="left_anti")
-        fresh = fresh.persist(StorageLevel.MEMORY_AND_DISK)
-    else:
-        fresh = good
-    summary.sent = fresh.count()
+        known = known_ids(spark, job.kafka, job.events_topic, caller, job.since_ms)
+        known = known.persist(StorageLevel.MEMORY_AND_DISK)
+        fresh = _unknown(good, known, known.count())
+    summary.sent = fresh.count() if fresh is not good else summary.valid
     summary.already_scheduled = summary.valid - summary.sent
     log.info("sending", rows=summary.sent, already_scheduled=summary.already_scheduled,
              topic=job.intake_topic)  # fmt: skip
     topics.write(intake_records(fresh, caller), job.kafka, job.intake_topic)
     log.info("sent", rows=summary.sent, topic=job.intake_topic)
-    if fresh is not good:
-        fresh.unpersist()
+    if known is not None:
+        known.unpersist()
+
+
+# Up to this many known ids (tens of MB) go to every task: a broadcast join, the good rows
+# stay where they are; more, and both sides are shuffled by id.
+_BROADCAST_KNOWN = 2_000_000
+
+
+def _unknown(good: DataFrame, known: DataFrame, count: int) -> DataFrame:
+    """The good rows whose id is not among the `count` known ones."""
+    if count == 0:  # a first run: nothing to leave out, no join
+        return good
+    side = F.broadcast(known) if count <= _BROADCAST_KNOWN else known
+    return good.join(side, on="blackbox_id", how="left_anti")

@@ -58,6 +58,9 @@ def start(master: str | None = None, app: str = "blackbox", ui: bool = False) ->
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app)
     builder = builder.config("spark.sql.session.timeZone", "UTC")
+    # Every encoding Java knows for `--encoding` (Spark 4 allows only UTF and ISO-8859-1
+    # otherwise): spreadsheets export windows-1252, Shift_JIS, ...
+    builder = builder.config("spark.sql.legacy.javaCharsets", "true")
     builder = builder.config("spark.ui.showConsoleProgress", str(ui).lower())
     if not submitted():
         builder = builder.master(master or DEFAULT_MASTER)

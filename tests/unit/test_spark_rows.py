@@ -43,6 +43,7 @@ def test_a_good_row_becomes_the_envelope_the_intake_reads() -> None:
         ({"id": "a", "topic": "t", "message": "m", "due": None}, "wrong_type"),
         ({"id": "a", "topic": "t", "message": "m" * 2000, "due": 1}, "oversized"),
         ({"id": "a", "topic": "t", "message": "m", "due": 10**6}, "beyond_horizon"),
+        ({"id": "a", "topic": "t", "message": None, "due": 1}, "missing_field"),
     ],
 )
 def test_bad_rows_are_rejected_with_the_dead_letter_reason(
