@@ -150,6 +150,12 @@ class Layout:
         return f"{self.tag}:handling"
 
     @property
+    def incarnations(self) -> str:
+        """Hash: intake topic -> "<looked-up tag> <tag in use>", the incarnation tag chosen
+        for a topic whose offsets restarted under an unchanged topic id (incarnations.py)."""
+        return f"{self.tag}:topics"
+
+    @property
     def wake_channel(self) -> str:
         """Pub/sub channel: "shard:due ms", a due time sooner than replicas may have planned
         for."""

@@ -16,7 +16,7 @@ from confluent_kafka import Producer
 from blackbox import kafka, policy
 from blackbox.crashguard import CrashGuard
 from blackbox.envelope import Limits
-from blackbox.incarnations import Incarnations
+from blackbox.incarnations import Incarnations, RedisRecord
 from blackbox.intake import POLL_SECONDS, Intake, IntakeConfig
 from blackbox.memory import Room
 from blackbox.metrics import Metrics
@@ -84,7 +84,8 @@ class Receiving:
         self.intake = Intake(
             kafka.new_consumer(settings), store, self.outbox,
             intake_config_of(settings, caller_policy), metrics,
-            incarnations=Incarnations(kafka.topic_id_lookup(settings.kafka)),
+            incarnations=Incarnations(kafka.topic_id_lookup(settings.kafka),
+                                      RedisRecord(store.client, store.layout)),
             guard=CrashGuard(store.client, store.layout.intake_handling),
             nonces=Nonces(store.client, store.layout),
             on_scheduled=announce, on_refused_for_memory=room.intake_refused,

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
 import orjson
+import pytest
+import redis
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from blackbox import kafka
-from blackbox.incarnations import tag_of
+from blackbox.incarnations import TAG_LENGTH, tag_of
+from blackbox.keys import Layout
 from blackbox.service import Service
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import Received, envelope, produce, unique, wait_until
@@ -96,3 +102,43 @@ def test_a_topic_recreated_while_the_service_was_down_has_every_record_delivered
 
     assert _values(records) == list(range(10))
     assert not restarted.failed
+
+
+def _zero_ids(
+    _config: Mapping[str, Any], timeout: float = 10.0
+) -> Callable[[Sequence[str]], dict[str, str]]:
+    """The look-up of a broker that gives topics no id: every topic is the zero Uuid."""
+    return lambda names: {name: "AAAAAAAAAAAAAAAAAAAAAA" for name in names}
+
+
+def test_a_topic_recreated_on_a_broker_without_topic_ids_has_every_record_delivered(
+    start_service: ServiceFactory,
+    reader: ReaderFactory,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Guarantee 1: where the broker names every topic with the zero id, a recreated intake
+    topic's offsets going back are a new incarnation (a tag recorded in Redis for every
+    replica), not re-reads: its records are delivered, under ids of their own."""
+    monkeypatch.setattr(kafka, "topic_id_lookup", _zero_ids)
+    service = start_service()
+    bootstrap, intake = service.settings.kafka["bootstrap.servers"], service.settings.intake_topic
+    first, second = unique("before"), unique("after")
+    produce(bootstrap, intake, [envelope(first, n, 0) for n in range(20)])
+    assert {r.header("blackbox-id") for r in reader(first).wait_count(20)} == {
+        f"{intake}:0:{n}" for n in range(20)
+    }
+
+    _recreate(service)
+    produce(bootstrap, intake, [envelope(second, n, 0) for n in range(10)])
+    records = reader(second).wait_count(10, timeout=60)
+
+    assert _values(records) == list(range(10))
+    recorded = redis_client.hget(Layout(service.settings.namespace).incarnations, intake)
+    assert isinstance(recorded, bytes)
+    tag = recorded.decode().removeprefix(" ")
+    assert tag.startswith("~") and len(tag) == TAG_LENGTH
+    assert {r.header("blackbox-id") for r in records} == {
+        f"{intake}:0:{n}:{tag}" for n in range(10)
+    }
+    assert not service.failed

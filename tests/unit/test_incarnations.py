@@ -9,7 +9,7 @@ from typing import Any, cast
 import pytest
 from confluent_kafka import Message
 
-from blackbox.incarnations import Incarnations, tag_of
+from blackbox.incarnations import TAG_LENGTH, Incarnations, LocalRecord, tag_of
 from blackbox.schedule import intake_id
 from blackbox.store import IntakeSlice
 
@@ -124,3 +124,68 @@ def test_other_partitions_start_where_they_like(other: Any) -> None:
     incarnations.admit(_records(("in", 0, 5)))
 
     assert incarnations.admit(_records(other)) == 1
+
+
+_ZERO = "AAAAAAAAAAAAAAAAAAAAAA"  # the id of every topic on a broker that gives topics none
+
+
+def _restart_seen(incarnations: Incarnations, partition: int = 0) -> None:
+    """Records of `partition` read under the current tag, then its offsets restart."""
+    incarnations.admit(_records(("in", partition, 5)))
+    incarnations.tags(["in"])
+    incarnations.admit(_records(("in", partition, 0)))
+
+
+def test_offsets_restarting_under_the_zero_id_take_a_fresh_tag() -> None:
+    """Guarantee 1: without topic ids a recreated topic is still a new incarnation: its
+    records get a watermark field and ids of their own, never judged as re-reads."""
+    incarnations = Incarnations(_Lookup({"in": _ZERO}))
+    assert incarnations.tags(["in"]) == {"in": ""}
+
+    _restart_seen(incarnations)
+    tag = incarnations.tags(["in"])["in"]
+
+    assert tag.startswith("~") and len(tag) == TAG_LENGTH
+    assert incarnations.tags(["in"]) == {"in": tag}
+
+
+def test_replicas_restarted_on_different_partitions_agree_on_one_tag() -> None:
+    """Guarantee 1: each replica sees its own partitions restart; the shared record gives
+    them one tag, and a replica assigned the topic afterwards reads it there."""
+    record, lookup = LocalRecord(), _Lookup({"in": _ZERO})
+    first, second = Incarnations(lookup, record), Incarnations(lookup, record)
+    _restart_seen(first, partition=0)
+    _restart_seen(second, partition=1)
+
+    tag = first.tags(["in"])["in"]
+
+    assert second.tags(["in"]) == {"in": tag} != {"in": ""}
+    assert Incarnations(lookup, record).tags(["in"]) == {"in": tag}
+
+
+def test_partitions_restarting_one_after_another_take_one_tag() -> None:
+    """A partition still read under the old tag restarts from the same recreation: it joins
+    the tag its sibling took, not a third one."""
+    incarnations = Incarnations(_Lookup({"in": _ZERO}))
+    incarnations.admit(_records(("in", 0, 5), ("in", 1, 7)))
+    incarnations.tags(["in"])
+    incarnations.admit(_records(("in", 0, 0)))
+    tag = incarnations.tags(["in"])["in"]
+
+    incarnations.admit(_records(("in", 1, 0)))
+
+    assert incarnations.tags(["in"]) == {"in": tag}
+
+
+def test_a_new_topic_id_is_its_own_tag_whatever_was_recorded() -> None:
+    """A tag recorded against one topic id does not outlive it: a broker that names the
+    next incarnation gives its tag, and a restart under it is seen as such."""
+    record, lookup = LocalRecord(), _Lookup({"in": "EhQ/z1NxR8KKabtUjNyf3g"})
+    incarnations = Incarnations(lookup, record)
+    _restart_seen(incarnations)
+    assert incarnations.tags(["in"])["in"].startswith("~")
+
+    lookup.ids["in"] = "9tJ9oQ5TSYWLN6Lrr4Rw6A"
+    incarnations.forget([("in", 0)])
+
+    assert incarnations.tags(["in"]) == {"in": "9tJ9oQ5T"}
