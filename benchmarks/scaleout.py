@@ -5,12 +5,15 @@ the end prints the figures per setting, lowest-highest over the repeats.
     python -m benchmarks.scaleout                     # s3, s1 and burst on both kinds of Redis
     python -m benchmarks.scaleout s3 --processes 1 2 --redis single --repeat 3
     python -m benchmarks.scaleout burst --burst 1000000 --redis cluster
+    python -m benchmarks.scaleout s3 idle --processes 2 --redis single --shards 1 16
 
 s3: 100,000 records due in an hour sent to the intake topic (6 partitions) of 1-3
     `--role intake` processes: records/s stored.
 s1: 20,000 messages sent through the intake of 1-3 `--role all` processes, due at one instant
     10 s ahead: time from that instant until the last is on the broker, fire rate, each
     process's share.
+idle: 1-3 `--role all` processes with nothing pending for 30 s: what the ticks and sweeps
+    cost by themselves (Redis calls/s, CPU of Redis and of the processes).
 burst: 1,000,000 messages due at one instant (Sidekiq's failure case), written straight into
     the store (the intake is not what is measured), fired by 3 `--role dispatch` processes:
     time until the last is on the broker, fire rate, Redis's slowest calls (SLOWLOG).
@@ -59,6 +62,7 @@ S1_MESSAGES = 20_000
 S1_AHEAD_S = 10.0
 BURST_MESSAGES = 1_000_000
 BURST_PROCESSES = 3
+IDLE_S = 30.0
 FILL_BATCH = 10_000
 SLOW_CALL_US = 10_000  # the issue's goal: no Redis call over 10 ms
 
@@ -245,6 +249,30 @@ def burst(run: Run, processes: int, count: int = BURST_MESSAGES) -> Result:
             **spent.per(count, "message")}  # fmt: skip
 
 
+def idle(run: Run, processes: int, seconds: int = int(IDLE_S)) -> Result:
+    """`processes` processes that fire, with nothing pending: the standing cost of their
+    ticks and sweeps over the namespace's shards."""
+    run.create_topics()
+    client = redis_client(run.redis_url)
+    with service_processes(run.env, processes, "all") as procs:
+        wait_for(lambda: run.group_size() == processes, 60, "a stable intake group")
+        calls = redis_calls(client)
+        cpu = Cpu(client, run.broker, procs)
+        time.sleep(seconds)  # the span measured: nothing happens but the ticks
+        spent = cpu.stop()
+        calls = redis_calls(client) - calls
+    client.close()
+    per_s = spent.seconds / 1000  # CPU as ms per second
+    return {"redis_calls_per_s": round(calls / spent.seconds),
+            "redis_cpu_ms_per_s": round(spent.redis / per_s, 1),
+            "service_cpu_ms_per_s": round(sum(spent.processes) / per_s, 1)}  # fmt: skip
+
+
+def redis_calls(client: RedisClient) -> int:
+    """Commands every Redis master has processed so far (a script counts its own calls)."""
+    return sum(int(node.info("stats")["total_commands_processed"]) for node in primaries(client))
+
+
 def burst_figures(got: ReadBack, due_ms: int) -> Result:
     span_s = (got.last_ms - got.first_ms) / 1000
     return {
@@ -273,9 +301,9 @@ def fill(store: RedisStore, target: str, count: int, due_ms: int) -> None:
 
 
 SCENARIOS: dict[str, Callable[[Run, int, int], Result]] = {
-    "s3": s3_intake, "s1": s1_burst, "burst": burst,
+    "s3": s3_intake, "s1": s1_burst, "burst": burst, "idle": idle,
 }  # fmt: skip
-COUNTS = {"s3": S3_RECORDS, "s1": S1_MESSAGES, "burst": BURST_MESSAGES}
+COUNTS = {"s3": S3_RECORDS, "s1": S1_MESSAGES, "burst": BURST_MESSAGES, "idle": int(IDLE_S)}
 
 
 def main() -> int:
@@ -297,7 +325,10 @@ def main() -> int:
     parser.add_argument(
         "--redis", nargs="+", choices=["single", "cluster"], default=["single", "cluster"]
     )
-    parser.add_argument("--shards", type=int, default=SHARDS)
+    parser.add_argument(
+        "--shards", type=int, nargs="+", default=[SHARDS],
+        help="shard counts, alternated within each repeat (default: 6)",
+    )  # fmt: skip
     parser.add_argument("--repeat", type=int, default=1, help="runs of each setting")
     args = parser.parse_args()  # fmt: skip
     unknown = set(args.names) - set(SCENARIOS)
@@ -308,16 +339,25 @@ def main() -> int:
         for kind in args.redis:
             with redis_for(kind) as url:
                 for name in args.names or SCENARIOS:
-                    counts = [args.burst_processes] if name == "burst" else args.processes
                     for _ in range(args.repeat):
-                        for processes in counts:
-                            run = Run(broker, url, args.shards, kind)
-                            count = args.burst if name == "burst" else COUNTS[name]
-                            result = one_run(name, run, processes, count)
-                            results.append(result)
-                            print(orjson.dumps(result).decode(), flush=True)  # noqa: T201 - a benchmark prints figures
-    print(spread(results, key=("scenario", "redis", "processes")), flush=True)  # noqa: T201
+                        results += runs(name, broker, url, kind, args)
+    print(spread(results, key=("scenario", "redis", "shards", "processes")), flush=True)  # noqa: T201
     return 0
+
+
+def runs(
+    name: str, broker: KafkaBroker, url: str, kind: str, args: argparse.Namespace
+) -> list[Result]:
+    """One run of each process count and shard count, the shard counts alternated (the
+    machine drifts between runs: alternation spreads the drift over both)."""
+    results = []
+    for processes in [args.burst_processes] if name == "burst" else args.processes:
+        for shards in args.shards:
+            run = Run(broker, url, shards, kind)
+            count = args.burst if name == "burst" else COUNTS[name]
+            results.append(one_run(name, run, processes, count))
+            print(orjson.dumps(results[-1]).decode(), flush=True)  # noqa: T201 - a benchmark prints figures
+    return results
 
 
 def one_run(name: str, run: Run, processes: int, count: int) -> Result:
