@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 import structlog
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 log = structlog.get_logger("blackbox.answers")
 
@@ -49,6 +49,18 @@ class Answers:
             _, high = self.consumer.get_watermark_offsets(tp, timeout=timeout)
             starts.append(TopicPartition(self.topic, partition, high))
         self.consumer.assign(starts)
+        self.partitions = len(starts)
+
+    def follow_new_partitions(self, timeout: float = 5.0) -> None:
+        """Read partitions added to the topic since the mark, from their beginning."""
+        metadata = self.consumer.list_topics(self.topic, timeout=timeout).topics.get(self.topic)
+        if metadata is None or metadata.error is not None:
+            return
+        added = [TopicPartition(self.topic, p, OFFSET_BEGINNING)
+                 for p in metadata.partitions if p >= self.partitions]  # fmt: skip
+        if added:
+            self.consumer.incremental_assign(added)
+            self.partitions += len(added)
 
     def wait(
         self,
@@ -83,6 +95,8 @@ def _about(
 
 Coordinates = tuple[str, int, int]  # an intake record's topic, partition, offset
 RECENT_ANSWERS = 10_000
+# How often the follower looks for partitions added to the events topic.
+NEW_PARTITIONS_SECONDS = 10.0
 
 
 class Follower:
@@ -146,7 +160,11 @@ class Follower:
         if not self._marked.is_set():
             self.answers.mark(timeout=5.0)
             self._marked.set()
+        looked = time.monotonic()
         while not self._stop.is_set():
+            if time.monotonic() - looked > NEW_PARTITIONS_SECONDS:
+                self.answers.follow_new_partitions()
+                looked = time.monotonic()
             for message in self.answers.consumer.consume(100, timeout=0.2):
                 if message.error() is None and message.value() is not None:
                     self._arrived(orjson.loads(message.value() or b"null"))

@@ -33,6 +33,8 @@ import orjson
 from blackbox.errors import DeadLetterReason, InvalidEnvelope
 
 CALLER_HEADER = "CALLER_SERVICE"
+# A signed record's signature (see signing.py): verified before parsing, never delivered.
+SIGNATURE_HEADER = "blackbox-signature"
 EPOCH_HEADER = "scheduler-epoch"
 TARGET_TOPIC_HEADER = "scheduler-target-topic"
 TARGET_KEY_HEADER = "scheduler-target-key"
@@ -246,6 +248,9 @@ def _tombstone(key: bytes | None, caller: bytes | None) -> Cancel:
     return Cancel(_id(_key_text(key), "record key"), caller)
 
 
+_NOT_PASSED = frozenset({CALLER_HEADER, SIGNATURE_HEADER})
+
+
 def _header_mode(
     value: bytes, key: bytes | None, headers: Headers, caller: bytes | None, limits: Limits
 ) -> Envelope:
@@ -268,7 +273,7 @@ def _header_mode(
     passed = tuple(
         (name, v)
         for name, v in headers
-        if not name.startswith(SCHEDULER_HEADER_PREFIX) and name != CALLER_HEADER
+        if not name.startswith(SCHEDULER_HEADER_PREFIX) and name not in _NOT_PASSED
     )
     return Envelope(
         topic=_target_topic(_header_text(topic, TARGET_TOPIC_HEADER), limits),
@@ -317,7 +322,7 @@ def _cancel_flag(document: dict[str, Any]) -> bool:
 def _target_topic(topic: object, limits: Limits) -> str:
     if not isinstance(topic, str):
         raise InvalidEnvelope(_R.WRONG_TYPE, f"topic must be a string, not {_kind(topic)}")
-    if len(topic) > MAX_TOPIC_CHARS or not _legal_topic_name(topic):
+    if not legal_topic_name(topic):
         raise InvalidEnvelope(_R.INVALID_TOPIC, f"{topic[:300]!r} is not a Kafka topic name")
     if topic.startswith("__") or topic in limits.forbidden_topics:
         raise InvalidEnvelope(_R.FORBIDDEN_TOPIC, f"{topic!r} may not be a target")
@@ -327,8 +332,13 @@ def _target_topic(topic: object, limits: Limits) -> str:
 # A deployment targets few topics, each many times. Only names of legal length are
 # looked up, so hostile input can hold at most 4096 x 249 characters here.
 @functools.lru_cache(maxsize=4096)
-def _legal_topic_name(topic: str) -> bool:
-    return _TOPIC_NAME.fullmatch(topic) is not None and topic not in {".", ".."}
+def legal_topic_name(topic: str) -> bool:
+    """Whether Kafka accepts `topic` as a topic name."""
+    return (
+        len(topic) <= MAX_TOPIC_CHARS
+        and _TOPIC_NAME.fullmatch(topic) is not None
+        and topic not in {".", ".."}
+    )
 
 
 def _message_bytes(document: dict[str, Any]) -> bytes:

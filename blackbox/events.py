@@ -32,6 +32,7 @@ class Outcome(enum.StrEnum):
     ALREADY_FIRED = "already_fired"
     NOT_FOUND = "not_found"
     DEAD_LETTERED = "dead_lettered"
+    ALREADY_PENDING = "already_pending"  # an if_absent request for an id pending already
 
 
 # Not frozen: one is built per record on the hot path (a frozen one is several

@@ -49,7 +49,11 @@ class Identity:
     ) -> tuple[Sequence[Header], Proof | None]:
         """The headers to parse the record with (its caller set where a topic is bound),
         and the proof of a valid signature; InvalidEnvelope when the caller is not proven
-        where it must be."""
+        where it must be.
+
+        A signature's age is counted to `now_ms`: the read time, or the broker's append
+        time for a topic that stamps records itself (LogAppendTime), so that a backlog read
+        after an outage is still accepted there."""
         headers = parts.headers
         signed = [v for name, v in headers if name == SIGNATURE_HEADER]
         if not self.active and not signed:

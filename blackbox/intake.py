@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import redis
 import structlog
 from confluent_kafka import (
+    TIMESTAMP_LOG_APPEND_TIME,
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaError,
@@ -60,6 +61,7 @@ OUTCOMES = {
     Applied.CANCELLED: Outcome.CANCELLED,
     Applied.ALREADY_FIRED: Outcome.ALREADY_FIRED,
     Applied.NOT_FOUND: Outcome.NOT_FOUND,
+    Applied.ALREADY_PENDING: Outcome.ALREADY_PENDING,
 }
 
 
@@ -352,7 +354,8 @@ class Intake:
             if headers is None:
                 raise InvalidEnvelope(DeadLetterReason.INVALID_HEADER, UNREADABLE_HEADERS)
             parts = Parts(where[0], message.key(), message.value(), headers)
-            checked, proof = self.identity.establish(parts, _record_ms(message, now), now)
+            checked, proof = self.identity.establish(parts, _record_ms(message, now),
+                                                     _age_base(message, now))  # fmt: skip
             request = envelope.parse(parts.value, checked, self.config.limits, parts.key)
             origin = intake_id(*where, batch.tags[where[0]])
             write = self._write(request, message, now, origin)
@@ -509,6 +512,13 @@ def _record_ms(message: Message, now: int) -> int:
     return now if kind == TIMESTAMP_NOT_AVAILABLE or stamp <= 0 else stamp
 
 
+def _age_base(message: Message, now: int) -> int:
+    """The instant a signature's age is counted to: the broker's append time where the topic
+    stamps records itself (a producer cannot forge it), else now."""
+    kind, stamp = message.timestamp()
+    return stamp if kind == TIMESTAMP_LOG_APPEND_TIME and stamp > 0 else now
+
+
 def _where(message: Message) -> tuple[str, int, int]:
     return message.topic() or "", message.partition() or 0, message.offset() or 0
 
@@ -540,6 +550,8 @@ def _event(coordinates: Coordinates, write: Write, code: Applied) -> Event:
         due_ms = write.due_ms if code is Applied.UPDATED else None
         return Event.of_stored(OUTCOMES[code], write.id, write.caller, due_ms=due_ms,
                                intake=coordinates)  # fmt: skip
+    if code not in (Applied.SCHEDULED, Applied.UPDATED):  # an if_absent request changed nothing
+        return Event.of_stored(OUTCOMES[code], write.id, write.caller, intake=coordinates)
     return Event.of_stored(
         OUTCOMES[code], write.id, write.caller,
         due_ms=write.due_ms, topic=write.topic, intake=coordinates,

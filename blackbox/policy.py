@@ -39,9 +39,9 @@ from typing import Any
 import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from blackbox.envelope import ABSOLUTE_MAX_COUNTDOWN_SECONDS, Envelope
+from blackbox.envelope import ABSOLUTE_MAX_COUNTDOWN_SECONDS, Envelope, legal_topic_name
 from blackbox.errors import DeadLetterReason, InvalidEnvelope, SettingsError
-from blackbox.signing import public_key_from_text
+from blackbox.signing import public_key_from_text, valid_key_id
 
 _RULE_FIELDS = frozenset({
     "topics", "max_horizon_seconds", "max_message_bytes", "require_signature", "keys",
@@ -148,7 +148,9 @@ def from_document(document: object, base: CallerPolicy, source: str = "policy") 
     """Build a CallerPolicy from its parsed document; SettingsError names the faulty entry."""
     if not isinstance(document, dict) or set(document) - {"default", "callers"}:
         raise SettingsError(f"{source}: expected a mapping with 'default' and 'callers'")
-    default = _rule(_or_empty(document.get("default")), base.default, f"{source}: default")
+    default = _rule(
+        _or_empty(document.get("default")), base.default, f"{source}: default", is_default=True
+    )
     callers = _or_empty(document.get("callers"))
     if not isinstance(callers, dict):
         raise SettingsError(f"{source}: 'callers' must map caller names to rules")
@@ -167,8 +169,8 @@ def _caller_rule(entry: object, fallback: Rule, where: str) -> Rule:
     rule = _rule({k: v for k, v in entry.items() if k != "intake_topics"}, fallback, where)
     if "intake_topics" in entry:
         names = _topics(entry["intake_topics"], where, "intake_topics")
-        if any(any(c in n for c in "*?[") for n in names):
-            raise SettingsError(f"{where}.intake_topics must be topic names, not patterns")
+        if not all(legal_topic_name(n) and not n.startswith("__") for n in names):
+            raise SettingsError(f"{where}.intake_topics must be Kafka topic names, not patterns")
         rule = replace(rule, intake_topics=names)
     return rule
 
@@ -188,7 +190,7 @@ def _or_empty(entry: object) -> object:
     return {} if entry is None else entry
 
 
-def _rule(entry: object, fallback: Rule, where: str) -> Rule:
+def _rule(entry: object, fallback: Rule, where: str, *, is_default: bool = False) -> Rule:
     if not isinstance(entry, dict):
         raise SettingsError(f"{where} must be a mapping")
     unknown = set(entry) - _RULE_FIELDS
@@ -202,16 +204,18 @@ def _rule(entry: object, fallback: Rule, where: str) -> Rule:
         rule = replace(rule, max_horizon_seconds=_horizon(entry["max_horizon_seconds"], where))
     if "max_message_bytes" in entry:
         rule = replace(rule, max_message_bytes=_size(entry["max_message_bytes"], where))
-    return _signature_fields(entry, rule, where)
+    return _signature_fields(entry, rule, where, is_default=is_default)
 
 
-def _signature_fields(entry: dict[str, Any], rule: Rule, where: str) -> Rule:
+def _signature_fields(entry: dict[str, Any], rule: Rule, where: str, *, is_default: bool) -> Rule:
     if "require_signature" in entry:
         if not isinstance(entry["require_signature"], bool):
             raise SettingsError(f"{where}.require_signature must be true or false")
         rule = replace(rule, require_signature=entry["require_signature"])
     if "keys" in entry:
         rule = replace(rule, keys=_keys(entry["keys"], where))
+    elif not is_default:  # a listed caller never signs with the default's keys
+        rule = replace(rule, keys={})
     if "signature_skew_seconds" in entry:
         skew = _seconds(entry["signature_skew_seconds"], f"{where}.signature_skew_seconds")
         rule = replace(rule, signature_skew_seconds=skew)
@@ -226,6 +230,10 @@ def _keys(value: Any, where: str) -> dict[str, Ed25519PublicKey]:
         raise SettingsError(f"{where}.keys must map key ids to Ed25519 public keys")
     keys = {}
     for key_id, text in value.items():
+        if not valid_key_id(str(key_id)):
+            raise SettingsError(
+                f"{where}.keys: {key_id!r} is not a key id (1-64 of A-Z a-z 0-9 . _ -)"
+            )
         try:
             keys[str(key_id)] = public_key_from_text(str(text))
         except ValueError as e:

@@ -16,6 +16,7 @@ from confluent_kafka import Producer
 from blackbox import kafka, policy
 from blackbox.crashguard import CrashGuard
 from blackbox.envelope import Limits
+from blackbox.errors import SettingsError
 from blackbox.incarnations import Incarnations, RedisRecord
 from blackbox.intake import POLL_SECONDS, Intake, IntakeConfig
 from blackbox.memory import Room
@@ -43,7 +44,15 @@ def limits_of(settings: Settings, caller_policy: CallerPolicy | None = None) -> 
 def caller_policy_of(settings: Settings) -> CallerPolicy:
     """The policy file's rules, or the open policy; SettingsError if the file is bad."""
     base = policy.open_policy(settings.max_countdown, settings.max_message_bytes)
-    return policy.load(settings.policy_file, base) if settings.policy_file else base
+    loaded = policy.load(settings.policy_file, base) if settings.policy_file else base
+    own = set(settings.own_topics) & set(loaded.bound_topics)
+    if own:
+        raise SettingsError(
+            f"BLACKBOX_POLICY_FILE binds blackbox's own topics {sorted(own)} to callers: "
+            "intake_topics must be other topics (the shared intake, events and dead-letter "
+            "topics are the service's)"
+        )
+    return loaded
 
 
 def intake_config_of(settings: Settings, caller_policy: CallerPolicy) -> IntakeConfig:

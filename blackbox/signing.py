@@ -33,14 +33,15 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from blackbox.envelope import Header
+from blackbox.envelope import SIGNATURE_HEADER, Header
 from blackbox.errors import DeadLetterReason, InvalidEnvelope
 
-SIGNATURE_HEADER = "blackbox-signature"
+__all__ = ["SIGNATURE_HEADER", "Parts", "Signature", "Signer", "parse_header", "verify"]
 VERSION = "v1"
 _DOMAIN = b"blackbox-signature-v1"
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
+_ISSUED = re.compile(r"[0-9]{1,15}")  # epoch ms: 15 digits reach the year 33,658
 _SIGNATURE = re.compile(r"[A-Za-z0-9_-]{86}")  # 64 bytes, base64url without padding
 _R = DeadLetterReason
 
@@ -107,6 +108,10 @@ class Signer:
         return (SIGNATURE_HEADER, text.encode())
 
 
+def valid_key_id(key_id: str) -> bool:
+    return bool(_KEY_ID.fullmatch(key_id))
+
+
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
@@ -117,8 +122,8 @@ def parse_header(raw: bytes) -> Signature:
     if len(parts) != 5 or parts[0] != VERSION:
         raise InvalidEnvelope(_R.BAD_SIGNATURE, f"{SIGNATURE_HEADER} is not 'v1 kid ms nonce sig'")
     _, key_id, issued, nonce, signature = parts
-    well_formed = (_KEY_ID.fullmatch(key_id) and _NONCE.fullmatch(nonce) and issued.isdigit()
-                   and _SIGNATURE.fullmatch(signature))  # fmt: skip
+    well_formed = (_KEY_ID.fullmatch(key_id) and _NONCE.fullmatch(nonce)
+                   and _ISSUED.fullmatch(issued) and _SIGNATURE.fullmatch(signature))  # fmt: skip
     if not well_formed:
         raise InvalidEnvelope(_R.BAD_SIGNATURE, f"{SIGNATURE_HEADER} has a malformed part")
     decoded = base64.urlsafe_b64decode(signature + "==")

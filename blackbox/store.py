@@ -65,9 +65,10 @@ class Applied(enum.IntEnum):
     CANCELLED = 3
     ALREADY_FIRED = 4
     NOT_FOUND = 5
+    ALREADY_PENDING = 7  # an if_absent request for an id pending already: nothing changed
 
 
-_APPLIED = tuple(Applied)
+_APPLIED = {int(code): code for code in Applied}
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,10 +25,11 @@
 --              TTL and payload unused); "m": move a caller's pending id to the due time,
 --              its payload kept but for the due time it encodes (payload unused); "o": a
 --              caller's id stored only if it is neither pending nor ended lately (answered
---              1 when it is pending already, else as it ended: a retried create is a no-op).
+--              7 when it is pending already, else as it ended: a retried create is a no-op).
 --
 -- Returns: one code per request: 0 already applied (a re-read), 1 scheduled, 2 updated,
--- 3 cancelled, 4 already fired (or, for a move, being produced right now), 5 not found. An error, changing nothing, when the chunk
+-- 3 cancelled, 4 already fired (or, for a move, being produced right now), 5 not found,
+-- 7 already pending (op "o": nothing changed). An error, changing nothing, when the chunk
 -- before this one did not run (its call failed): applying this one would move the
 -- watermark past requests never applied, and a retry would skip them as re-reads.
 -- Invariants: a record at or below the watermark was applied before; re-reading it after a
@@ -109,7 +110,7 @@ for a = 6, #ARGV, 5 do
       code = upsert(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
     elseif op == 'o' then
       if redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id) then
-        code = 1
+        code = 7
       else
         code = ended_code(sets, marker_key, id)
         if code == 5 then

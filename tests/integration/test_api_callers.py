@@ -11,15 +11,17 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from blackbox import answers
 from blackbox.client import Client
 from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.signing import public_text
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
-from tests.kafkatools import unique, wait_until
+from tests.kafkatools import java_partition, unique, wait_until
 
 BILLING, SHOP, READER = (
     "billing-token-0123456789",
@@ -142,20 +144,49 @@ def test_a_create_retried_with_its_idempotency_key_schedules_once(
     schedules one message, also when the first had fired already."""
     service, client = callers_api
     target = unique("once")
+    later = {"envelope": {"topic": target, "message": "later", "countdown": 3600}}
+    pending_key = {"Idempotency-Key": "req-pending", **_auth(BILLING)}
+    for _ in range(2):
+        assert client.post("/api/v1/schedules", json=later, headers=pending_key).status_code == 202
     body = {"envelope": {"topic": target, "message": "hello", "countdown": 0}}
     key = {"Idempotency-Key": "req-7f3a", **_auth(BILLING)}
     first = client.post("/api/v1/schedules", json=body, headers=key)
     assert first.status_code == 202
     assert first.json()["blackbox_id"] == "@billing/req-7f3a"
     reader(target).wait_count(1)
-    settle(service)
+    wait_until(lambda: service.store.counts() == (1, 0), what="hello fired, later pending")
     again = client.post("/api/v1/schedules", json=body, headers=key)
     assert again.json()["blackbox_id"] == first.json()["blackbox_id"]
-    events = reader(service.settings.events_topic).wait_for(lambda r: len(r) >= 2)
-    settle(service)
-    assert [orjson.loads(e.value or b"")["outcome"] for e in events] == [
-        "scheduled", "already_fired"]  # fmt: skip
-    assert len(reader(target).read_to_end()) == 1
+    events = reader(service.settings.events_topic).wait_for(lambda r: len(r) >= 4)
+    answers = [orjson.loads(e.value or b"") for e in events]
+    assert [(a["id"], a["outcome"]) for a in answers] == [
+        ("req-pending", "scheduled"), ("req-pending", "already_pending"),
+        ("req-7f3a", "scheduled"), ("req-7f3a", "already_fired")]  # fmt: skip
+    assert answers[1]["due_ms"] is None  # the retry's own due time is not what is stored
+    assert [r.value for r in reader(target).read_to_end()] == [b"hello"]
+    assert service.store.counts()[0] == 1  # "later", once
+
+
+def test_answers_are_found_on_partitions_added_to_the_events_topic(
+    callers_api: tuple[Service, httpx.Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guarantee 7: after the events topic grows from 1 to 4 partitions, the API still reads
+    the answers to its cancels, whichever partition their id hashes to."""
+    monkeypatch.setattr(answers, "NEW_PARTITIONS_SECONDS", 0.2)
+    service, client = callers_api
+    target, settings = unique("grown"), service.settings
+    ids = [f"g-{n}" for n in range(8)]
+    for schedule_id in ids:
+        assert _create(client, BILLING, target, schedule_id).status_code == 202
+    wait_until(lambda: service.store.counts()[0] == len(ids), what="all stored")
+    admin = AdminClient({"bootstrap.servers": settings.kafka["bootstrap.servers"]})
+    admin.create_partitions([NewPartitions(settings.events_topic, 4)])[
+        settings.events_topic].result(15)  # fmt: skip
+    landed = {java_partition(i.encode(), 4) for i in ids}
+    assert landed - {0}  # some answers land on the new partitions
+    for schedule_id in ids:
+        gone = client.delete(f"/api/v1/schedules/@billing/{schedule_id}", headers=_auth(BILLING))
+        assert (gone.status_code, gone.json()["outcome"]) == (200, "cancelled"), schedule_id
 
 
 def test_the_api_signs_for_callers_that_must_sign(

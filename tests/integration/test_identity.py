@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 import redis
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from blackbox import kafka
@@ -19,7 +20,7 @@ from blackbox.keys import Layout
 from blackbox.nonces import Nonces
 from blackbox.signing import Parts, Signer, public_text
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
-from tests.kafkatools import produce, unique
+from tests.kafkatools import produce, unique, wait_until
 
 KEY, OTHER = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
 _R = DeadLetterReason
@@ -88,6 +89,38 @@ def test_only_records_the_caller_signed_are_scheduled(
     assert "ago" in by_offset[5].header("blackbox-dlq-detail")
     assert sorted(orjson.loads(r.value or b"")["n"] for r in delivered) == [0, 3]
     assert all(r.header(CALLER_HEADER) == "billing" for r in delivered)
+
+
+def test_a_backlog_signed_before_an_outage_is_accepted_where_the_broker_stamps_time(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Guarantees 5 and 7: signed records that waited out an outage longer than their
+    maximum age are accepted on an intake topic stamped by the broker (LogAppendTime: their
+    age is counted to the append time, which no producer can forge); on a topic stamped by
+    the producer the same backlog is refused as signature_expired."""
+    bootstrap = env["KAFKA_BOOTSTRAP_SERVERS"]
+    stamped, target = unique("stamped"), unique("backlog")
+    by_broker = NewTopic(stamped, 1, config={"message.timestamp.type": "LogAppendTime"})
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept: its futures need it alive
+    admin.create_topics([by_broker])[stamped].result(15)
+    policy = tmp_path / "policy.yaml"
+    public = public_text(KEY.public_key())
+    policy.write_text("callers:\n  billing:\n    require_signature: true\n"
+                      "    signature_max_age_seconds: 2\n"
+                      f"    keys: {{billing-1: \"{public}\"}}\n")  # fmt: skip
+    for intake in (stamped, env["BLACKBOX_INTAKE_TOPIC"]):
+        value = _document(target, 0 if intake == stamped else 1)
+        produce(bootstrap, intake, [value],
+                _signed_headers(intake, value, KEY, time.time_ns() // 1_000_000))  # fmt: skip
+    sent = time.monotonic()
+    wait_until(lambda: time.monotonic() - sent > 3, what="the backlog older than its max age")
+    start_service(BLACKBOX_POLICY_FILE=str(policy))  # reads the producer-stamped topic
+    start_service(BLACKBOX_POLICY_FILE=str(policy), BLACKBOX_INTAKE_TOPIC=stamped,
+                  BLACKBOX_GROUP_ID=unique("group"))  # fmt: skip
+    (delivered,) = reader(target).wait_count(1)
+    (refused,) = reader(env["BLACKBOX_DLQ_TOPIC"]).wait_count(1)
+    assert orjson.loads(delivered.value or b"")["n"] == 0
+    assert refused.header("blackbox-dlq-reason") == _R.SIGNATURE_EXPIRED
 
 
 def test_a_bound_topic_decides_the_caller(

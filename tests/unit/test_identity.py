@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from blackbox import policy
+from blackbox import envelope, policy
 from blackbox.envelope import CALLER_HEADER, Header
 from blackbox.errors import DeadLetterReason, InvalidEnvelope, SettingsError
 from blackbox.identity import Identity
+from blackbox.receiving import caller_policy_of
+from blackbox.settings import Settings
 from blackbox.signing import Parts, Signer, public_text
 
 NOW = 1_800_000_000_000
@@ -111,6 +115,40 @@ def test_a_bound_topic_makes_its_records_the_callers_own() -> None:
     assert list(unnamed) == [(CALLER_HEADER, b"payments")]
 
 
+def test_a_signed_header_mode_record_is_parsed_without_its_signature() -> None:
+    """Guarantee 7: an etf1 record signed by its caller schedules, and the signature header
+    is not delivered (nor refused as a reserved header)."""
+    headers: list[Header] = [(CALLER_HEADER, b"billing"), ("scheduler-epoch", b"1900000000"),
+                             ("scheduler-target-topic", b"invoices"), ("trace", b"t1")]  # fmt: skip
+    parts = _signed(Parts("blackbox", b"id-1", b"payload", headers))
+    checked, proof = Identity(_policy()).establish(parts, NOW, NOW)
+    request = envelope.parse(parts.value, checked, envelope.Limits(1024, frozenset()), parts.key)
+    assert proof is not None and isinstance(request, envelope.Envelope)
+    assert request.headers == (("trace", b"t1"),)
+
+
+def test_a_listed_caller_never_signs_with_the_defaults_keys() -> None:
+    """Guarantee 7: keys under `default` sign for unlisted callers only; a listed caller
+    without keys of its own has none."""
+    document = {"default": {"keys": {"old": public_text(OLD_KEY.public_key())}},
+                "callers": {"billing": {"topics": ["*"]}}}  # fmt: skip
+    identity = Identity(policy.from_document(document, policy.open_policy(3600, 1024)))
+    assert _refusal(identity, _signed(_record())) is _R.UNKNOWN_KEY
+    assert identity.establish(_signed(_record(b"stranger")), NOW, NOW)[1] is not None
+
+
+def test_an_issue_time_beyond_fifteen_digits_is_a_bad_signature() -> None:
+    """Guarantee 4: a huge issue time is refused as malformed, never an overflow."""
+    parts = _signed(_record())
+    name, value = parts.headers[-1]
+    fields = (value or b"").split(b" ")
+    fields[2] = b"9" * 400
+    forged = Parts(
+        parts.topic, parts.key, parts.value, [parts.headers[0], (name, b" ".join(fields))]
+    )
+    assert _refusal(Identity(_policy()), forged) is _R.BAD_SIGNATURE
+
+
 @pytest.mark.parametrize(
     ("document", "message"),
     [
@@ -118,6 +156,8 @@ def test_a_bound_topic_makes_its_records_the_callers_own() -> None:
         ({"callers": {"a": {"intake_topics": ["x"]}, "b": {"intake_topics": ["x"]}}},
          "bound to both"),
         ({"callers": {"a": {"intake_topics": ["x.*"]}}}, "not patterns"),
+        ({"callers": {"a": {"intake_topics": ["bad topic!"]}}}, "topic names"),
+        ({"callers": {"a": {"keys": {"a b": public_text(OLD_KEY.public_key())}}}}, "key id"),
         ({"callers": {"a": {"keys": {"k": "not a key"}}}}, "callers.a.keys.k"),
         ({"callers": {"a": {"require_signature": "yes"}}}, "require_signature"),
         ({"callers": {"a": {"signature_max_age_seconds": 0}}}, "signature_max_age_seconds"),
@@ -127,3 +167,14 @@ def test_identity_rules_with_mistakes_are_refused_at_start(document: object, mes
     """Bad identity rules stop the start with the entry named, never half-apply."""
     with pytest.raises(SettingsError, match=message):
         policy.from_document(document, policy.open_policy(3600, 1024))
+
+
+def test_blackboxs_own_topics_cannot_be_bound_to_a_caller(tmp_path: Path) -> None:
+    """Guarantee 4: binding the events, dead-letter or shared intake topic to a caller (a
+    loop of dead letters and answers, or every sender relabelled) stops the start."""
+    for own in ("blackbox", "blackbox.dlq", "blackbox.events"):
+        path = tmp_path / "policy.yaml"
+        path.write_text(f"callers:\n  oops:\n    intake_topics: [{own}]\n")
+        settings = Settings.from_env({"BLACKBOX_POLICY_FILE": str(path)})
+        with pytest.raises(SettingsError, match="own topics"):
+            caller_policy_of(settings)
