@@ -68,7 +68,7 @@ bench: setup
 	$(BIN)/python -m benchmarks.scaleout
 
 chaos: setup
-	$(BIN)/python -m benchmarks.chaos
+	$(BIN)/python -m benchmarks.chaos $(CHAOS)
 
 soak: setup
 	$(BIN)/python -m benchmarks.soak

@@ -4,6 +4,7 @@
     python -m benchmarks.chaos crash --kills 5 --messages 2000
     python -m benchmarks.chaos redis-away broker-away --outage 30
     python -m benchmarks.chaos broker-kill
+    python -m benchmarks.chaos kill-replicas --kills 20   # three replicas, one killed at a time
 
 Each scenario prints a JSON line and a table. The integration tests run shortened versions.
 """
@@ -36,6 +37,7 @@ from confluent_kafka.admin import AdminClient
 
 from benchmarks import hostile
 from benchmarks.collect import CollectorProcess
+from benchmarks.replicakills import kill_replicas
 from benchmarks.scenarios import table
 from benchmarks.stack import Stack, local_stack, start_service
 from blackbox import kafka
@@ -54,7 +56,7 @@ CHAOS_SETTINGS = {
 }
 
 
-class _Sender(threading.Thread):
+class Sender(threading.Thread):
     """Sends `count` envelopes at a steady pace, counting those the broker acknowledged."""
 
     def __init__(self, stack: Stack, target: str, count: int, seconds: float) -> None:
@@ -94,7 +96,7 @@ def crash(messages: int = 5000, kills: int = 20, seed: int = 11) -> Result:
         kafka.ensure_topics(stack.settings.kafka, [target])
         collector = CollectorProcess(stack.broker.bootstrap, target, messages, timeout=600)
         # Load lasts past the last kill: each restart waits out the killed member's session.
-        sender = _Sender(stack, target, messages, seconds=kills * 8)
+        sender = Sender(stack, target, messages, seconds=kills * 8)
         sender.start()
         phases = _Phases(stack)
         for _ in range(kills):
@@ -196,7 +198,7 @@ def _restart(which: str, messages: int, down_s: float, appendfsync: str | None =
         kafka.ensure_topics(stack.settings.kafka, [target])
         collector = CollectorProcess(stack.broker.bootstrap, target, messages, timeout=600)
         process = start_service(stack)
-        sender = _Sender(stack, target, messages, seconds=6 * down_s)
+        sender = Sender(stack, target, messages, seconds=6 * down_s)
         sender.start()
         server = stack.redis if which == "redis" else stack.broker
         time.sleep(down_s)  # the chaos schedule: let load build up, then kill the server
@@ -227,7 +229,7 @@ def outage(which: str, messages: int = 3000, outage_s: float = 30.0) -> Result:
         collector = CollectorProcess(stack.broker.bootstrap, target, messages, timeout=600)
         process = start_service(stack)
         _wait_ready(port, True, timeout=30)
-        sender = _Sender(stack, target, messages, seconds=outage_s * 2)
+        sender = Sender(stack, target, messages, seconds=outage_s * 2)
         sender.start()
         time.sleep(outage_s / 3)  # the chaos schedule: let load build up, then pull it away
         server = stack.redis if which == "redis" else stack.broker
@@ -331,10 +333,11 @@ def _tally(letters: dict[int, str]) -> dict[str, int]:
 
 
 SCENARIOS = ("crash", "redis-always", "redis-everysec", "redis-away", "broker-away",
-             "broker-kill", "hostile")  # fmt: skip
+             "broker-kill", "hostile", "kill-replicas")  # fmt: skip
 
 
-_MUST_BE_ZERO = ("lost", "wrong_reason", "messages_under_two_ids")
+_MUST_BE_ZERO = ("lost", "wrong_reason", "messages_under_two_ids", "scheduled_not_delivered",
+                 "duplicates_not_in_flight_at_a_kill")  # fmt: skip
 
 
 def main() -> int:
@@ -353,7 +356,8 @@ def main() -> int:
             "redis-away": lambda: outage("redis", outage_s=args.outage),
             "broker-away": lambda: outage("broker", outage_s=args.outage),
             "broker-kill": broker_restart,
-            "hostile": lambda: hostile_input(args.bad)}  # fmt: skip
+            "hostile": lambda: hostile_input(args.bad),
+            "kill-replicas": lambda: kill_replicas(args.messages, args.kills)}  # fmt: skip
     failed = False
     for name in args.names:
         result = runs[name]()
