@@ -27,6 +27,7 @@ def test_records_reread_after_a_crash_are_not_stored_twice(
     tmp_path: Path,
 ) -> None:
     """Guarantee 2: intake is idempotent: a crash before commit re-reads, never duplicates."""
+    env = {**env, "BLACKBOX_SHARDS": "1"}  # one shard: its due set alone holds everything
     settings = Settings.from_env(env)
     kafka.ensure_topics(settings.kafka, settings.own_topics)
     target = unique("replayed")
@@ -120,6 +121,7 @@ def test_a_replica_stopped_mid_stream_leaves_nothing_in_flight(
 ) -> None:
     """Guarantees 1 and 2: SIGTERM while batches await the broker settles each of them: what
     was delivered is forgotten (no second copy after a restart), the rest is due again."""
+    env = {**env, "BLACKBOX_SHARDS": "1"}  # one shard: its sets alone hold everything
     settings = Settings.from_env(env)
     kafka.ensure_topics(settings.kafka, settings.own_topics)
     target = unique("stopping")

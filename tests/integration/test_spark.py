@@ -19,7 +19,6 @@ from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
 from blackbox import cli
-from blackbox.keys import Keys
 from blackbox.metrics import LATENESS_BUCKETS
 from blackbox.schedule import scoped_id
 from blackbox.service import Service
@@ -144,14 +143,15 @@ def test_audit_counts_lost_and_duplicated_exactly_and_fails(  # noqa: PLR0913, P
     frame.write.parquet(str(data))
     service = start_service()
     started_ms = int(time.time() * 1000)
-    keys, store = Keys(prefix), redis_client
+    layout, store = service.store.layout, redis_client
     schedule(data, tmp_path / "run", "--jitter", "0")
     stored = "blackbox_intake_records_total"
     wait_until(lambda: service.metrics.value(stored, {"outcome": "scheduled"}) >= rows, 30)
     victims = [scoped_id(CALLER.encode(), f"user-{n:08d}") for n in range(lost_ids)]
-    removed = sum(int(store.zrem(keys.due, v)) for v in victims)
+    removed = sum(int(store.zrem(layout.keys_of(v).due, v)) for v in victims)
     assert removed == lost_ids, "the victims fired before they could be removed"
-    store.delete(*[keys.payload(v) for v in victims])
+    for victim in victims:
+        store.delete(layout.keys_of(victim).payload(victim))
 
     erase, notify = reader(f"{prefix}.erase"), reader(f"{prefix}.notify")
     wait_until(lambda: _read(erase) + _read(notify) >= rows - lost_ids, 60, "deliveries")
