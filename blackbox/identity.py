@@ -14,8 +14,10 @@ replays in Redis (nonces.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from blackbox.envelope import CALLER_HEADER, Header, caller_of
 from blackbox.errors import DeadLetterReason, InvalidEnvelope
@@ -43,6 +45,14 @@ class Identity:
         self.bound = policy.bound_topics
         self.bound_callers = set(self.bound.values())
         self.active = policy.verifies
+        self._keys: dict[bytes, Ed25519PublicKey] = {}
+
+    def _key(self, raw: bytes) -> Ed25519PublicKey:
+        """The key object of a policy's raw public key, built once."""
+        key = self._keys.get(raw)
+        if key is None:
+            key = self._keys[raw] = Ed25519PublicKey.from_public_bytes(raw)
+        return key
 
     def establish(
         self, parts: Parts, record_ms: int, now_ms: int
@@ -63,7 +73,7 @@ class Identity:
         rule = self.policy.rule_for(None if caller is None else caller.encode())
         proof = None
         if signed:
-            proof = _checked(parts, signed, caller, rule, (record_ms, now_ms))
+            proof = _checked(parts, signed, caller, rule, (record_ms, now_ms), key_of=self._key)
         elif owner is None and rule.require_signature:
             raise InvalidEnvelope(_R.BAD_SIGNATURE, f"{_who(caller)} must sign its records")
         elif owner is None and caller in self.bound_callers:
@@ -86,9 +96,9 @@ def _who(caller: str | None) -> str:
     return "a record without CALLER_SERVICE" if caller is None else repr(caller)
 
 
-def _checked(
+def _checked(  # noqa: PLR0913 - the record, its claim, the rule, and how to read a key
     parts: Parts, signed: list[bytes | None], caller: str | None, rule: Rule,
-    instants: tuple[int, int],
+    instants: tuple[int, int], *, key_of: Callable[[bytes], Ed25519PublicKey],
 ) -> Proof:  # fmt: skip
     """The proof of the one signature `signed` holds, checked against the caller's keys."""
     if len(signed) > 1 or signed[0] is None:
@@ -96,13 +106,13 @@ def _checked(
     if caller is None:
         raise InvalidEnvelope(_R.BAD_SIGNATURE, "a signed record must name its CALLER_SERVICE")
     signature = parse_header(signed[0])
-    public_key = rule.keys.get(signature.key_id)
-    if public_key is None:
+    raw = rule.keys.get(signature.key_id)
+    if raw is None:
         raise InvalidEnvelope(
             _R.UNKNOWN_KEY, f"{caller!r} has no key {signature.key_id!r} in the policy"
         )
     _check_age(signature, rule, instants)
-    verify(public_key, signature, parts)
+    verify(key_of(raw), signature, parts)
     remember = int(rule.signature_max_age_seconds + rule.signature_skew_seconds) + 1
     return Proof(caller, signature.key_id, signature.nonce, remember)
 

@@ -37,11 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from blackbox.envelope import ABSOLUTE_MAX_COUNTDOWN_SECONDS, Envelope, legal_topic_name
 from blackbox.errors import DeadLetterReason, InvalidEnvelope, SettingsError
-from blackbox.signing import public_key_from_text, valid_key_id
+from blackbox.signing import public_key_from_text, raw_public_key, valid_key_id
 
 _RULE_FIELDS = frozenset({
     "topics", "max_horizon_seconds", "max_message_bytes", "require_signature", "keys",
@@ -61,7 +60,9 @@ class Rule:
     max_horizon_seconds: float
     max_message_bytes: int
     require_signature: bool = False
-    keys: Mapping[str, Ed25519PublicKey] = field(default_factory=dict)
+    # Key id -> the public key's 32 raw bytes (plain bytes: a policy crosses to Spark's
+    # workers by pickle, which key objects refuse).
+    keys: Mapping[str, bytes] = field(default_factory=dict)
     signature_skew_seconds: float = SIGNATURE_SKEW_SECONDS
     signature_max_age_seconds: float = SIGNATURE_MAX_AGE_SECONDS
     intake_topics: tuple[str, ...] = ()
@@ -225,7 +226,7 @@ def _signature_fields(entry: dict[str, Any], rule: Rule, where: str, *, is_defau
     return rule
 
 
-def _keys(value: Any, where: str) -> dict[str, Ed25519PublicKey]:
+def _keys(value: Any, where: str) -> dict[str, bytes]:
     if not isinstance(value, dict):
         raise SettingsError(f"{where}.keys must map key ids to Ed25519 public keys")
     keys = {}
@@ -235,7 +236,7 @@ def _keys(value: Any, where: str) -> dict[str, Ed25519PublicKey]:
                 f"{where}.keys: {key_id!r} is not a key id (1-64 of A-Z a-z 0-9 . _ -)"
             )
         try:
-            keys[str(key_id)] = public_key_from_text(str(text))
+            keys[str(key_id)] = raw_public_key(public_key_from_text(str(text)))
         except ValueError as e:
             raise SettingsError(f"{where}.keys.{key_id} is not an Ed25519 public key: {e}") from e
     return keys

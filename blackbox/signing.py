@@ -165,5 +165,9 @@ def new_key_pair() -> tuple[bytes, str]:
 
 
 def public_text(public: Ed25519PublicKey) -> str:
-    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return base64.b64encode(raw).decode()
+    return base64.b64encode(raw_public_key(public)).decode()
+
+
+def raw_public_key(public: Ed25519PublicKey) -> bytes:
+    """The key's 32 raw bytes."""
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)

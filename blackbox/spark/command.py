@@ -11,11 +11,13 @@ import json
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from blackbox import spark
 from blackbox.errors import SettingsError
 from blackbox.settings import Settings
+from blackbox.signing import Signer
 
 EXIT_OK, EXIT_USAGE, EXIT_FINDINGS = 0, 2, 3
 DUE_SOURCES = ("timestamp", "epoch_s", "epoch_ms", "delay", "wall_clock")
@@ -101,6 +103,9 @@ def _schedule_options(jobs: Any) -> None:
         help="send ids blackbox already scheduled again (as updates)",
     )
     p.add_argument("--summary", metavar="PATH", help="also write the summary here as JSON")
+    p.add_argument("--signing-key", metavar="FILE",
+                   help="sign every intake record with this Ed25519 private key (PEM)")  # fmt: skip
+    p.add_argument("--key-id", help="the id the caller's policy lists the key's public half under")
     _common(p)
     p.set_defaults(command=cmd_schedule)
 
@@ -182,7 +187,22 @@ def _schedule_run(args: argparse.Namespace, settings: Settings) -> Any:
         rejects=args.rejects, dry_run=args.dry_run, skip_known=not args.resend,
         rejects_format=args.rejects_format, show=args.show,
         since_ms=instant_ms(args.since) if args.since else None,
+        signing=_signing(args),
     )  # fmt: skip
+
+
+def _signing(args: argparse.Namespace) -> tuple[bytes, str] | None:
+    """The private key (PEM) and key id to sign with, checked here, before Spark starts."""
+    if args.signing_key is None and args.key_id is None:
+        return None
+    if args.signing_key is None or args.key_id is None:
+        raise SettingsError("--signing-key and --key-id go together")
+    try:
+        pem = Path(args.signing_key).read_bytes()
+        Signer.from_pem(pem, args.key_id)
+    except (OSError, ValueError) as e:
+        raise SettingsError(f"--signing-key {args.signing_key}: {e}") from e
+    return pem, args.key_id
 
 
 def _limits(settings: Settings) -> Any:

@@ -23,9 +23,10 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from blackbox.envelope import CALLER_HEADER
+from blackbox.envelope import CALLER_HEADER, SIGNATURE_HEADER
 from blackbox.errors import DeadLetterReason, SettingsError
 from blackbox.events import Outcome
+from blackbox.signing import Parts, Signer
 from blackbox.spark import inputs, topics
 from blackbox.spark.rows import MALFORMED_ROW, DueKind, Judge, MessageKind
 
@@ -264,20 +265,43 @@ def known_ids(
     return mine.select(F.col("e.blackbox_id").alias("blackbox_id"))
 
 
-def intake_records(good: DataFrame, caller: str) -> DataFrame:
-    """The intake records of the good rows: keyed by id, CALLER_SERVICE as a header."""
+def intake_records(
+    good: DataFrame, caller: str, topic: str = "", signing: tuple[bytes, str] | None = None
+) -> DataFrame:
+    """The intake records of the good rows: keyed by id, CALLER_SERVICE as a header, and
+    signed for `topic` with `signing`'s key where given (see blackbox.signing)."""
     caller_header = F.struct(F.lit(CALLER_HEADER).alias("key"),
                              F.lit(caller.encode("utf-8")).alias("value"))  # fmt: skip
+    headers = [caller_header]
+    if signing is not None:
+        sign = F.udf(_signer(topic, caller, *signing), T.BinaryType(), useArrow=False)
+        headers.append(F.struct(F.lit(SIGNATURE_HEADER).alias("key"),
+                                sign(F.col("id"), F.col("value")).alias("value")))  # fmt: skip
     return good.select(
         F.col("id").cast("binary").alias("key"),
         F.col("value"),
-        F.array(caller_header).alias("headers"),
+        F.array(*headers).alias("headers"),
     )
+
+
+def _signer(topic: str, caller: str, pem: bytes, key_id: str) -> Callable[[str, bytes], bytes]:
+    """A row's signature header value, made on the worker when the row is sent."""
+    signed: list[Signer] = []  # made once per worker process, not pickled
+
+    def sign(schedule_id: str, value: bytes) -> bytes:
+        if not signed:
+            signed.append(Signer.from_pem(pem, key_id))
+        parts = Parts(topic, schedule_id.encode("utf-8"), bytes(value),
+                      [(CALLER_HEADER, caller.encode("utf-8"))])  # fmt: skip
+        _, header = signed[0].header(parts, issued_ms=time.time_ns() // 1_000_000)
+        return header or b""
+
+    return sign
 
 
 def first_records(good: DataFrame, caller: str, topic: str, count: int) -> list[Shown]:
     """The intake records of the first `count` good rows, in input order."""
-    first = intake_records(good.orderBy("row").limit(count), caller).collect()
+    first = intake_records(good.orderBy("row").limit(count), caller, topic).collect()
     return [Shown(topic, bytes(r["key"]),
                   tuple((h["key"], bytes(h["value"])) for h in r["headers"]), bytes(r["value"]))
             for r in first]  # fmt: skip
@@ -296,6 +320,7 @@ class Run:
     rejects_format: str = "json"
     show: int = 0  # print the intake records of the first N good rows
     since_ms: int | None = None  # read the events topic from here to find known ids
+    signing: tuple[bytes, str] | None = None  # a private key (PEM) and its key id
 
 
 def run(spark: SparkSession, rows: DataFrame, judge: Judge, job: Run) -> Summary:
@@ -348,7 +373,8 @@ def _send(spark: SparkSession, good: DataFrame, caller: str, job: Run, summary: 
     summary.already_scheduled = summary.valid - summary.sent
     log.info("sending", rows=summary.sent, already_scheduled=summary.already_scheduled,
              topic=job.intake_topic)  # fmt: skip
-    topics.write(intake_records(fresh, caller), job.kafka, job.intake_topic)
+    records = intake_records(fresh, caller, job.intake_topic, job.signing)
+    topics.write(records, job.kafka, job.intake_topic)
     log.info("sent", rows=summary.sent, topic=job.intake_topic)
     if known is not None:
         known.unpersist()

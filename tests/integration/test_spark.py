@@ -6,6 +6,7 @@ the broker and the service are the real ones of the other integration tests.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import time
@@ -16,15 +17,19 @@ from typing import Any
 import pytest
 import redis
 from confluent_kafka import Producer
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pyspark.sql import SparkSession
 
-from blackbox import cli
+from blackbox import cli, kafka
+from blackbox.client import Client
 from blackbox.metrics import LATENESS_BUCKETS
 from blackbox.schedule import scoped_id
 from blackbox.service import Service
+from blackbox.signing import Signer, public_text
 from blackbox.spark import example, session
 from tests.integration.conftest import ReaderFactory, ServiceFactory
-from tests.kafkatools import Received, wait_until
+from tests.kafkatools import Received, unique, wait_until
 
 # A Spark job starts Python workers and a JVM stage per step: minutes on a loaded machine.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -177,3 +182,58 @@ def _produce_copies(bootstrap: str, records: list[Received]) -> None:
     for r in records:
         producer.produce(r.topic, r.value, r.key, headers=list(r.headers.items()))
     assert producer.flush(30) == 0
+
+
+def test_spark_signs_and_keys_like_the_client_on_six_partitions(  # noqa: PLR0913, PLR0917 - fixtures
+    spark: SparkSession,
+    job_env: dict[str, str],
+    start_service: ServiceFactory,
+    reader: ReaderFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Guarantee 7: rows scheduled through Spark with --signing-key are accepted by a caller
+    that must sign, and each one's cancel sent by the Python client lands on the same one of
+    6 intake partitions (both partition keys as Java does), so every cancel finds its
+    schedule: nothing is delivered."""
+    key = Ed25519PrivateKey.generate()
+    pem = tmp_path / "bulk.pem"
+    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                      serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))  # fmt: skip
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(f"callers:\n  {CALLER}:\n    require_signature: true\n"
+                      f"    keys: {{bulk-1: \"{public_text(key.public_key())}\"}}\n")  # fmt: skip
+    intake = unique("intake6")
+    kafka.ensure_topics({"bootstrap.servers": job_env["KAFKA_BOOTSTRAP_SERVERS"]}, [intake],
+                        partitions=6)  # fmt: skip
+    monkeypatch.setenv("BLACKBOX_INTAKE_TOPIC", intake)
+    monkeypatch.setenv("BLACKBOX_POLICY_FILE", str(policy))
+    service = start_service(BLACKBOX_INTAKE_TOPIC=intake, BLACKBOX_POLICY_FILE=str(policy))
+    target, ids = unique("never"), [f"order-{n:05d}" for n in range(60)]
+    rows = tmp_path / "rows.csv"
+    with rows.open("w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out)
+        writer.writerow(["user_id", "payload"])
+        writer.writerows([i, f'{{"n": "{i}"}}'] for i in ids)
+    code = cli.main(["spark", "schedule", str(rows), "--caller", CALLER, "--id", "user_id",
+                     "--topic", target, "--message", "payload", "--countdown", "3600",
+                     "--signing-key", str(pem), "--key-id", "bulk-1"])  # fmt: skip
+    assert code == cli.EXIT_OK
+    stored = "blackbox_intake_records_total"
+    wait_until(lambda: service.metrics.value(stored, {"outcome": "scheduled"}) >= len(ids), 60)
+    bootstrap = job_env["KAFKA_BOOTSTRAP_SERVERS"]
+    with Client({"bootstrap.servers": bootstrap}, caller=CALLER, intake_topic=intake,
+                signer=Signer(key, "bulk-1")) as client:  # fmt: skip
+        for schedule_id in ids:
+            client.cancel(schedule_id)
+    wait_until(lambda: service.metrics.value(stored, {"outcome": "cancelled"}) >= len(ids), 60)
+
+    records = reader(intake).wait_count(2 * len(ids))
+    partitions: dict[bytes | None, set[int]] = {}
+    for record in records:
+        partitions.setdefault(record.key, set()).add(record.partition)
+    assert {k: len(p) for k, p in partitions.items()} == {i.encode(): 1 for i in ids}
+    assert len({p for ps in partitions.values() for p in ps}) > 1  # spread over partitions
+    assert service.store.counts() == (0, 0)
+    assert reader(job_env["BLACKBOX_DLQ_TOPIC"]).read_to_end() == []
