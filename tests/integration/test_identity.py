@@ -23,6 +23,7 @@ from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
 from tests.kafkatools import produce, unique, wait_until
 
 KEY, OTHER = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+NEXT = Ed25519PrivateKey.generate()  # billing's next key, listed beside the current one
 _R = DeadLetterReason
 
 
@@ -32,7 +33,8 @@ def _policy_file(tmp_path: Path, payments_topic: str) -> str:
         "callers:\n"
         "  billing:\n"
         "    require_signature: true\n"
-        f'    keys: {{billing-1: "{public_text(KEY.public_key())}"}}\n'
+        f'    keys: {{billing-1: "{public_text(KEY.public_key())}", '
+        f'billing-2: "{public_text(NEXT.public_key())}"}}\n'
         "  payments:\n"
         f"    intake_topics: [{payments_topic}]\n"
     )
@@ -54,9 +56,9 @@ def _signed_headers(topic: str, value: bytes, key: Ed25519PrivateKey, issued_ms:
 def test_only_records_the_caller_signed_are_scheduled(
     start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str], tmp_path: Path
 ) -> None:
-    """Guarantee 7: with a signature required, the client's signed records are delivered;
-    unsigned, forged, replayed and expired ones are dead-lettered with their reason and
-    nothing of them reaches the target."""
+    """Guarantee 7: with a signature required, the client's signed records are delivered,
+    under either key of a rotation; unsigned, forged, replayed and expired ones are
+    dead-lettered with their reason and nothing of them reaches the target."""
     target, payments_topic = unique("signed"), unique("payments")
     kafka.ensure_topics({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}, [payments_topic])
     service = start_service(BLACKBOX_POLICY_FILE=_policy_file(tmp_path, payments_topic))
@@ -77,8 +79,12 @@ def test_only_records_the_caller_signed_are_scheduled(
     produce(bootstrap, intake, [old], _signed_headers(intake, old, KEY, sent_long_ago),
             timestamp_ms=sent_long_ago)  # fmt: skip
 
+    with Client({"bootstrap.servers": bootstrap}, caller="billing", intake_topic=intake,
+                signer=Signer(NEXT, "billing-2")) as rotated:  # fmt: skip
+        rotated.send_later(target, {"n": 6}, delay=0)
+
     dead = reader(env["BLACKBOX_DLQ_TOPIC"]).wait_count(4)
-    delivered = reader(target).wait_count(2)
+    delivered = reader(target).wait_count(3)
     settle(service)
     by_offset = {int(d.header("blackbox-dlq-offset")): d for d in dead}
     reasons = {offset: d.header("blackbox-dlq-reason") for offset, d in by_offset.items()}
@@ -87,7 +93,7 @@ def test_only_records_the_caller_signed_are_scheduled(
     assert "must sign" in by_offset[1].header("blackbox-dlq-detail")
     assert "replay" in by_offset[4].header("blackbox-dlq-detail")
     assert "ago" in by_offset[5].header("blackbox-dlq-detail")
-    assert sorted(orjson.loads(r.value or b"")["n"] for r in delivered) == [0, 3]
+    assert sorted(orjson.loads(r.value or b"")["n"] for r in delivered) == [0, 3, 6]
     assert all(r.header(CALLER_HEADER) == "billing" for r in delivered)
 
 
