@@ -156,12 +156,14 @@ def public_key_from_text(text: str) -> Ed25519PublicKey:
 def new_key_pair() -> tuple[bytes, str]:
     """A new private key (PKCS#8 PEM) and its public key (base64 of the raw 32 bytes)."""
     private = Ed25519PrivateKey.generate()
-    pem = private.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
+    return private_pem(private), public_text(private.public_key())
+
+
+def private_pem(private: Ed25519PrivateKey) -> bytes:
+    """The private key as `Signer.from_pem` reads it: PKCS#8 PEM, unencrypted."""
+    return private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    return pem, public_text(private.public_key())
 
 
 def public_text(public: Ed25519PublicKey) -> str:

@@ -12,14 +12,13 @@ import httpx
 import orjson
 import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from blackbox import answers
 from blackbox.client import Client
 from blackbox.role import Role
 from blackbox.service import Service
-from blackbox.signing import public_text
+from blackbox.signing import private_pem, public_text
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
 from tests.kafkatools import java_partition, unique, wait_until
 
@@ -197,9 +196,7 @@ def test_the_api_signs_for_callers_that_must_sign(
     intake refuses the API's unsigned request and the API answers 422 bad_signature."""
     api_key = Ed25519PrivateKey.generate()
     pem = tmp_path / "api.pem"
-    pem.write_bytes(api_key.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))  # fmt: skip
+    pem.write_bytes(private_pem(api_key))
     policy = tmp_path / "policy.yaml"
     public = public_text(api_key.public_key())
     policy.write_text("callers:\n  billing:\n    require_signature: true\n"

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import redis
 from confluent_kafka import Producer
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pyspark.sql import SparkSession
 
@@ -26,7 +25,7 @@ from blackbox.client import Client
 from blackbox.metrics import LATENESS_BUCKETS
 from blackbox.schedule import scoped_id
 from blackbox.service import Service
-from blackbox.signing import Signer, public_text
+from blackbox.signing import Signer, private_pem, public_text
 from blackbox.spark import example, session
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import Received, unique, wait_until
@@ -198,9 +197,7 @@ def test_spark_signs_and_keys_like_the_client_on_six_partitions(  # noqa: PLR091
     schedule: nothing is delivered."""
     key = Ed25519PrivateKey.generate()
     pem = tmp_path / "bulk.pem"
-    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                      serialization.PrivateFormat.PKCS8,
-                                      serialization.NoEncryption()))  # fmt: skip
+    pem.write_bytes(private_pem(key))
     policy = tmp_path / "policy.yaml"
     policy.write_text(f"callers:\n  {CALLER}:\n    require_signature: true\n"
                       f"    keys: {{bulk-1: \"{public_text(key.public_key())}\"}}\n")  # fmt: skip
