@@ -7,6 +7,9 @@
 * schedule: N rows of Parquet (the example dataset, 1 % bad, due in an hour) through
   `blackbox spark schedule`; prints the job's wall time, its peak memory (the job's whole
   process tree: driver, JVM, Python workers) and the time until the service stored them all.
+  Then the same job again, twice, once reading the whole events topic (which also holds
+  `--old-events` events written before the first run, as retention keeps them) and once
+  bounded by `--since` the first run: both send nothing.
 * audit: N delivered records plus their `scheduled` events, written to Kafka by Spark in the
   shapes the dispatcher and the events topic use, then `blackbox spark audit` over them;
   prints the job's wall time and peak memory.
@@ -136,9 +139,11 @@ def schedule_args(path: Path, out: Path) -> list[str]:
             "--summary", str(out / "summary.json")]  # fmt: skip
 
 
-def bench_schedule(rows: int) -> None:
+def bench_schedule(rows: int, old_events: int) -> None:
     with local_stack() as stack, service(stack):
         path, good = write_dataset(stack, rows, min_delay_s=3600)
+        _write_old_events(stack, old_events)
+        since = time.time()
         due = Keys(stack.settings.namespace).due
         store = redis.Redis.from_url(stack.env["REDIS_URL"])
         stored_at: list[float] = []
@@ -153,6 +158,27 @@ def bench_schedule(rows: int) -> None:
                 "job_seconds": round(seconds, 1), "peak_rss_mb": peak // 2**20,
                 "all_stored_seconds": round(stored_at[0] - started, 1) if stored_at else None,
                 "stored": store.zcard(due)})  # fmt: skip
+        for name, extra in (("rerun", []), ("rerun_since", ["--since", str(since)])):
+            out = stack.work / name
+            seconds, peak, code = timed_job(stack, [*schedule_args(path, out), *extra])
+            again = json.loads((out / "summary.json").read_text())
+            _print({"job": name, "rows": rows, "old_events": old_events, "sent": again["sent"],
+                    "already_scheduled": again["already_scheduled"], "exit": code,
+                    "job_seconds": round(seconds, 1), "peak_rss_mb": peak // 2**20})  # fmt: skip
+
+
+def _write_old_events(stack: Stack, count: int) -> None:
+    """`count` `scheduled` events of another caller, as an events topic keeps them."""
+    from pyspark.sql import functions as F  # noqa: PLC0415 - the extra
+
+    from blackbox.spark import session, topics  # noqa: PLC0415
+
+    spark = session.start("local[2]", "blackbox-bench-data")
+    event = F.struct(F.lit("scheduled").alias("outcome"), F.lit("earlier").alias("caller"),
+                     F.format_string("@earlier/%d", "id").alias("blackbox_id"))  # fmt: skip
+    events = spark.range(count).select(F.to_json(event).alias("value"))
+    topics.write(events, topics.options(stack.settings.kafka), stack.settings.events_topic)
+    spark.stop()
 
 
 def _watch(store: redis.Redis, key: str, count: int, done: list[float]) -> None:
@@ -248,10 +274,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("job", choices=("schedule", "audit", "scenario"))
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--old-events", type=int, default=1_000_000,
+                        help="schedule: events in the topic before the first run")  # fmt: skip
     args = parser.parse_args()
-    {"schedule": bench_schedule, "audit": bench_audit, "scenario": bench_scenario}[args.job](
-        args.rows
-    )
+    if args.job == "schedule":
+        bench_schedule(args.rows, args.old_events)
+    else:
+        {"audit": bench_audit, "scenario": bench_scenario}[args.job](args.rows)
 
 
 if __name__ == "__main__":
