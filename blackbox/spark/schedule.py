@@ -299,9 +299,12 @@ def _signer(topic: str, caller: str, pem: bytes, key_id: str) -> Callable[[str, 
     return sign
 
 
-def first_records(good: DataFrame, caller: str, topic: str, count: int) -> list[Shown]:
-    """The intake records of the first `count` good rows, in input order."""
-    first = intake_records(good.orderBy("row").limit(count), caller, topic).collect()
+def first_records(
+    good: DataFrame, caller: str, topic: str, count: int, signing: tuple[bytes, str] | None
+) -> list[Shown]:
+    """The intake records of the first `count` good rows, in input order (a signature is
+    made now: the one sent is made when the record is, with its own issue time)."""
+    first = intake_records(good.orderBy("row").limit(count), caller, topic, signing).collect()
     return [Shown(topic, bytes(r["key"]),
                   tuple((h["key"], bytes(h["value"])) for h in r["headers"]), bytes(r["value"]))
             for r in first]  # fmt: skip
@@ -336,7 +339,8 @@ def run(spark: SparkSession, rows: DataFrame, judge: Judge, job: Run) -> Summary
             _write_rejects(verdicts, job.rejects, job.rejects_format)
         good = verdicts.where(F.col("reason").isNull())
         if job.show > 0:
-            summary.shown = first_records(good, judge.caller, job.intake_topic, job.show)
+            summary.shown = first_records(good, judge.caller, job.intake_topic, job.show,
+                                          job.signing)  # fmt: skip
         if not job.dry_run:
             _send(spark, good, judge.caller, job, summary)
     finally:
