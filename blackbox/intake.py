@@ -325,7 +325,7 @@ class Intake:
             if code is None or code is Applied.REPLAYED:
                 continue
             events.append(_event(coordinates, write, code))
-            if isinstance(write, Schedule | Move) and code in (Applied.SCHEDULED, Applied.UPDATED):
+            if isinstance(write, Schedule | Move) and code in _STORED:
                 shard = shard_of(write.id)
                 earliest[shard] = min(earliest.get(shard, write.due_ms), write.due_ms)
         for code, count in Counter(c for c in codes if c is not None).items():
@@ -539,13 +539,22 @@ class IntakeConfig:
     policy: CallerPolicy
 
 
+# Codes after which a schedule's due time is in Redis (a re-read's too: the replica that
+# stored it may have died before it woke the dispatchers).
+_STORED = (Applied.SCHEDULED, Applied.UPDATED, Applied.REREAD_PENDING)
+
+
 def _label(code: Applied) -> str:
-    return "duplicate" if code is Applied.REPLAYED else code.name.lower()
+    if code in (Applied.REPLAYED, Applied.REREAD_PENDING):
+        return "duplicate"
+    return code.name.lower()
 
 
 def _event(coordinates: Coordinates, write: Write, code: Applied) -> Event:
     if isinstance(write, Cancellation):
         return Event.of_stored(OUTCOMES[code], write.id, None, intake=coordinates)
+    if code is Applied.REREAD_PENDING:  # answered again, as it was the first time
+        code = Applied.UPDATED if isinstance(write, Move) else Applied.SCHEDULED
     if isinstance(write, Move):
         due_ms = write.due_ms if code is Applied.UPDATED else None
         return Event.of_stored(OUTCOMES[code], write.id, write.caller, due_ms=due_ms,

@@ -66,6 +66,7 @@ class Applied(enum.IntEnum):
     ALREADY_FIRED = 4
     NOT_FOUND = 5
     ALREADY_PENDING = 7  # an if_absent request for an id pending already: nothing changed
+    REREAD_PENDING = 8  # a re-read of a request applied before, its id still there: answered again
 
 
 _APPLIED = {int(code): code for code in Applied}

@@ -29,7 +29,8 @@
 --
 -- Returns: one code per request: 0 already applied (a re-read), 1 scheduled, 2 updated,
 -- 3 cancelled, 4 already fired (or, for a move, being produced right now), 5 not found,
--- 7 already pending (op "o": nothing changed). An error, changing nothing, when the chunk
+-- 7 already pending (op "o": nothing changed), 8 applied before and still pending or in
+-- flight (a re-read: answered again, nothing changed). An error, changing nothing, when the chunk
 -- before this one did not run (its call failed): applying this one would move the
 -- watermark past requests never applied, and a retry would skip them as re-reads.
 -- Invariants: a record at or below the watermark was applied before; re-reading it after a
@@ -95,10 +96,14 @@ for a = 6, #ARGV, 5 do
   end
   local code = 0
   if tonumber(ARGV[a]) <= mark then
-    -- Applied before; a cancel's caller still gets an answer (its first may be lost).
+    -- Applied before: its first answer may have been lost with the replica that applied
+    -- it, so it is answered again from what is there now. A cancel: how the id ended; any
+    -- other request whose id is still pending or in flight: 8.
     if op == 'c' and not redis.call('ZSCORE', KEYS[1], id) then
       local again = ended_code(sets, marker_key, id)
       if again ~= 5 then code = again end
+    elseif op ~= 'c' and (redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)) then
+      code = 8
     end
   else
     if op == 'n' then

@@ -71,7 +71,7 @@ def test_a_re_read_is_replayed_in_every_shard(store: RedisStore) -> None:
 
     codes = store.apply([IntakeSlice("in", 0, 149, _plain(range(50, 150), due))], now_ms())
 
-    assert codes == [Applied.REPLAYED] * 50 + [Applied.SCHEDULED] * 50
+    assert codes == [Applied.REREAD_PENDING] * 50 + [Applied.SCHEDULED] * 50
     assert sum(_per_shard(store)) == 150
     marks = [store.client.hget(keys.intake_marks, "in:0") for keys in store.layout.shards]
     assert marks == [b"149"] * SHARDS
@@ -97,7 +97,7 @@ def test_a_shard_whose_call_failed_is_applied_on_the_retry_and_the_others_replay
 
     codes = store.apply([IntakeSlice("in", 0, 39, items)], now_ms())
     in_broken = [store.layout.keys_of(w.id) == broken for _, w in items]
-    assert codes == [Applied.SCHEDULED if b else Applied.REPLAYED for b in in_broken]
+    assert codes == [Applied.SCHEDULED if b else Applied.REREAD_PENDING for b in in_broken]
     assert sum(_per_shard(store)) == 40
 
 

@@ -185,6 +185,16 @@ def test_a_re_read_changes_nothing_but_answers_a_cancel_again(store: RedisStore)
     assert intake.replay(2, Cancellation(scoped_id(b"svc", "never-existed"))) is Applied.REPLAYED
 
 
+def test_a_re_read_of_a_schedule_still_pending_is_answered_again(store: RedisStore) -> None:
+    """Guarantee 2: a re-read request whose id is still pending changes nothing and is
+    answered again (the replica that stored it may have died before answering); one whose
+    id fired or is gone is replayed silently."""
+    intake, now = Intake(store), now_ms()
+    intake.send(_version(b"v1", now + 60_000, 0))
+    assert intake.replay(0, _version(b"v2", now + 1, 0)) is Applied.REREAD_PENDING
+    assert b"v1" in (_state(store)[2] or b"")  # v1 stays, v2 is not applied
+
+
 def test_an_update_of_a_pending_id_replaces_payload_and_due_time(store: RedisStore) -> None:
     intake, now = Intake(store), now_ms()
     intake.send(_version(b"v1", now + 60_000, 0))
@@ -255,7 +265,8 @@ def test_parts_sent_in_one_session_answer_in_the_order_sent(store: RedisStore) -
         applying.send([IntakeSlice("in", 0, 19, _plain(range(5, 20), due))])  # 5-9 re-read
         codes = applying.codes()
 
-    assert codes == [Applied.SCHEDULED] * 15 + [Applied.REPLAYED] * 5 + [Applied.SCHEDULED] * 10
+    reread = [Applied.REREAD_PENDING] * 5  # pending still: answered again, nothing stored
+    assert codes == [Applied.SCHEDULED] * 15 + reread + [Applied.SCHEDULED] * 10
     assert store.counts() == (25, 0)
     assert store.client.hmget(store.layout.shards[0].intake_marks, ["in:0", "in:1"]) == [
         b"19",
