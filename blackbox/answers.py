@@ -12,9 +12,10 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -103,8 +104,10 @@ class Follower:
     """The events topic from its end onwards, read on one thread: hands a waiter the answer
     to the intake record it names (by topic, partition and offset).
 
-    An answer read before anyone waits for it is kept a while (the last RECENT_ANSWERS), so
-    a request acknowledged by the broker just before its answer was read still gets it."""
+    Only answers keyed by an id someone is `expecting` are decoded (every other event is
+    skipped by its key: the topic carries one answer per intake record). An answer read
+    before its waiter waits is kept a while (the last RECENT_ANSWERS), so a request
+    acknowledged by the broker just before its answer was read still gets it."""
 
     def __init__(self, config: Mapping[str, str], topic: str) -> None:
         self.answers = Answers(config, topic)
@@ -113,6 +116,7 @@ class Follower:
         self._recent: OrderedDict[Coordinates, dict[str, Any]] = OrderedDict()
         self._stop = threading.Event()
         self._marked = threading.Event()
+        self._expected: dict[bytes, int] = {}  # event keys (ids) -> requests awaiting them
         self._thread = threading.Thread(target=self._run, name="answers", daemon=True)
 
     def start(self) -> None:
@@ -122,6 +126,20 @@ class Follower:
     def ready(self, timeout: float) -> bool:
         """Whether it follows the topic (a request sent from now on gets its answer)."""
         return self._marked.wait(timeout)
+
+    @contextmanager
+    def expecting(self, key: bytes) -> Iterator[None]:
+        """Around sending a request about the id `key` and waiting for its answer."""
+        with self._lock:
+            self._expected[key] = self._expected.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self._expected[key] == 1:
+                    del self._expected[key]
+                else:
+                    self._expected[key] -= 1
 
     def wait(self, intake: Coordinates, timeout: float) -> dict[str, Any] | None:
         """The answer to the intake record at `intake`; None after `timeout` seconds."""
@@ -165,8 +183,9 @@ class Follower:
             if time.monotonic() - looked > NEW_PARTITIONS_SECONDS:
                 self.answers.follow_new_partitions()
                 looked = time.monotonic()
+            expected = self._expected  # read without the lock: a dict lookup is atomic
             for message in self.answers.consumer.consume(100, timeout=0.2):
-                if message.error() is None and message.value() is not None:
+                if message.key() in expected and message.error() is None and message.value():
                     self._arrived(orjson.loads(message.value() or b"null"))
 
     def _arrived(self, event: object) -> None:

@@ -12,6 +12,7 @@ do, so it is applied in their order; the API answers with what the intake answer
 from __future__ import annotations
 
 import hmac
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -315,12 +316,12 @@ def _through_intake(backend: Backend, blackbox_id: str, request: dict[str, Any])
     scoped = split_scoped(blackbox_id)
     assert scoped is not None  # only a caller's own id comes here
     caller, own = scoped
-    if backend.answers is not None and not backend.answers.ready(backend.answer_seconds):
+    answers = backend.answers
+    if answers is not None and not answers.ready(backend.answer_seconds):
         raise ApiError(503, "unavailable", "the events topic cannot be read: try again")
-    where = backend.admin.request(caller, own, {"id": own, **request})
-    answer = (
-        None if backend.answers is None else backend.answers.wait(where, backend.answer_seconds)
-    )
+    with answers.expecting(own.encode()) if answers is not None else nullcontext():
+        where = backend.admin.request(caller, own, {"id": own, **request})
+        answer = None if answers is None else answers.wait(where, backend.answer_seconds)
     if answer is None:
         raise ApiError(504, "no_answer_yet", f"the request is in {where[0]!r} partition "
                        f"{where[1]} offset {where[2]} and will be applied in order; its answer "

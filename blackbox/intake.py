@@ -53,6 +53,8 @@ FINAL_ANSWER_SECONDS = 3.0
 # Records parsed before their part is sent to Redis: small enough that Redis applies one
 # part while the next is parsed, large enough that a script call carries many.
 PART_RECORDS = 100
+# A record key longer than an id can be is not taken for one in a refusal's answer.
+MAX_KEY_AS_ID_BYTES = 1024
 UNREADABLE_HEADERS = "a header name is not UTF-8; the record's headers could not be read"
 
 OUTCOMES = {
@@ -392,7 +394,7 @@ class Intake:
     ) -> None:  # fmt: skip
         batch.refuse(
             deadletter.from_intake(message, headers, error.reason, error.detail),
-            _refusal(Coordinates(*where), headers or [], request, error),
+            _refusal(Coordinates(*where), headers or [], request, error, message.key()),
         )
         log.warning("dead_lettered", reason=error.reason.value, detail=error.detail,
                     topic=where[0], partition=where[1], offset=where[2])  # fmt: skip
@@ -506,6 +508,16 @@ class Intake:
         log.info("intake_revoked", partitions=sorted(p.partition for p in partitions))
 
 
+def _key_text(key: bytes | None) -> str | None:
+    """A record key as an id, when it reads as one (short UTF-8 text)."""
+    if key is None or len(key) > MAX_KEY_AS_ID_BYTES:
+        return None
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 def _record_ms(message: Message, now: int) -> int:
     """The record's own timestamp (now where it has none)."""
     kind, stamp = message.timestamp()
@@ -569,17 +581,20 @@ def _event(coordinates: Coordinates, write: Write, code: Applied) -> Event:
 
 def _refusal(
     coordinates: Coordinates, headers: Sequence[tuple[str, bytes | None]],
-    request: Request | None, error: InvalidEnvelope,
+    request: Request | None, error: InvalidEnvelope, key: bytes | None,
 ) -> Event:  # fmt: skip
-    """The dead_lettered answer to a refused record, with whatever of it could be read."""
+    """The dead_lettered answer to a refused record, with whatever of it could be read: where
+    no id could be read, its record key stands for it (a request about an id is keyed by it),
+    so the answer goes with that id's other answers."""
     try:
         caller = envelope.caller_of(headers)
     except InvalidEnvelope:
         caller = None
+    schedule_id = error.schedule_id if request is None else request.schedule_id
     return Event(
         Outcome.DEAD_LETTERED,
         caller,
-        schedule_id=error.schedule_id if request is None else request.schedule_id,
+        schedule_id=schedule_id or _key_text(key),
         topic=request.topic if isinstance(request, envelope.Envelope) else error.topic,
         intake=coordinates,
         reason=error.reason,
