@@ -47,6 +47,12 @@ class Identity:
         self.active = policy.verifies
         self._keys: dict[bytes, Ed25519PublicKey] = {}
 
+    def applies_to(self, headers: Sequence[Header]) -> bool:
+        """Whether a record with these headers must be checked at all: not under a policy
+        without identity rules, unless the record is signed (then its signature must hold).
+        The intake asks first, so an open deployment does nothing more per record."""
+        return self.active or any(name == SIGNATURE_HEADER for name, _ in headers)
+
     def _key(self, raw: bytes) -> Ed25519PublicKey:
         """The key object of a policy's raw public key, built once."""
         key = self._keys.get(raw)
@@ -66,8 +72,6 @@ class Identity:
         after an outage is still accepted there."""
         headers = parts.headers
         signed = [v for name, v in headers if name == SIGNATURE_HEADER]
-        if not self.active and not signed:
-            return headers, None
         owner = self.bound.get(parts.topic)
         caller = owner or _caller_text(headers)
         rule = self.policy.rule_for(None if caller is None else caller.encode())

@@ -355,10 +355,8 @@ class Intake:
         try:
             if headers is None:
                 raise InvalidEnvelope(DeadLetterReason.INVALID_HEADER, UNREADABLE_HEADERS)
-            parts = Parts(where[0], message.key(), message.value(), headers)
-            checked, proof = self.identity.establish(parts, _record_ms(message, now),
-                                                     _age_base(message, now))  # fmt: skip
-            request = envelope.parse(parts.value, checked, self.config.limits, parts.key)
+            checked, proof = self._identified(message, headers, now)
+            request = envelope.parse(message.value(), checked, self.config.limits, message.key())
             origin = intake_id(*where, batch.tags[where[0]])
             write = self._write(request, message, now, origin)
             if proof is not None:
@@ -373,6 +371,16 @@ class Intake:
             self._refuse(batch, message, where, headers=headers, request=request, error=error)
             return
         batch.unsent[where[:2]].append((where[2], write))
+
+    def _identified(
+        self, message: Message, headers: list[Header], now: int
+    ) -> tuple[Sequence[Header], Proof | None]:
+        """The headers to parse with and a signature's proof (identity.py); nothing is
+        computed for a record no identity rule applies to."""
+        if not self.identity.applies_to(headers):
+            return headers, None
+        parts = Parts(message.topic() or "", message.key(), message.value(), headers)
+        return self.identity.establish(parts, _record_ms(message, now), _age_base(message, now))
 
     def _refuse_replays(self, batch: _Batch) -> None:
         """Refuse the signed records whose nonce another record used first."""

@@ -52,7 +52,9 @@ def test_without_identity_rules_records_pass_untouched() -> None:
     """The open policy costs nothing and changes nothing."""
     identity = Identity(policy.open_policy(3600, 1024))
     parts = _record()
+    assert not identity.applies_to(parts.headers)
     assert identity.establish(parts, NOW, NOW) == (parts.headers, None)
+    assert identity.applies_to(_signed(parts).headers)  # a signature is checked anyway
 
 
 def test_both_keys_of_a_rotation_are_valid_until_one_is_removed() -> None:
