@@ -37,10 +37,9 @@ from benchmarks.histograms import between, scrape
 from benchmarks.stack import (
     Stack,
     broker_name,
-    cpu_seconds,
     local_stack,
-    redis_cpu_seconds,
     service_process,
+    time_storing,
 )
 from blackbox import kafka
 from blackbox.clock import now_ms
@@ -179,15 +178,10 @@ def s3_intake(count: int = 100_000) -> Result:
         client = redis.Redis.from_url(stack.redis.url)
         due_key = Keys(stack.settings.namespace).due
         with service_process(stack) as process:
-            while client.zcard(due_key) == 0:
-                time.sleep(0.001)
-            first, cpu_first = time.monotonic(), cpu_seconds(process.pid)
-            redis_first = redis_cpu_seconds(client)
-            while (stored := client.zcard(due_key)) < count:
-                time.sleep(0.005)
-            elapsed, cpu = time.monotonic() - first, cpu_seconds(process.pid) - cpu_first
-            redis_cpu = redis_cpu_seconds(client) - redis_first
+            storing = time_storing(client, due_key, count, process.pid)
+            stored = client.zcard(due_key)
         client.close()
+        elapsed, cpu, redis_cpu = storing.seconds, storing.service_cpu, storing.redis_cpu
         floor = intake_floor(stack, count)
     return {"scenario": "S3 intake", "messages": count, "stored": stored,
             "seconds": round(elapsed, 3), "records_per_s": round(count / elapsed),

@@ -22,7 +22,7 @@ import redis
 from confluent_kafka import Producer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from benchmarks.stack import cpu_seconds, local_stack, service_process
+from benchmarks.stack import local_stack, service_process, time_storing
 from blackbox.envelope import CALLER_HEADER, Header
 from blackbox.keys import Keys
 from blackbox.signing import Parts, Signer, public_text
@@ -64,13 +64,9 @@ def run(count: int, signed: bool) -> dict[str, float]:
         client = redis.Redis.from_url(stack.redis.url)
         due = Keys(stack.settings.namespace).due
         with service_process(stack) as process:
-            while client.zcard(due) == 0:
-                time.sleep(0.001)
-            first, cpu_first = time.monotonic(), cpu_seconds(process.pid)
-            while client.zcard(due) < count:
-                time.sleep(0.005)
-            elapsed, cpu = time.monotonic() - first, cpu_seconds(process.pid) - cpu_first
+            storing = time_storing(client, due, count, process.pid)
         client.close()
+        elapsed, cpu = storing.seconds, storing.service_cpu
     return {
         "records_per_s": round(count / elapsed),
         "cpu_us_per_record": round(cpu / count * 1e6, 1),

@@ -132,6 +132,27 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@dataclass(frozen=True)
+class Storing:
+    """How long a service took to store a backlog, from its first record stored to its
+    last, and the CPU it and Redis spent meanwhile."""
+
+    seconds: float
+    service_cpu: float
+    redis_cpu: float
+
+
+def time_storing(client: redis.Redis, due_key: str, count: int, pid: int) -> Storing:
+    """Wait (polling) until `count` ids are in `due_key`, timed from the first."""
+    while client.zcard(due_key) == 0:
+        time.sleep(0.001)
+    first, cpu_first, redis_first = time.monotonic(), cpu_seconds(pid), redis_cpu_seconds(client)
+    while client.zcard(due_key) < count:
+        time.sleep(0.005)
+    return Storing(time.monotonic() - first, cpu_seconds(pid) - cpu_first,
+                   redis_cpu_seconds(client) - redis_first)  # fmt: skip
+
+
 def redis_cpu_seconds(client: redis.Redis) -> float:
     """CPU time the Redis server has used so far (its polling by the benchmark included)."""
     cpu = client.info("cpu")
