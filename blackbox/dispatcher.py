@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 import structlog
 from confluent_kafka import KafkaError
 
-from blackbox import deadletter
+from blackbox import deadletter, recurrence
 from blackbox.clock import now_ms
 from blackbox.deadletter import DeadLetter
 from blackbox.envelope import CALLER_HEADER
@@ -37,9 +37,9 @@ from blackbox.events import Event, Outcome
 from blackbox.kafka import lasting_reason
 from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox, Record, Reports
-from blackbox.schedule import Schedule, origin_topic, split_scoped
+from blackbox.schedule import Schedule, Series, origin_topic, split_scoped
 from blackbox.shares import Share
-from blackbox.store import DEFAULT_CLAIM_BYTES, Claim, Loaded, RedisStore
+from blackbox.store import DEFAULT_CLAIM_BYTES, Advance, Claim, Loaded, RedisStore
 
 log = structlog.get_logger("blackbox.dispatcher")
 # Messages sent and not yet settled, at most, in full claims (by count and by payload
@@ -97,6 +97,10 @@ class _Sent:
     # Claimed, not to be delivered: cancelled while in flight, or not due after all.
     cancelled: list[str] = field(default_factory=list)
     later: list[tuple[str, int]] = field(default_factory=list)
+    # Series claimed: what settling each stores next (by id); those passed over (missed
+    # or paused) are settled without a delivery.
+    advances: dict[str, Advance] = field(default_factory=dict)
+    passed: list[str] = field(default_factory=list)
 
     @property
     def reported(self) -> bool:
@@ -110,6 +114,7 @@ class _Outcome:
     done: list[str]
     retry: dict[int, list[str]]
     delivered: int = 0
+    fired: list[str] = field(default_factory=list)  # series' occurrences delivered
     # (error, kind) -> ids: logged once per batch, not once per message (an outage would
     # otherwise write a line per pending message per retry).
     failures: dict[tuple[str, str], list[str]] = field(default_factory=dict)
@@ -130,6 +135,8 @@ def delivery_record(schedule: Schedule, attempt: int) -> Record:
     ]
     if schedule.origin is not None:
         headers.append(("blackbox-version", schedule.origin.encode()))
+    if schedule.series is not None:
+        headers.append(("blackbox-occurrence-ms", str(schedule.series.occurrence_ms).encode()))
     return Record(schedule.topic, schedule.value, schedule.key, headers)
 
 
@@ -310,8 +317,10 @@ class Dispatcher:
             acked_ms = sent.reports.last_ms or now_ms()  # settling may come runs later
             self._judge(sent.schedules, errors, acked_ms, outcome, sent.dead)
         self._dead_letter(sent, outcome, stop)
-        outcome.done += sent.cancelled
-        self._record(sent.claim, outcome)
+        outcome.done += sent.cancelled + sent.passed
+        self._record(sent.claim, outcome, sent.advances)
+        if sent.advances:
+            self._answer(_series_events(sent, outcome), stop)
         if sent.later:
             self.store.release(sent.later, sent.claim.token, sent.claim.shard)
             self.share.nudged(sent.claim.shard, min(due for _, due in sent.later))
@@ -339,7 +348,29 @@ class Dispatcher:
             # before its due score, and the claim took only scores up to at_ms.
             sent.later.append((item.id, schedule.due_ms))
             return
+        if schedule.series is not None:
+            self._occurrence(schedule, schedule.series, item.attempts, sent)
+            return
         sent.schedules.append((schedule, item.attempts + 1))
+
+    def _occurrence(self, schedule: Schedule, series: Series, attempts: int, sent: _Sent) -> None:
+        """Deliver a series' occurrence (the one its missed policy picks), or pass over it,
+        and prepare its next version, stored when the batch is settled."""
+        now = sent.claim.at_ms
+        firing = recurrence.fire(series.rule, schedule.id, series.occurrence_ms, series.fired,
+                                 now, paused=series.paused)  # fmt: skip
+        following = None
+        if firing.next is not None:
+            following = _version(schedule, Series(series.rule, firing.next, firing.fired,
+                                                  series.paused))  # fmt: skip
+        sent.advances[schedule.id] = Advance(schedule.id, following)
+        if firing.skipped:
+            self.metrics.series_passed.inc()
+        if firing.deliver is None:
+            sent.passed.append(schedule.id)
+            return
+        occurrence = Series(series.rule, firing.deliver, firing.fired, series.paused)
+        sent.schedules.append((_version(schedule, occurrence), attempts + 1))
 
     def _judge(
         self,
@@ -353,6 +384,8 @@ class Dispatcher:
             if error is None:
                 outcome.done.append(schedule.id)
                 outcome.delivered += 1
+                if schedule.series is not None:
+                    outcome.fired.append(schedule.id)
                 self.metrics.lateness.observe(max(0, acked_ms - schedule.due_ms) / 1000)
             else:
                 self._failed(schedule, attempt, error, outcome, dead)
@@ -409,15 +442,50 @@ class Dispatcher:
             self.metrics.events_dropped.inc(len(errors))
             log.error("events_dropped", count=len(errors), error=errors[0].str())
 
-    def _record(self, claim: Claim, outcome: _Outcome) -> None:
-        """Ack what is done and give what failed back to due, under the claim's lease."""
-        acked = self.store.ack(outcome.done, claim.token, claim.shard)
+    def _record(self, claim: Claim, outcome: _Outcome, advances: dict[str, Advance]) -> None:
+        """Ack what is done (a series' occurrence: with its next one stored in the same
+        step) and give what failed back to due, under the claim's lease."""
+        done = [i for i in outcome.done if i not in advances]
+        acked = self.store.ack(done, claim.token, claim.shard)
+        settled = [advances[i] for i in outcome.done if i in advances]
+        if settled:
+            acked += self.store.advance(settled, claim.token, now_ms(), claim.shard)
+            dues = [a.next.due_ms for a in settled if a.next is not None]
+            if dues:
+                self.share.nudged(claim.shard, min(dues))
         if acked < len(outcome.done):
             log.warning("lease_lost", expected=len(outcome.done), acked=acked)
         for attempt, ids in outcome.retry.items():
             retry_at = now_ms() + self.policy.retry_delay_ms(attempt)
             self.store.retry(ids, claim.token, retry_at, claim.shard)
             self.share.nudged(claim.shard, retry_at)
+
+
+def _version(schedule: Schedule, series: Series) -> Schedule:
+    """The schedule of one occurrence of its series: due at that occurrence, jitter added."""
+    jitter = series.rule.jitter_of(schedule.id, series.occurrence_ms)
+    return replace(schedule, due_ms=series.occurrence_ms + jitter, series=series)
+
+
+def _series_events(sent: _Sent, outcome: _Outcome) -> list[Event]:
+    """`fired` for each occurrence delivered, `completed` for each series ended here."""
+    delivered, settled = set(outcome.fired), set(outcome.done)
+    events = [
+        Event.of_stored(
+            Outcome.FIRED,
+            s.id,
+            s.caller,
+            due_ms=s.due_ms,
+            topic=s.topic,
+            occurrence_ms=s.series.occurrence_ms if s.series else None,
+        )
+        for s, _ in sent.schedules
+        if s.series is not None and s.id in delivered
+    ]
+    for advance in sent.advances.values():
+        if advance.next is None and advance.id in settled:
+            events.append(Event.of_stored(Outcome.COMPLETED, advance.id, None))
+    return events
 
 
 def _dead_event(schedule_id: str, schedule: Schedule | None, letter: DeadLetter) -> Event:

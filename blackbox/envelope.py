@@ -6,6 +6,9 @@ Two modes share one intake topic:
   with optional ``deliver_at`` (instead of countdown), ``message_base64`` (instead of
   message), ``key``, ``headers`` and ``id``; ``{"id": X, "cancel": true}`` cancels and
   ``{"id": X, "reschedule": true, "countdown" | "deliver_at": ...}`` moves X's due time.
+  A recurring schedule (a series) has an id and ``cron`` or ``every`` instead of a due time,
+  with optional ``timezone``, ``start``, ``end``, ``limit``, ``jitter``, ``missed`` and
+  ``grace``; ``{"id": X, "pause": true}`` and ``{"id": X, "resume": true}`` hold and release it.
 * Header mode (etf1's kafka-message-scheduler): headers ``scheduler-epoch``,
   ``scheduler-target-topic`` and optionally ``scheduler-target-key``; the value is the
   payload byte for byte and the record key is the schedule id.
@@ -31,6 +34,7 @@ from typing import Any
 import orjson
 
 from blackbox.errors import DeadLetterReason, InvalidEnvelope
+from blackbox.recurrence import InvalidRecurrence, Missed, Recurrence
 
 CALLER_HEADER = "CALLER_SERVICE"
 # A signed record's signature (see signing.py): verified before parsing, never delivered.
@@ -100,6 +104,8 @@ class Envelope:
     # Schedule only if the id is neither pending nor ended lately ({"if_absent": true}): a
     # retried create then never schedules twice, even after the first one fired.
     if_absent: bool = False
+    # A series: delivered at each occurrence of this rule (countdown and at_ms unset).
+    recurrence: Recurrence | None = None
 
     def due_ms(self, received_ms: int) -> int:
         """When to deliver: never before `received_ms` (a time in the past fires at once)."""
@@ -136,7 +142,20 @@ class Reschedule:
         return received_ms + (self.countdown_ms or 0)
 
 
-Request = Envelope | Cancel | Reschedule
+# Not frozen, as Cancel.
+@dataclass(slots=True)
+class Hold:
+    """A request to pause (`paused`) or resume the sender's series `schedule_id`."""
+
+    schedule_id: str
+    caller: bytes | None
+    paused: bool
+
+
+Request = Envelope | Cancel | Reschedule | Hold
+# A series' fields: with none of them, a record is a one-off schedule.
+_SERIES_FIELDS = frozenset({"cron", "every", "timezone", "start", "end", "limit", "jitter",
+                            "missed", "grace"})  # fmt: skip
 
 
 def parse(
@@ -173,7 +192,15 @@ def _json_request(document: dict[str, Any], caller: bytes | None, limits: Limits
     if "reschedule" in document and _flag(document, "reschedule"):
         countdown_ms, at_ms = _due(document)
         return Reschedule(_id(_field(document, "id"), "id"), caller, countdown_ms, at_ms)
-    countdown_ms, at_ms = _due(document)
+    for verb in ("pause", "resume"):
+        if verb in document and _flag(document, verb):
+            return Hold(_id(_field(document, "id"), "id"), caller, paused=verb == "pause")
+    recurrence = None
+    if not _SERIES_FIELDS.isdisjoint(document):
+        recurrence = _recurrence(document)
+        countdown_ms, at_ms = None, None
+    else:
+        countdown_ms, at_ms = _due(document)
     return Envelope(
         topic=_target_topic(_field(document, "topic"), limits),
         value=_message_bytes(document),
@@ -184,7 +211,89 @@ def _json_request(document: dict[str, Any], caller: bytes | None, limits: Limits
         headers=_json_headers(document.get("headers")),
         schedule_id=None if document.get("id") is None else _id(document["id"], "id"),
         if_absent=_if_absent(document),
+        recurrence=recurrence,
     )
+
+
+def _recurrence(document: dict[str, Any]) -> Recurrence:
+    """The rule of a series: `cron` or `every`, its zone, bounds and policies."""
+    if "countdown" in document or "deliver_at" in document:
+        raise InvalidEnvelope(
+            _R.CONFLICTING_FIELDS, "a series has cron or every, not countdown or deliver_at"
+        )
+    if "cron" in document and "every" in document:
+        raise InvalidEnvelope(_R.CONFLICTING_FIELDS, "give cron or every, not both")
+    if "cron" not in document and "every" not in document:
+        raise InvalidEnvelope(_R.MISSING_FIELD, "a series needs cron or every")
+    if document.get("id") is None:
+        raise InvalidEnvelope(_R.MISSING_FIELD, "a series needs an id (to update or cancel it)")
+    zone = document.get("timezone", "UTC")
+    if not isinstance(zone, str):
+        raise InvalidEnvelope(_R.WRONG_TYPE, f"timezone must be a string, not {_kind(zone)}")
+    try:
+        return Recurrence(
+            timezone=zone,
+            cron=_text_field(document, "cron"),
+            every_ms=_seconds_field(document, "every"),
+            start_ms=_instant_field(document, "start"),
+            end_ms=_instant_field(document, "end"),
+            limit=_count_field(document, "limit"),
+            jitter_ms=_seconds_field(document, "jitter") or 0,
+            missed=_missed(document),
+            grace_ms=_seconds_field(document, "grace", 60_000) or 0,
+        )
+    except InvalidRecurrence as e:
+        reason = _R.UNKNOWN_TIMEZONE if e.timezone else _R.INVALID_RECURRENCE
+        raise InvalidEnvelope(reason, str(e)) from e
+
+
+def _text_field(document: dict[str, Any], name: str) -> str | None:
+    value = document.get(name)
+    if value is not None and not isinstance(value, str):
+        raise InvalidEnvelope(_R.WRONG_TYPE, f"{name} must be a string, not {_kind(value)}")
+    return value
+
+
+def _seconds_field(document: dict[str, Any], name: str, default: int | None = None) -> int | None:
+    value = document.get(name)
+    if value is None:
+        return default
+    if type(value) is not int and type(value) is not float:
+        raise InvalidEnvelope(_R.WRONG_TYPE, f"{name} must be seconds, not {_kind(value)}")
+    if not math.isfinite(value) or not 0 <= value <= ABSOLUTE_MAX_COUNTDOWN_SECONDS:
+        raise InvalidEnvelope(_R.INVALID_RECURRENCE, f"{name} {value} is not usable seconds")
+    return _seconds_to_ms(value)
+
+
+def _instant_field(document: dict[str, Any], name: str) -> int | None:
+    value = document.get(name)
+    if value is None:
+        return None
+    try:
+        return _deliver_at_ms(value)
+    except InvalidEnvelope as e:
+        detail = e.detail.replace("deliver_at", name)
+        raise InvalidEnvelope(
+            _R.WRONG_TYPE if e.reason is _R.WRONG_TYPE else _R.INVALID_RECURRENCE, detail
+        ) from e
+
+
+def _count_field(document: dict[str, Any], name: str) -> int | None:
+    value = document.get(name)
+    if value is not None and type(value) is not int:
+        raise InvalidEnvelope(_R.WRONG_TYPE, f"{name} must be a whole number, not {_kind(value)}")
+    return value
+
+
+def _missed(document: dict[str, Any]) -> Missed:
+    value = document.get("missed", "once")
+    try:
+        return Missed(value)
+    except ValueError:
+        choices = ", ".join(m.value for m in Missed)
+        raise InvalidEnvelope(
+            _R.INVALID_RECURRENCE, f"missed must be one of {choices}, not {str(value)[:40]!r}"
+        ) from None
 
 
 def _readable(key: bytes | None) -> str | None:

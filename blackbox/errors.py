@@ -35,6 +35,8 @@ class DeadLetterReason(enum.StrEnum):
     UNKNOWN_KEY = "unknown_key"  # signed with a key id the caller's policy does not list
     SIGNATURE_EXPIRED = "signature_expired"  # issued too long ago, or too far from its record
     UNVERIFIED_CALLER = "unverified_caller"  # names a bound caller outside its own topics
+    INVALID_RECURRENCE = "invalid_recurrence"  # a cron, every, start/end, limit that cannot be
+    UNKNOWN_TIMEZONE = "unknown_timezone"  # not an IANA time zone this machine knows
 
 
 class BlackboxError(Exception):

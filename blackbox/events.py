@@ -33,6 +33,11 @@ class Outcome(enum.StrEnum):
     NOT_FOUND = "not_found"
     DEAD_LETTERED = "dead_lettered"
     ALREADY_PENDING = "already_pending"  # an if_absent request for an id pending already
+    PAUSED = "paused"  # a series held: its occurrences are passed over until resumed
+    RESUMED = "resumed"
+    NOT_RECURRING = "not_recurring"  # a pause or resume of a one-off schedule
+    FIRED = "fired"  # one occurrence of a series delivered
+    COMPLETED = "completed"  # a series ended by its limit or its end
 
 
 # Not frozen: one is built per record on the hot path (a frozen one is several
@@ -62,6 +67,7 @@ class Event:
     intake: Coordinates | None = None
     reason: DeadLetterReason | None = None
     detail: str | None = None
+    occurrence_ms: int | None = None  # a series' occurrence (fired, completed)
 
     @classmethod
     def of_stored(  # noqa: PLR0913 - an event's fields, by name
@@ -75,13 +81,16 @@ class Event:
         intake: Coordinates | None = None,
         reason: DeadLetterReason | None = None,
         detail: str | None = None,
+        occurrence_ms: int | None = None,
     ) -> Event:
         """An event about a stored id; a caller's id and its caller are read from the id."""
         own = None
         scoped = split_scoped(blackbox_id)
         if scoped is not None:
             caller, own = scoped
-        return cls(outcome, caller, blackbox_id, own, due_ms, topic, intake, reason, detail)
+        return cls(
+            outcome, caller, blackbox_id, own, due_ms, topic, intake, reason, detail, occurrence_ms
+        )
 
     def record(self, topic: str, at_ms: int) -> Record:
         """The Kafka record carrying this event to `topic`."""
@@ -101,6 +110,8 @@ class Event:
             },
             "at_ms": at_ms,
         }  # fmt: skip
+        if self.occurrence_ms is not None:
+            document["occurrence_ms"] = self.occurrence_ms
         key = self.schedule_id or self.blackbox_id
         headers = [] if self.caller is None else [(CALLER_HEADER, self.caller)]
         return Record(topic, orjson.dumps(document), None if key is None else key.encode(), headers)

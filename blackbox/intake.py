@@ -30,7 +30,7 @@ from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
 from blackbox.crashguard import CRASH_LIMIT, CrashGuard
 from blackbox.deadletter import DeadLetter
-from blackbox.envelope import Cancel, Header, Limits, Request, Reschedule
+from blackbox.envelope import Cancel, Header, Hold, Limits, Request, Reschedule
 from blackbox.errors import BlackboxError, DeadLetterReason, InvalidEnvelope
 from blackbox.events import Coordinates, Event, Outcome
 from blackbox.identity import Identity, Proof
@@ -43,7 +43,15 @@ from blackbox.policy import CallerPolicy
 from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.shares import Nudge
 from blackbox.signing import Parts
-from blackbox.store import Applied, Cancellation, IntakeSlice, Move, RedisStore, Write
+from blackbox.store import (
+    Applied,
+    Cancellation,
+    Holding,
+    IntakeSlice,
+    Move,
+    RedisStore,
+    Write,
+)
 
 log = structlog.get_logger("blackbox.intake")
 # How long one poll waits for a record; also how soon intake sees a stop.
@@ -64,6 +72,9 @@ OUTCOMES = {
     Applied.ALREADY_FIRED: Outcome.ALREADY_FIRED,
     Applied.NOT_FOUND: Outcome.NOT_FOUND,
     Applied.ALREADY_PENDING: Outcome.ALREADY_PENDING,
+    Applied.NOT_RECURRING: Outcome.NOT_RECURRING,
+    Applied.PAUSED: Outcome.PAUSED,
+    Applied.RESUMED: Outcome.RESUMED,
 }
 
 
@@ -411,6 +422,9 @@ class Intake:
         """What to apply in Redis for a valid request; the caller's policy may still refuse."""
         if isinstance(request, Cancel):
             return Cancellation(scoped_id(request.caller, request.schedule_id))
+        if isinstance(request, Hold):
+            return Holding(scoped_id(request.caller, request.schedule_id), request.caller,
+                           request.paused)  # fmt: skip
         received = received_ms(message, now)
         if isinstance(request, Reschedule):
             due_ms = request.due_ms(received)
@@ -573,6 +587,10 @@ def _label(code: Applied) -> str:
 def _event(coordinates: Coordinates, write: Write, code: Applied) -> Event:
     if isinstance(write, Cancellation):
         return Event.of_stored(OUTCOMES[code], write.id, None, intake=coordinates)
+    if isinstance(write, Holding):
+        if code is Applied.REREAD_PENDING:
+            code = Applied.PAUSED if write.paused else Applied.RESUMED
+        return Event.of_stored(OUTCOMES[code], write.id, write.caller, intake=coordinates)
     if code is Applied.REREAD_PENDING:  # answered again, as it was the first time
         code = Applied.UPDATED if isinstance(write, Move) else Applied.SCHEDULED
     if isinstance(write, Move):

@@ -65,6 +65,11 @@ class Metrics:
             ["dependency"],
             registry=self.registry,
         )
+        self.series_passed = Counter(
+            "blackbox_series_passed",
+            "Claims of a series that passed over occurrences: missed (by its policy) or paused.",
+            registry=self.registry,
+        )
         self.events_dropped = Counter(
             "blackbox_events_dropped",
             "Answers that never reached the events topic (refused, or pending at stop); logged.",

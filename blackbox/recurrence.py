@@ -145,6 +145,10 @@ class Recurrence:
     def _cron_before(self, at_ms: int) -> int | None:
         zone = _zone(self.timezone)
         ceiling = _wall(at_ms, zone)
+        # In the second pass of a repeated hour the wall clock reads earlier than it did in
+        # the first: look back from the later reading (what the clock showed before).
+        repeated = at_ms - _ms(ceiling.replace(tzinfo=zone, fold=0))
+        ceiling += timedelta(milliseconds=max(0, repeated))
         if ceiling.microsecond:
             ceiling = ceiling.replace(microsecond=0) + _SECOND
         for wall in _cron(self.cron or "", ceiling, reverse=True):

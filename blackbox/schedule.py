@@ -13,24 +13,32 @@ Anything richer uses version 2, where a flags byte says which optional parts fol
 
     version  u8      2
     due_ms   i64
-    flags    u8      1 caller, 2 key, 4 headers, 8 origin, 16 etf1
+    flags    u8      1 caller, 2 key, 4 headers, 8 origin, 16 etf1, 32 series, 64 paused
     topic    u8 len  + UTF-8
     caller   u16 len + bytes                        (flag 1)
     key      u32 len + bytes                        (flag 2)
     headers  u16 count, each u16 len + name, u32 len + value (0xFFFFFFFF: none) (flag 4)
     origin   u16 len + "topic:partition:offset[:tag]"  (flag 8; up to 289 bytes)
     sent_ms  i64     the intake record's timestamp  (flag 16)
+    series   u16 len + JSON: the rule, the occurrence stored and how many fired (flag 32)
     value    the rest
+
+A series' due time is its stored occurrence plus that occurrence's jitter. The paused flag
+(64) is the only bit a script sets in place (intake.lua's pause and resume): it sits in the
+flags byte, at offset 9.
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import quote, unquote
 
+import orjson
+
 from blackbox.envelope import Envelope, Header
-from blackbox.errors import CorruptSchedule
+from blackbox.errors import CorruptSchedule, DeadLetterReason, InvalidEnvelope
+from blackbox.recurrence import InvalidRecurrence, Recurrence
 
 _HEAD = struct.Struct(">BqB")
 _U16, _U32, _I64 = (
@@ -41,9 +49,34 @@ _U16, _U32, _I64 = (
 _NO_CALLER = 0xFFFF
 _NO_VALUE = 0xFFFFFFFF
 _MAX_TOPIC_BYTES = 255
-_CALLER, _KEY, _HEADERS, _ORIGIN, _ETF1 = 1, 2, 4, 8, 16
+_CALLER, _KEY, _HEADERS, _ORIGIN, _ETF1, _SERIES, _PAUSED = 1, 2, 4, 8, 16, 32, 64
 # Ids a caller chose start with this; intake-derived ids start with a topic name.
 SCOPED_PREFIX = "@"
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """Where a recurring schedule stands: its rule, the occurrence stored (nominal epoch
+    ms, before jitter), how many occurrences have fired, and whether it is paused."""
+
+    rule: Recurrence
+    occurrence_ms: int
+    fired: int = 0
+    paused: bool = False
+
+    def encode(self) -> bytes:
+        document = {**self.rule.to_json(), "occurrence_ms": self.occurrence_ms,
+                    "fired": self.fired}  # fmt: skip
+        return orjson.dumps(document)
+
+    @classmethod
+    def decode(cls, raw: bytes, paused: bool) -> Series:
+        try:
+            document = orjson.loads(raw)
+            occurrence_ms, fired = document.pop("occurrence_ms"), document.pop("fired")
+            return cls(Recurrence.from_json(document), occurrence_ms, fired, paused)
+        except (InvalidRecurrence, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"series: {e!r}") from e
 
 
 # Not frozen: one is built per message on the hot path, and a frozen dataclass is
@@ -68,6 +101,7 @@ class Schedule:
     sent_ms: int | None = None
     # Intake only, never stored: apply only if the id is neither pending nor ended lately.
     if_absent: bool = False
+    series: Series | None = None
 
     @classmethod
     def from_envelope(
@@ -75,17 +109,26 @@ class Schedule:
     ) -> Schedule:
         """The schedule an intake record at `origin` asks for."""
         scoped = envelope.schedule_id is not None
+        schedule_id = scoped_id(envelope.caller, envelope.schedule_id) if scoped else origin  # type: ignore[arg-type]
+        series, due_ms = None, 0
+        if envelope.recurrence is not None:
+            try:
+                series = first_occurrence(envelope.recurrence, received_ms)
+            except InvalidRecurrence as e:
+                raise InvalidEnvelope(DeadLetterReason.INVALID_RECURRENCE, str(e)) from e
+            due_ms = series.occurrence_ms + series.rule.jitter_of(schedule_id, series.occurrence_ms)
         return cls(
-            id=scoped_id(envelope.caller, envelope.schedule_id) if scoped else origin,  # type: ignore[arg-type]
+            id=schedule_id,
             topic=envelope.topic,
             value=envelope.value,
-            due_ms=envelope.due_ms(received_ms),
+            due_ms=envelope.due_ms(received_ms) if series is None else due_ms,
             caller=envelope.caller,
             key=envelope.key,
             headers=envelope.headers,
             origin=origin if scoped else None,
             sent_ms=sent_ms if envelope.etf1 else None,
             if_absent=envelope.if_absent,
+            series=series,
         )
 
     @property
@@ -97,7 +140,8 @@ class Schedule:
         topic = self.topic.encode("utf-8")
         if len(topic) > _MAX_TOPIC_BYTES:
             raise ValueError(f"topic of {len(topic)} bytes exceeds {_MAX_TOPIC_BYTES}")
-        if self.key is None and not self.headers and self.origin is None and self.sent_ms is None:
+        plain = self.origin is None and self.sent_ms is None and self.series is None
+        if plain and self.key is None and not self.headers:
             caller = _NO_CALLER if self.caller is None else len(self.caller)
             head = _HEAD.pack(1, self.due_ms, len(topic)) + topic
             return b"".join((head, _U16.pack(caller), self.caller or b"", self.value))
@@ -125,6 +169,10 @@ class Schedule:
         if self.sent_ms is not None:
             flags |= _ETF1
             parts.append(_I64.pack(self.sent_ms))
+        if self.series is not None:
+            flags |= _SERIES | (_PAUSED if self.series.paused else 0)
+            rule = self.series.encode()
+            parts += [_U16.pack(len(rule)), rule]
         parts[0] = struct.pack(">BqBB", 2, self.due_ms, flags, len(topic)) + topic
         return b"".join([*parts, self.value])
 
@@ -180,9 +228,13 @@ class _Reader:
         headers = self.headers() if flags & _HEADERS else ()
         origin = self.take(self.unpack(_U16)).decode("utf-8") if flags & _ORIGIN else None
         sent_ms = self.unpack(_I64) if flags & _ETF1 else None
+        series = None
+        if flags & _SERIES:
+            series = Series.decode(self.take(self.unpack(_U16)), bool(flags & _PAUSED))
         return Schedule(
-            schedule_id, topic, self.raw[self.at :], due_ms, caller, key, headers, origin, sent_ms
-        )
+            schedule_id, topic, self.raw[self.at :], due_ms, caller, key, headers, origin,
+            sent_ms, series=series,
+        )  # fmt: skip
 
     def headers(self) -> tuple[Header, ...]:
         read: list[Header] = []
@@ -191,6 +243,17 @@ class _Reader:
             size = self.unpack(_U32)
             read.append((name, None if size == _NO_VALUE else self.take(size)))
         return tuple(read)
+
+
+def first_occurrence(rule: Recurrence, received_ms: int) -> Series:
+    """A new series: its first occurrence at or after `received_ms`, counted from then
+    (`every`) unless it names a `start`. Raises InvalidRecurrence when it has none."""
+    if rule.every_ms is not None:
+        rule = replace(rule, anchor_ms=received_ms if rule.start_ms is None else rule.start_ms)
+    first = rule.first(received_ms)
+    if first is None:
+        raise InvalidRecurrence("the series has no occurrence: its end has passed")
+    return Series(rule, first)
 
 
 def intake_id(topic: str, partition: int, offset: int, incarnation: str = "") -> str:

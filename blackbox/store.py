@@ -32,8 +32,8 @@ RESCHEDULE_CHANGED = 6  # reschedule.lua: the payload changed since it was read
 DEFAULT_CLAIM_BYTES = 16 * 1024 * 1024
 # intake.lua's ops: a new id derived from the record, a caller's id stored or replaced, a
 # cancel of a caller's id, a move of a caller's pending id to another due time, a caller's
-# id stored only if neither pending nor ended lately.
-NEW, UPSERT, CANCEL, MOVE, ONCE = "n", "u", "c", "m", "o"
+# id stored only if neither pending nor ended lately, a pause and a resume of a series.
+NEW, UPSERT, CANCEL, MOVE, ONCE, PAUSE, RESUME = "n", "u", "c", "m", "o", "p", "r"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,25 @@ class Move:
     due_ms: int
 
 
-Write = Schedule | Cancellation | Move
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """A request to pause (`paused`) or resume the series `id` (a caller's id)."""
+
+    id: str
+    caller: bytes | None
+    paused: bool
+
+
+Write = Schedule | Cancellation | Move | Holding
+
+
+@dataclass(frozen=True, slots=True)
+class Advance:
+    """A fired (or passed over) occurrence of a series to settle: the series' next version
+    (`next`) stored in the same step, or, with None, the series ends."""
+
+    id: str
+    next: Schedule | None
 
 
 class Applied(enum.IntEnum):
@@ -67,6 +85,9 @@ class Applied(enum.IntEnum):
     NOT_FOUND = 5
     ALREADY_PENDING = 7  # an if_absent request for an id pending already: nothing changed
     REREAD_PENDING = 8  # a re-read of a request applied before, its id still there: answered again
+    NOT_RECURRING = 9  # a pause or resume of a one-off schedule: nothing changed
+    PAUSED = 10
+    RESUMED = 11
 
 
 _APPLIED = {int(code): code for code in Applied}
@@ -344,6 +365,7 @@ class RedisStore:
         self._tag_bytes = [len(keys.tag.encode("utf-8")) for keys in layout.shards]
         self._claim = _script(client, "claim")
         self._ack = _script(client, "ack")
+        self._advance = _script(client, "advance")
         self._retry = _script(client, "retry")
         self._release = _script(client, "release")
         self._reclaim = _script(client, "reclaim")
@@ -419,14 +441,19 @@ class RedisStore:
     def _args(self, offset: int, write: Write, now_ms: int) -> tuple[Any, ...]:
         if isinstance(write, Cancellation):
             return (offset, CANCEL, 0, 0, b"")
+        if isinstance(write, Holding):
+            return (offset, PAUSE if write.paused else RESUME, 0, 0, b"")
         if isinstance(write, Move):
-            ttl = max(0, math.ceil((write.due_ms - now_ms) / 1000)) + self.grace_seconds
-            return (offset, MOVE, write.due_ms, ttl, b"")
+            return (offset, MOVE, write.due_ms, self.ttl(write.due_ms, now_ms), b"")
         op = UPSERT if write.id.startswith(SCOPED_PREFIX) else NEW
         if write.if_absent and op == UPSERT:
             op = ONCE
-        ttl = max(0, math.ceil((write.due_ms - now_ms) / 1000)) + self.grace_seconds
-        return (offset, op, write.due_ms, ttl, write.encode())
+        return (offset, op, write.due_ms, self.ttl(write.due_ms, now_ms), write.encode())
+
+    def ttl(self, due_ms: int, now_ms: int) -> int:
+        """Seconds a payload due at `due_ms` is kept from `now_ms`: to its due time, then
+        the grace firing has to deliver it."""
+        return max(0, math.ceil((due_ms - now_ms) / 1000)) + self.grace_seconds
 
     def claim_due(  # noqa: PLR0913 - the claim script's arguments, each named
         self, now_ms: int, limit: int, lease_ms: int, shard: int = 0, *,
@@ -469,6 +496,25 @@ class RedisStore:
             args = [token, self.ended_retention_seconds, *chunk]
             acked += int(self._ack(keys=keys, args=args))
         return acked
+
+    def advance(self, items: Sequence[Advance], token: float, now_ms: int, shard: int = 0) -> int:
+        """Settle fired occurrences of series in `shard`: each one's next version stored, or
+        the series ended, in the step that forgets this one; how many were still ours."""
+        settled = 0
+        keys_of = self.layout.shards[shard]
+        for chunk in _chunks(items):
+            keys = [keys_of.in_flight, keys_of.due, keys_of.attempts]
+            args: list[Any] = [token, self.ended_retention_seconds]
+            for item in chunk:
+                keys += [keys_of.payload(item.id), keys_of.ended(item.id)]
+                following = item.next
+                if following is None:
+                    args += [item.id, "", 0, b""]
+                else:
+                    ttl = self.ttl(following.due_ms, now_ms)
+                    args += [item.id, following.due_ms, ttl, following.encode()]
+            settled += int(self._advance(keys=keys, args=args))
+        return settled
 
     def retry(self, ids: Sequence[str], token: float, retry_at_ms: int, shard: int = 0) -> int:
         """Give failed ids of `shard` back to due at `retry_at_ms`, counting the attempt."""
@@ -531,7 +577,7 @@ class RedisStore:
         keys_of = self.layout.keys_of(schedule_id)
         keys = [keys_of.due, keys_of.in_flight, keys_of.payload(schedule_id),
                 keys_of.ended(schedule_id)]  # fmt: skip
-        ttl = max(0, math.ceil((due_ms - now_ms) / 1000)) + self.grace_seconds
+        ttl = self.ttl(due_ms, now_ms)
         for _ in range(RESCHEDULE_TRIES):
             raw: bytes = self.client.get(keys[2]) or b""  # type: ignore[assignment]
             moved = Schedule.decode(schedule_id, raw) if raw else None

@@ -25,12 +25,14 @@
 --              TTL and payload unused); "m": move a caller's pending id to the due time,
 --              its payload kept but for the due time it encodes (payload unused); "o": a
 --              caller's id stored only if it is neither pending nor ended lately (answered
---              7 when it is pending already, else as it ended: a retried create is a no-op).
+--              7 when it is pending already, else as it ended: a retried create is a no-op);
+--              "p" / "r": pause / resume a caller's series (due, TTL and payload unused).
 --
 -- Returns: one code per request: 0 already applied (a re-read), 1 scheduled, 2 updated,
 -- 3 cancelled, 4 already fired (or, for a move, being produced right now), 5 not found,
 -- 7 already pending (op "o": nothing changed), 8 applied before and still pending or in
--- flight (a re-read: answered again, nothing changed). An error, changing nothing, when the chunk
+-- flight (a re-read: answered again, nothing changed), 9 not a series (a pause or resume of
+-- a one-off schedule), 10 paused, 11 resumed. An error, changing nothing, when the chunk
 -- before this one did not run (its call failed): applying this one would move the
 -- watermark past requests never applied, and a retry would skip them as re-reads.
 -- Invariants: a record at or below the watermark was applied before; re-reading it after a
@@ -82,6 +84,22 @@ local function move(payload_key, marker_key, id, due, ttl)
   return 2
 end
 
+-- Pause or resume a series: the paused bit (64) of its payload's flags byte, nothing else.
+-- A series paused stays due: the dispatcher passes over its occurrences until resumed.
+local function hold(payload_key, marker_key, id, pause)
+  local payload = redis.call('GET', payload_key)
+  if not payload or not (redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)) then
+    return ended_code(sets, marker_key, id)
+  end
+  if not is_series(payload) then return 9 end
+  local flags = string.byte(payload, 10)
+  if pause then flags = bit.bor(flags, 64) else flags = bit.band(flags, 191) end
+  local held = string.sub(payload, 1, 9) .. string.char(flags) .. string.sub(payload, 11)
+  redis.call('SET', payload_key, held, 'KEEPTTL')
+  if pause then return 10 end
+  return 11
+end
+
 local tag_length = tonumber(ARGV[4])
 local k = 5
 for a = 6, #ARGV, 5 do
@@ -124,6 +142,8 @@ for a = 6, #ARGV, 5 do
       end
     elseif op == 'm' then
       code = move(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3])
+    elseif op == 'p' or op == 'r' then
+      code = hold(payload_key, marker_key, id, op == 'p')
     else
       code = cancel(sets, payload_key, marker_key, id, retention)
     end

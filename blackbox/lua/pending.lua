@@ -17,11 +17,20 @@ local function ended_code(sets, marker_key, id)
   return 5
 end
 
+-- Whether a stored payload is a series' (schedule.py: version 2, flag 32 of the flags byte).
+local function is_series(payload)
+  return payload and string.byte(payload, 1) == 2 and bit.band(string.byte(payload, 10), 32) ~= 0
+end
+
 -- Drop a pending id (its payload too, unless a replica is producing it: the dispatcher then
 -- skips it on the "c" marker) and remember for `retention` seconds that it was cancelled.
+-- A series being fired ends too: the occurrence in flight is delivered, and its "c" marker
+-- keeps advance.lua from storing the next.
 -- Returns 3 cancelled, or how it ended before (see ended_code).
 local function cancel(sets, payload_key, marker_key, id, retention)
-  if redis.call('ZSCORE', sets.due, id) then
+  local firing_series = redis.call('ZSCORE', sets.fly, id) and redis.call('GET', marker_key) ~= 'c'
+    and is_series(redis.call('GET', payload_key))
+  if redis.call('ZSCORE', sets.due, id) or firing_series then
     redis.call('ZREM', sets.due, id)
     redis.call('HDEL', sets.attempts, id)
     if not redis.call('ZSCORE', sets.fly, id) then
