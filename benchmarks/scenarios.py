@@ -37,7 +37,9 @@ from benchmarks.histograms import between, scrape
 from benchmarks.stack import (
     Stack,
     broker_name,
+    cpu_seconds,
     local_stack,
+    redis_cpu_seconds,
     service_process,
     time_storing,
 )
@@ -92,7 +94,7 @@ def service_lateness(stack: Stack) -> dict[str, dict[str, float | None]]:
 
 
 def s1_burst(count: int = 20_000, ahead_s: float = 10.0) -> Result:
-    with local_stack() as stack, service_process(stack):
+    with local_stack() as stack, service_process(stack) as process:
         producer = new_producer(stack)
         warm_up(stack, producer)
         target = f"s1-{uuid.uuid4().hex[:8]}"
@@ -101,7 +103,14 @@ def s1_burst(count: int = 20_000, ahead_s: float = 10.0) -> Result:
         for n in range(count):
             send(producer, stack.settings.intake_topic, target, n, (due - now_ms()) / 1000)
         producer.flush(30)
+        client = redis.Redis.from_url(stack.redis.url)
+        # CPU from the due instant to the last delivery: the firing alone.
+        time.sleep(max(0.0, (due - now_ms()) / 1000))
+        cpu_due, redis_due = cpu_seconds(process.pid), redis_cpu_seconds(client)
         got = collector.result(timeout=ahead_s + 70)
+        cpu = cpu_seconds(process.pid) - cpu_due
+        redis_cpu = redis_cpu_seconds(client) - redis_due
+        client.close()
         service = service_lateness(stack)
     arrivals = [arrived for arrived, _ in got.first_copies()]
     instant = min((d for _, d in got.first_copies()), default=due)
@@ -113,6 +122,8 @@ def s1_burst(count: int = 20_000, ahead_s: float = 10.0) -> Result:
         "fire_rate_per_s": round(len(arrivals) / span_s) if span_s else None,
         "lateness_ms": summary(got.lateness_ms()),
         "service_send_lateness_ms": service["send"], "service_ack_lateness_ms": service["ack"],
+        "service_cpu_us_per_fired": round(cpu / count * 1e6, 1),
+        "redis_cpu_us_per_fired": round(redis_cpu / count * 1e6, 1),
     }  # fmt: skip
 
 
