@@ -10,6 +10,10 @@ delivered records of the target topics (their `blackbox-id`, `blackbox-version` 
 * delivered after a cancel, delivered early (before its due time), late beyond a threshold;
 * dead letters by reason; lateness by target topic and caller; deliveries per minute.
 
+Series (recurring schedules) are counted apart, by occurrence (`series.py`): the figures
+above are those of one-off schedules, except lateness, early and late, which judge every
+delivered record against its own due time.
+
 Each finding is a Parquet table under the output folder; `report.py` draws the HTML report.
 """
 
@@ -27,13 +31,14 @@ from pyspark.sql import functions as F
 from blackbox.envelope import CALLER_HEADER
 from blackbox.events import Outcome
 from blackbox.metrics import LATENESS_BUCKETS
-from blackbox.spark import topics
+from blackbox.spark import series, topics
 
 log = structlog.get_logger("blackbox.spark.audit")
 
 EVENT_SCHEMA = (
     "outcome string, caller string, id string, blackbox_id string, due_ms long, topic string, "
-    "reason string, at_ms long, intake struct<topic:string, partition:long, offset:long>"
+    "reason string, at_ms long, intake struct<topic:string, partition:long, offset:long>, "
+    "occurrence_ms long"
 )
 PERCENTILES = (0.5, 0.9, 0.99)
 _MINUTE_MS = 60_000
@@ -58,6 +63,7 @@ class Findings:
     """The audit's figures; `tables` holds the small aggregates the report draws."""
 
     counts: dict[str, int] = field(default_factory=dict)
+    series: dict[str, int] = field(default_factory=dict)
     dead_letters: dict[str, int] = field(default_factory=dict)
     lateness_buckets: list[tuple[float, int]] = field(default_factory=list)
     lateness_ms: dict[str, float | None] = field(default_factory=dict)
@@ -66,7 +72,8 @@ class Findings:
 
     def failed(self) -> bool:
         """Whether the audit should fail a scheduled check: anything lost or too late."""
-        return self.counts.get("lost", 0) > 0 or self.counts.get("late", 0) > 0
+        lost = self.counts.get("lost", 0) + self.series.get("lost", 0)
+        return lost > 0 or self.counts.get("late", 0) > 0
 
 
 def read_events(
@@ -88,6 +95,7 @@ def read_deliveries(
         topics.header("blackbox-id").alias("blackbox_id"),
         topics.header("blackbox-version").alias("version"),
         topics.header("blackbox-due-ms").cast("long").alias("due_ms"),
+        topics.header("blackbox-occurrence-ms").cast("long").alias("occurrence_ms"),
         topics.header(CALLER_HEADER).alias("caller"),
         "topic", "partition", "offset",
         topics.millis().alias("delivered_ms"),
@@ -97,8 +105,10 @@ def read_deliveries(
 
 
 def target_topics(events: DataFrame) -> list[str]:
-    """The topics the window's schedules target."""
-    scheduled = events.where(F.col("outcome").isin(*_SCHEDULED)).select("topic").distinct()
+    """The topics the window's schedules target, and those its series' occurrences went to
+    (a series may have been scheduled long before the window)."""
+    told = (*_SCHEDULED, Outcome.FIRED.value)
+    scheduled = events.where(F.col("outcome").isin(*told)).select("topic").distinct()
     return sorted(r["topic"] for r in scheduled.collect() if r["topic"])
 
 
@@ -136,9 +146,11 @@ def lost(scheduled: DataFrame, delivered: DataFrame, cancelled: DataFrame, dead:
 
 
 def duplicates(delivered: DataFrame) -> DataFrame:
-    """Versions delivered more than once, with how many copies."""
-    copies = delivered.groupBy("blackbox_id", "version", "topic").agg(
-        F.count(F.lit(1)).alias("copies"), F.min("delivered_ms").alias("first_ms")
+    """Versions of one-off schedules delivered more than once, with how many copies."""
+    copies = (
+        delivered.where(~series.recurring(delivered))
+        .groupBy("blackbox_id", "version", "topic")
+        .agg(F.count(F.lit(1)).alias("copies"), F.min("delivered_ms").alias("first_ms"))
     )
     return copies.where(F.col("copies") > 1)
 
@@ -178,10 +190,12 @@ def by_target(delivered: DataFrame) -> DataFrame:
     return grouped.select("topic", "caller", "deliveries", *named, "max_ms").orderBy("topic")
 
 
-def per_minute(scheduled: DataFrame, delivered: DataFrame) -> DataFrame:
-    """Deliveries per minute against what fell due in that minute."""
+def per_minute(scheduled: DataFrame, fired: DataFrame, delivered: DataFrame) -> DataFrame:
+    """Deliveries per minute against what fell due in that minute (one-off schedules, and
+    series' occurrences announced fired)."""
     minute = (F.col("t") / _MINUTE_MS).cast("long") * _MINUTE_MS
-    due = scheduled.select(F.col("due_ms").alias("t")).groupBy(minute.alias("minute_ms"))
+    dues = scheduled.select(F.col("due_ms").alias("t")).union(fired.select("due_ms"))
+    due = dues.groupBy(minute.alias("minute_ms"))
     done = delivered.select(F.col("delivered_ms").alias("t")).groupBy(minute.alias("minute_ms"))
     joined = due.agg(F.count(F.lit(1)).alias("due")).join(
         done.agg(F.count(F.lit(1)).alias("delivered")), "minute_ms", "full_outer"
@@ -209,7 +223,7 @@ def run(spark: SparkSession, audit: Audit) -> Findings:
     log.info("audit_reading", events_topic=audit.events_topic, targets=targets)
     delivered = _deliveries(spark, audit, targets).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        return _find(events, delivered, audit)
+        return _find(events, delivered, audit, targets)
     finally:
         delivered.unpersist()
         events.unpersist()
@@ -217,30 +231,48 @@ def run(spark: SparkSession, audit: Audit) -> Findings:
 
 def _deliveries(spark: SparkSession, audit: Audit, targets: Sequence[str]) -> DataFrame:
     if not targets:
-        schema = "blackbox_id string, version string, due_ms long, caller string, topic string, " \
-                 "partition int, offset long, delivered_ms long, lateness_ms long"  # fmt: skip
+        schema = "blackbox_id string, version string, due_ms long, occurrence_ms long, " \
+                 "caller string, topic string, partition int, offset long, delivered_ms long, " \
+                 "lateness_ms long"  # fmt: skip
         return spark.createDataFrame([], schema)
     return read_deliveries(spark, audit.kafka, targets, audit.window.since_ms)
 
 
-def _find(events: DataFrame, delivered: DataFrame, audit: Audit) -> Findings:
-    scheduled, cancelled, dead = schedules(events), cancels(events), dead_letters(events)
+def _find(
+    events: DataFrame, delivered: DataFrame, audit: Audit, targets: Sequence[str]
+) -> Findings:
+    cancelled, dead = cancels(events), dead_letters(events)
+    recurring = series.ids(events, delivered)
+    scheduled = schedules(events).join(recurring, "blackbox_id", "left_anti")
+    fired = series.fired(events, targets, audit.window.since_ms)
     tables = {
         "deliveries": delivered,
         "schedules": scheduled,
         "lost": lost(scheduled, delivered, cancelled, dead, audit.window),
         "duplicates": duplicates(delivered),
+        **_series_tables(recurring, delivered, fired),
         "after_cancel": after_cancel(delivered, cancelled),
         "early": delivered.where(F.col("lateness_ms") < 0),
         "late": delivered.where(F.col("lateness_ms") > (audit.max_late_ms or 0))
         if audit.max_late_ms is not None else delivered.limit(0),
         "dead_letters": dead,
         "lateness_by_target": by_target(delivered),
-        "per_minute": per_minute(scheduled, delivered),
+        "per_minute": per_minute(scheduled, fired, delivered),
     }  # fmt: skip
     for name, table in tables.items():
         table.write.mode("overwrite").parquet(f"{audit.out}/{name}")
     return _figures(tables, delivered, audit)
+
+
+def _series_tables(
+    recurring: DataFrame, delivered: DataFrame, fired: DataFrame
+) -> dict[str, DataFrame]:
+    missing = series.lost(fired, delivered)
+    return {
+        "series": series.per_series(recurring, delivered, fired, missing),
+        "series_duplicates": series.duplicates(delivered),
+        "series_lost": missing,
+    }
 
 
 def _figures(tables: dict[str, DataFrame], delivered: DataFrame, audit: Audit) -> Findings:
@@ -251,19 +283,31 @@ def _figures(tables: dict[str, DataFrame], delivered: DataFrame, audit: Audit) -
                                                "late", "dead_letters")}  # fmt: skip
     dupes = written["duplicates"].agg(F.count(F.lit(1)), F.sum(F.col("copies") - 1)).first()
     deliveries = written["deliveries"]
+    one_off = deliveries.where(~series.recurring(deliveries))
     counts |= {
         "scheduled": counts.pop("schedules"),
-        "deliveries": deliveries.count(),
-        "delivered": deliveries.select("blackbox_id").distinct().count(),
+        "deliveries": one_off.count(),
+        "delivered": one_off.select("blackbox_id").distinct().count(),
         "duplicated": int(dupes[0] or 0) if dupes else 0,
         "extra_copies": int(dupes[1] or 0) if dupes else 0,
     }
     reasons = written["dead_letters"].groupBy("reason").count().collect()
     return Findings(
         counts=counts,
+        series=_series_figures(written["series"]),
         dead_letters={r["reason"]: int(r["count"]) for r in reasons},
         lateness_buckets=lateness_buckets(deliveries),
         lateness_ms=lateness_summary(deliveries),
         by_target=[r.asDict() for r in written["lateness_by_target"].collect()],
         per_minute=[r.asDict() for r in written["per_minute"].collect()],
     )
+
+
+def _series_figures(per_series: DataFrame) -> dict[str, int]:
+    """The series' totals, from their table: series, occurrences delivered and announced,
+    records, duplicated and lost occurrences, extra copies."""
+    names = ("occurrences", "deliveries", "duplicated", "fired", "lost")
+    row = per_series.agg(F.count(F.lit(1)).alias("series"),
+                         *[F.sum(n).alias(n) for n in names]).first()  # fmt: skip
+    figures = {n: int((row[n] if row else 0) or 0) for n in ("series", *names)}
+    return figures | {"extra_copies": figures["deliveries"] - figures["occurrences"]}

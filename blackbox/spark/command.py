@@ -114,7 +114,8 @@ def _audit_options(jobs: Any) -> None:
     p = jobs.add_parser(
         "audit", formatter_class=_RAW, help="check that what was scheduled was delivered",
         description="Audit deliveries over a window: lost, duplicated, early, late, after a "
-        "cancel,\ndead letters. Writes Parquet tables and report.html under --out.\n"
+        "cancel,\ndead letters; a series (recurring schedule) by occurrence. Writes Parquet "
+        "tables\nand report.html under --out.\n"
         "Exit 3 when anything is lost, or late beyond --max-late.",
     )  # fmt: skip
     p.add_argument("--out", required=True, help="folder for the tables and the report")

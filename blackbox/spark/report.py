@@ -18,16 +18,26 @@ from blackbox.spark.audit import Audit, Findings
 
 CHARTS = ("lateness.png", "by_target.png", "per_minute.png", "dead_letters.png")
 _ROWS = (
-    ("scheduled", "scheduled ids"),
-    ("delivered", "delivered ids"),
-    ("deliveries", "delivered records"),
-    ("lost", "lost"),
-    ("duplicated", "ids delivered more than once"),
-    ("extra_copies", "extra copies"),
+    ("scheduled", "scheduled ids (one-off)"),
+    ("delivered", "delivered ids (one-off)"),
+    ("deliveries", "delivered records (one-off)"),
+    ("lost", "lost (one-off)"),
+    ("duplicated", "ids delivered more than once (one-off)"),
+    ("extra_copies", "extra copies (one-off)"),
     ("after_cancel", "delivered after a cancel"),
     ("early", "delivered early"),
     ("late", "late beyond the threshold"),
     ("dead_letters", "dead letters"),
+)
+# A series is counted by occurrence: its second occurrence is no copy of its first.
+_SERIES_ROWS = (
+    ("series", "series (recurring schedules)"),
+    ("occurrences", "occurrences delivered"),
+    ("deliveries", "delivered records"),
+    ("fired", "occurrences announced fired (due in the window)"),
+    ("lost", "announced fired, not on the target topic"),
+    ("duplicated", "occurrences delivered more than once"),
+    ("extra_copies", "extra copies"),
 )
 
 
@@ -52,6 +62,7 @@ def summary(findings: Findings, audit: Audit) -> dict[str, object]:
             "margin_seconds": audit.window.margin_ms / 1000,
         },
         "counts": findings.counts,
+        "series": findings.series,
         "dead_letters": findings.dead_letters,
         "lateness_ms": findings.lateness_ms,
         "max_late_seconds": None if audit.max_late_ms is None else audit.max_late_ms / 1000,
@@ -128,10 +139,7 @@ def _dead_letters(findings: Findings) -> Figure:
 
 def _page(findings: Findings, audit: Audit) -> str:
     verdict = "FAILED: messages lost or late" if findings.failed() else "passed"
-    rows = "".join(
-        f"<tr><td>{html.escape(label)}</td><td>{findings.counts.get(key, 0):,}</td></tr>"
-        for key, label in _ROWS
-    )
+    rows, series = _table(findings.counts, _ROWS), _table(findings.series, _SERIES_ROWS)
     late = "".join(f"<tr><td>{k}</td><td>{'' if v is None else f'{v:,.0f}'}</td></tr>"
                    for k, v in findings.lateness_ms.items())  # fmt: skip
     charts = "".join(f'<p><img src="{name}" alt="{name}"></p>' for name in CHARTS)
@@ -143,6 +151,15 @@ def _page(findings: Findings, audit: Audit) -> str:
         f"</head><body><h1>blackbox delivery audit: {verdict}</h1>"
         f"<p>Window {window}, margin {audit.window.margin_ms / 1000:g} s, events topic "
         f"<code>{html.escape(audit.events_topic)}</code>.</p>"
-        f"<table>{rows}</table><h2>Lateness (ms)</h2><table>{late}</table>{charts}"
+        f"<h2>One-off schedules</h2><table>{rows}</table>"
+        f"<h2>Series, by occurrence</h2><table>{series}</table>"
+        f"<h2>Lateness (ms)</h2><table>{late}</table>{charts}"
         "</body></html>\n"
+    )
+
+
+def _table(counts: dict[str, int], labels: tuple[tuple[str, str], ...]) -> str:
+    return "".join(
+        f"<tr><td>{html.escape(label)}</td><td>{counts.get(key, 0):,}</td></tr>"
+        for key, label in labels
     )

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import redis
 from confluent_kafka import Producer
@@ -22,13 +23,14 @@ from pyspark.sql import SparkSession
 
 from blackbox import cli, kafka
 from blackbox.client import Client
+from blackbox.envelope import CALLER_HEADER
 from blackbox.metrics import LATENESS_BUCKETS
 from blackbox.schedule import scoped_id
 from blackbox.service import Service
 from blackbox.signing import Signer, private_pem, public_text
 from blackbox.spark import example, session
-from tests.integration.conftest import ReaderFactory, ServiceFactory
-from tests.kafkatools import Received, unique, wait_until
+from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
+from tests.kafkatools import Received, produce, unique, wait_until
 
 # A Spark job starts Python workers and a JVM stage per step: minutes on a loaded machine.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -181,6 +183,66 @@ def _produce_copies(bootstrap: str, records: list[Received]) -> None:
     for r in records:
         producer.produce(r.topic, r.value, r.key, headers=list(r.headers.items()))
     assert producer.flush(30) == 0
+
+
+def test_audit_counts_a_series_by_occurrence(
+    spark: SparkSession,
+    job_env: dict[str, str],
+    start_service: ServiceFactory,
+    reader: ReaderFactory,
+    tmp_path: Path,
+) -> None:
+    """Guarantees 2 and 8 in the audit: a series is counted by (blackbox-id, occurrence).
+    Its 3 occurrences delivered (one of them copied by hand) are 3 occurrences, 1 duplicated,
+    not 3 duplicates of one id; the one-off schedules delivered beside it to the same topic
+    have 0 duplicates; an occurrence announced `fired` that the topic does not hold is lost,
+    and fails the check."""
+    service = start_service()
+    started_ms = int(time.time() * 1000)
+    bootstrap, target = job_env["KAFKA_BOOTSTRAP_SERVERS"], unique("series")
+    series = {"id": "tick", "topic": target, "message": "t", "every": 1, "limit": 3}
+    once = [{"id": f"once-{n}", "topic": target, "message": n, "countdown": 1} for n in range(3)]
+    envelopes = [orjson.dumps(e) for e in (series, *once)]
+    produce(
+        bootstrap, job_env["BLACKBOX_INTAKE_TOPIC"], envelopes, [(CALLER_HEADER, CALLER.encode())]
+    )
+    events = reader(job_env["BLACKBOX_EVENTS_TOPIC"])
+    events.wait_for(lambda found: any(b'"completed"' in (r.value or b"") for r in found))
+    settle(service)
+    records = reader(target).read_to_end()
+    occurrences = sorted(
+        (r for r in records if "blackbox-occurrence-ms" in r.headers),
+        key=lambda r: int(r.header("blackbox-occurrence-ms")),
+    )
+    assert (len(occurrences), len(records)) == (3, 6)
+    _produce_copies(bootstrap, occurrences[1:2])
+    never_ms = int(occurrences[-1].header("blackbox-occurrence-ms")) + 1000
+    _announce_fired(job_env, f"@{CALLER}/tick", target, never_ms)
+
+    code, found = audit(tmp_path / "audit", started_ms)
+    counts, by_occurrence = found["counts"], found["series"]
+    assert code == cli.EXIT_FINDINGS and found["failed"]
+    assert by_occurrence == {"series": 1, "occurrences": 3, "deliveries": 4, "duplicated": 1,
+                             "fired": 4, "lost": 1, "extra_copies": 1}  # fmt: skip
+    assert (counts["scheduled"], counts["delivered"], counts["deliveries"]) == (3, 3, 3)
+    assert (counts["duplicated"], counts["lost"], counts["early"]) == (0, 0, 0)
+    tables = tmp_path / "audit"
+    copied = spark.read.parquet(str(tables / "series_duplicates")).collect()
+    assert [(r["occurrence_ms"], r["copies"]) for r in copied] == [
+        (int(occurrences[1].header("blackbox-occurrence-ms")), 2)]  # fmt: skip
+    lost = spark.read.parquet(str(tables / "series_lost")).collect()
+    assert [(r["blackbox_id"], r["occurrence_ms"]) for r in lost] == [(f"@{CALLER}/tick", never_ms)]
+    assert "Series, by occurrence" in (tables / "report.html").read_text()
+
+
+def _announce_fired(env: dict[str, str], blackbox_id: str, topic: str, occurrence_ms: int) -> None:
+    """A `fired` event, as the dispatcher writes it, for an occurrence no topic holds."""
+    event = {"outcome": "fired", "caller": CALLER, "id": blackbox_id.split("/", 1)[1],
+             "blackbox_id": blackbox_id, "due_ms": occurrence_ms, "topic": topic,
+             "reason": None, "detail": None, "intake": None, "at_ms": int(time.time() * 1000),
+             "occurrence_ms": occurrence_ms}  # fmt: skip
+    produce(env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_EVENTS_TOPIC"], [orjson.dumps(event)],
+            [(CALLER_HEADER, CALLER.encode())])  # fmt: skip
 
 
 def test_spark_signs_and_keys_like_the_client_on_six_partitions(  # noqa: PLR0913, PLR0917 - fixtures
