@@ -1,11 +1,11 @@
 """Admin: the API's actions on schedules, answered on the events topic as intake answers.
 
-A request about a caller's own id (cancel, reschedule) and a new schedule are produced to
-the caller's intake topic (its own where the policy binds one, else the shared one), keyed
-by the id, so they are applied in order with the caller's records, under its policy. An id
-derived from an intake record has no later records to race: cancel runs the intake's own
-cancel (the same Lua function, atomically) and sends the same event an intake cancel
-sends; a reschedule sends `updated`.
+A request about a caller's own id (cancel, reschedule, pause, resume) and a new schedule
+(one-off or a series) are produced to the caller's intake topic (its own where the policy
+binds one, else the shared one), keyed by the id, so they are applied in order with the
+caller's records, under its policy. An id derived from an intake record has no later
+records to race: cancel runs the intake's own cancel (the same Lua function, atomically)
+and sends the same event an intake cancel sends; a reschedule sends `updated`.
 """
 
 from __future__ import annotations
@@ -120,11 +120,14 @@ class Admin:
         """Produce an envelope to the caller's intake topic as `caller`; return the id it
         will have.
 
-        Raises InvalidEnvelope when the intake would dead-letter it for its form (the
-        caller's policy is still the intake's to apply)."""
+        Raises InvalidEnvelope when the intake would dead-letter it for its form, a series
+        whose end has passed included (the caller's policy is still the intake's to apply)."""
         value = orjson.dumps(document)
         headers: list[Header] = [] if caller is None else [(CALLER_HEADER, caller.encode())]
         request = envelope.parse(value, headers, self.limits)
+        if isinstance(request, envelope.Envelope) and request.recurrence is not None:
+            at = now_ms()  # the schedule the intake would build: its first occurrence
+            Schedule.from_envelope(request, "api", received_ms=at, sent_ms=at)
         own = request.schedule_id
         topic = self.topic_for(caller)
         key = None if own is None else own.encode()

@@ -5,8 +5,13 @@ models below and in `pending`. Every bad request is answered 4xx with a JSON bod
 `httperrors`); Redis or the broker away is 503, never a 500.
 
 A token acts for the callers it was given (tokens.py). A change to a caller's id (cancel,
-reschedule) travels through the intake topic keyed by the id, as the caller's own records
-do, so it is applied in their order; the API answers with what the intake answered.
+reschedule, pause, resume) travels through the intake topic keyed by the id, as the
+caller's own records do, so it is applied in their order; the API answers with what the
+intake answered.
+
+A recurring schedule (a series) is one pending id, like a one-off schedule: `GET
+/schedules` lists both (each item's `series` tells them apart; `kind=one_off` or
+`kind=series` keeps one sort), and `GET /series` lists series alone.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from blackbox.guard import BodyGate, OpenHosts
 from blackbox.health import Health
 from blackbox.httperrors import ApiError
 from blackbox.metrics import Metrics
-from blackbox.pending import Detail, Filter, Page, Pending, PendingGauges, State, Stats
+from blackbox.pending import Detail, Filter, Kind, Page, Pending, PendingGauges, State, Stats
 from blackbox.policy import CallerPolicy
 from blackbox.receiving import limits_of
 from blackbox.schedule import split_scoped
@@ -55,8 +60,11 @@ MAX_ID_CHARS = 1024
 BODY_OVERHEAD_BYTES = 65_536
 _STATUS = {
     Outcome.CANCELLED: 200, Outcome.UPDATED: 200, Outcome.ALREADY_FIRED: 409,
-    Outcome.NOT_FOUND: 404, Outcome.DEAD_LETTERED: 422,
+    Outcome.NOT_FOUND: 404, Outcome.DEAD_LETTERED: 422, Outcome.PAUSED: 200,
+    Outcome.RESUMED: 200, Outcome.NOT_RECURRING: 409,
 }  # fmt: skip
+# A pause or resume of a series cancelled before changes nothing: a conflict, not a success.
+_HOLD_STATUS = {**_STATUS, Outcome.CANCELLED: 409}
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +173,8 @@ class ErrorBody(BaseModel):
 
 
 class Answer(BaseModel):
-    """What became of a cancel or a reschedule, as the events topic tells it."""
+    """What became of a cancel, a reschedule, a pause or a resume, as the events topic
+    tells it."""
 
     outcome: str
     blackbox_id: str
@@ -182,11 +191,22 @@ class When(BaseModel):
 
 
 class NewSchedule(BaseModel):
-    """An intake envelope (as producers send it) and the CALLER_SERVICE to send it as."""
+    """An intake envelope (as producers send it) and the CALLER_SERVICE to send it as.
+
+    A one-off schedule: `topic`, `message` (or `message_base64`), `countdown` or
+    `deliver_at`, optional `id`, `key`, `headers`. A series: an `id`, `topic`, `message`,
+    and `cron` or `every` (seconds) instead of a due time, with optional `timezone` (IANA,
+    default UTC), `start` and `end` (RFC 3339 or epoch seconds), `limit` (runs), `jitter`
+    (seconds), `missed` (skip, once or all) and `grace` (seconds). Checked as the intake
+    checks it."""
 
     model_config = ConfigDict(extra="forbid")
     caller: str | None = Field(default=None, min_length=1, max_length=255)
-    envelope: dict[str, Any]
+    envelope: dict[str, Any] = Field(examples=[
+        {"topic": "invoices", "message": {"invoice": 42}, "countdown": 3600, "id": "inv-42"},
+        {"id": "daily-report", "topic": "reports", "message": "run", "cron": "0 9 * * 1-5",
+         "timezone": "Europe/Berlin", "missed": "once"},
+    ])  # fmt: skip
 
 
 class Created(BaseModel):
@@ -239,22 +259,51 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 router = APIRouter(prefix=PREFIX, responses=ERRORS)
 
 
+CallerQuery = Annotated[str | None, Query(max_length=255)]
+TopicQuery = Annotated[str | None, Query(max_length=255)]
+CursorQuery = Annotated[str | None, Query(max_length=2048)]
+LimitQuery = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
+
+
 @router.get("/schedules", response_model=Page)
 def list_schedules(  # noqa: PLR0913, PLR0917 - the query's filters, each by name
     call: Reader,
     state: State = State.PENDING,
-    caller: Annotated[str | None, Query(max_length=255)] = None,
-    topic: Annotated[str | None, Query(max_length=255)] = None,
+    caller: CallerQuery = None,
+    topic: TopicQuery = None,
     due_from_ms: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     due_to_ms: Annotated[int | None, Query(ge=0, le=2**62)] = None,
-    cursor: Annotated[str | None, Query(max_length=2048)] = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
+    cursor: CursorQuery = None,
+    limit: LimitQuery = 100,
+    kind: Kind = Kind.ALL,
 ) -> Page:
     """Pending schedules by due time (in flight: by lease expiry), a page at a time.
 
-    A call reads at most a bounded number of ids: a filter that matches rarely may answer
-    fewer items than `limit` with a `cursor` to go on from."""
-    kept = Filter(state, _listed_caller(call.grant, caller), topic, due_from_ms, due_to_ms)
+    Series are pending ids too, listed here with the rest (`kind=all`, the default; an
+    item's `series` holds its rule and next occurrences); `kind=one_off` keeps only one-off
+    schedules, `kind=series` only series (as `GET /series`). A call reads at most a bounded
+    number of ids: a filter that matches rarely may answer fewer items than `limit` with a
+    `cursor` to go on from."""
+    kept = Filter(state, _listed_caller(call.grant, caller), topic, due_from_ms, due_to_ms,
+                  kind)  # fmt: skip
+    return call.backend.pending.page(kept, cursor, limit)
+
+
+@router.get("/series", response_model=Page)
+def list_series(  # noqa: PLR0913, PLR0917 - the query's filters, each by name
+    call: Reader,
+    state: State = State.PENDING,
+    caller: CallerQuery = None,
+    topic: TopicQuery = None,
+    cursor: CursorQuery = None,
+    limit: LimitQuery = 100,
+) -> Page:
+    """Pending series (recurring schedules) by the due time of the occurrence each has
+    stored, a page at a time, each with its rule, how many occurrences have fired, whether
+    it is paused and its next occurrences. Paged and guarded as `GET /schedules`: series
+    are read from among every pending id, so a page may hold fewer than `limit` with a
+    `cursor` to go on from."""
+    kept = Filter(state, _listed_caller(call.grant, caller), topic, kind=Kind.SERIES)
     return call.backend.pending.page(kept, cursor, limit)
 
 
@@ -289,9 +338,37 @@ def reschedule(blackbox_id: BlackboxId, when: When, call: Writer) -> JSONRespons
     return _answer(moved.outcome, blackbox_id, due_ms if moved.schedule else None)
 
 
+@router.post("/schedules/{blackbox_id:path}/pause", response_model=Answer)
+def pause(blackbox_id: BlackboxId, call: Writer) -> JSONResponse:
+    """Hold a series: `paused` (200); its occurrences falling due while paused are passed
+    over, none delivered. `not_recurring` (409) for a one-off schedule, `not_found` (404),
+    `already_fired` (409) for a series ended by its limit or end, `cancelled` (409). Sent
+    through the intake topic, after every record of that id sent before."""
+    return _hold(call, blackbox_id, paused=True)
+
+
+@router.post("/schedules/{blackbox_id:path}/resume", response_model=Answer)
+def resume(blackbox_id: BlackboxId, call: Writer) -> JSONResponse:
+    """Release a paused series: `resumed` (200); it delivers every occurrence due from then
+    on. Other answers as for pause."""
+    return _hold(call, blackbox_id, paused=False)
+
+
+def _hold(call: Call, blackbox_id: str, *, paused: bool) -> JSONResponse:
+    """Pause or resume through the intake; an id derived from an intake record is never a
+    series (a series has the caller's own id)."""
+    own, caller = call.caller_of(blackbox_id)
+    call.check_acts_for(caller, blackbox_id)
+    if not own:
+        return _answer(Outcome.NOT_RECURRING, blackbox_id, None)
+    verb = "pause" if paused else "resume"
+    return _through_intake(call.backend, blackbox_id, {verb: True}, _HOLD_STATUS)
+
+
 @router.get("/schedules/{blackbox_id:path}", response_model=Detail)
 def get_schedule(blackbox_id: BlackboxId, call: Reader) -> Detail:
-    """One pending schedule with its whole message (base64 when binary) and headers."""
+    """One pending schedule with its whole message (base64 when binary) and headers; a
+    series with its rule and next occurrences (`item.series`)."""
     found = call.backend.pending.get(blackbox_id)
     if found is None:
         raise ApiError(404, "not_found", f"no pending schedule {blackbox_id[:200]!r}")
@@ -311,7 +388,10 @@ def cancel(blackbox_id: BlackboxId, call: Writer) -> JSONResponse:
     return _answer(call.backend.admin.cancel(blackbox_id), blackbox_id, None)
 
 
-def _through_intake(backend: Backend, blackbox_id: str, request: dict[str, Any]) -> JSONResponse:
+def _through_intake(
+    backend: Backend, blackbox_id: str, request: dict[str, Any],
+    statuses: dict[Outcome, int] = _STATUS,
+) -> JSONResponse:  # fmt: skip
     """Send a caller's request about its id as the caller would; answer what intake did."""
     scoped = split_scoped(blackbox_id)
     assert scoped is not None  # only a caller's own id comes here
@@ -329,7 +409,7 @@ def _through_intake(backend: Backend, blackbox_id: str, request: dict[str, Any])
     outcome = Outcome(answer["outcome"])
     if outcome is Outcome.DEAD_LETTERED:
         raise ApiError(422, str(answer.get("reason")), str(answer.get("detail")))
-    return _answer(outcome, blackbox_id, answer.get("due_ms"))
+    return _answer(outcome, blackbox_id, answer.get("due_ms"), statuses)
 
 
 @router.post("/schedules", status_code=202, response_model=Created)
@@ -400,11 +480,14 @@ def _due_ms(when: When, max_countdown_ms: int) -> int:
     return due
 
 
-def _answer(outcome: Outcome, blackbox_id: str, due_ms: int | None) -> JSONResponse:
+def _answer(
+    outcome: Outcome, blackbox_id: str, due_ms: int | None,
+    statuses: dict[Outcome, int] = _STATUS,
+) -> JSONResponse:  # fmt: skip
     """200 with the outcome; otherwise an error body that also carries the outcome."""
     body: dict[str, Any] = Answer(outcome=outcome.value, blackbox_id=blackbox_id,
                                   due_ms=due_ms).model_dump()  # fmt: skip
-    status = _STATUS.get(outcome, 404)
+    status = statuses.get(outcome, 404)
     if status != 200:
         body |= {"error": outcome.value, "reason": f"{blackbox_id[:200]!r}: {outcome.value}"}
     return JSONResponse(body, status_code=status)

@@ -36,6 +36,7 @@ from blackbox.errors import (
 from blackbox.events import Outcome
 from blackbox.progress import Progress
 from blackbox.receiving import caller_policy_of, limits_of
+from blackbox.recurrence import Missed
 from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.settings import Settings, describe, service_links
@@ -49,6 +50,11 @@ CANCEL_ANSWERS = frozenset(
 SEND_ANSWERS = frozenset(
     o.value for o in (Outcome.SCHEDULED, Outcome.UPDATED, Outcome.DEAD_LETTERED)
 )
+HOLD_ANSWERS = frozenset(
+    o.value
+    for o in (Outcome.PAUSED, Outcome.RESUMED, Outcome.NOT_RECURRING, Outcome.CANCELLED,
+              Outcome.ALREADY_FIRED, Outcome.NOT_FOUND, Outcome.DEAD_LETTERED)
+)  # fmt: skip
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 log = structlog.get_logger("blackbox.cli")
 
@@ -112,22 +118,32 @@ def _parser() -> argparse.ArgumentParser:
     topics.add_argument("--partitions", type=int, default=1)
     topics.set_defaults(command=cmd_create_topics)
     _add_send(commands)
-    cancel = commands.add_parser("cancel", help="cancel a pending schedule by its id")
-    cancel.add_argument("id", metavar="ID", help="the id it was scheduled with")
-    cancel.add_argument("--caller", help=f"the {CALLER_HEADER} it was scheduled as")
-    keypair.add_signing_options(cancel)
-    cancel.add_argument(
+    _add_by_id(commands, "cancel", "cancel a pending schedule (or series) by its id", cmd_cancel)
+    _add_by_id(commands, "pause", "hold a series by its id: its occurrences are passed over",
+               cmd_pause)  # fmt: skip
+    _add_by_id(commands, "resume", "release a paused series by its id", cmd_resume)
+    console.add_commands(commands)
+    keypair.add_commands(commands)
+    spark_command.add_commands(commands)
+    return parser
+
+
+def _add_by_id(
+    commands: Any, name: str, summary: str, command: Callable[[argparse.Namespace, Settings], int]
+) -> None:
+    """A command about one of the caller's ids, sent through the intake topic."""
+    parser = commands.add_parser(name, help=summary)
+    parser.add_argument("id", metavar="ID", help="the id it was scheduled with")
+    parser.add_argument("--caller", help=f"the {CALLER_HEADER} it was scheduled as")
+    keypair.add_signing_options(parser)
+    parser.add_argument(
         "--wait",
         type=float,
         default=10.0,
         metavar="SECONDS",
         help="how long to wait for the answer on the events topic (0: don't)",
     )
-    cancel.set_defaults(command=cmd_cancel)
-    console.add_commands(commands)
-    keypair.add_commands(commands)
-    spark_command.add_commands(commands)
-    return parser
+    parser.set_defaults(command=command)
 
 
 def _add_send(commands: Any) -> None:
@@ -139,6 +155,10 @@ def _add_send(commands: Any) -> None:
     when = send.add_mutually_exclusive_group()
     when.add_argument("--countdown", type=float, help="seconds from now")
     when.add_argument("--at", help="when: RFC 3339 with an offset, or epoch seconds")
+    when.add_argument("--cron", help="a series: at each time of this cron rule (needs --id)")
+    when.add_argument("--every", type=float, metavar="SECONDS",
+                      help="a series: every so many seconds (needs --id)")  # fmt: skip
+    _add_series_options(send)
     send.add_argument("--id", help="your id for it, to update or cancel it later")
     send.add_argument("--key", help="the key of the delivered record")
     send.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
@@ -156,6 +176,24 @@ def _add_send(commands: Any) -> None:
     send.add_argument("message", metavar="MESSAGE", nargs="?",
                       help="the message, as JSON (or text with --text)")  # fmt: skip
     send.set_defaults(command=cmd_send)
+
+
+def _add_series_options(send: Any) -> None:
+    series = send.add_argument_group("series (with --cron or --every)")
+    series.add_argument("--timezone", help="the IANA zone a cron rule is read in (UTC)")
+    series.add_argument("--start", help="no occurrence before: RFC 3339 or epoch seconds")
+    series.add_argument("--end", help="no occurrence after: RFC 3339 or epoch seconds")
+    series.add_argument("--limit", type=int, help="how many occurrences to deliver at most")
+    series.add_argument("--jitter", type=float, metavar="SECONDS",
+                        help="delay each occurrence by up to this much")  # fmt: skip
+    series.add_argument("--missed", choices=[m.value for m in Missed],
+                        help="occurrences missed while nothing could fire: none, the latest "
+                        "(once, the default) or each within a day")  # fmt: skip
+    series.add_argument("--grace", type=float, metavar="SECONDS",
+                        help="how late an occurrence may be before it is missed (60)")  # fmt: skip
+
+
+SERIES_OPTIONS = ("timezone", "start", "end", "limit", "jitter", "missed", "grace")
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
@@ -257,15 +295,35 @@ def _message(args: argparse.Namespace) -> object:
 
 
 def _when(args: argparse.Namespace) -> dict[str, Any]:
+    given = [f"--{name}" for name in SERIES_OPTIONS if getattr(args, name) is not None]
+    if args.cron is not None or args.every is not None:
+        return {"repeat": _repeat(args)}
+    if given:
+        raise ValueError(f"{', '.join(given)}: only for a series (--cron or --every)")
     if args.countdown is not None:
         return {"delay": args.countdown}
     if args.at is None:
-        raise ValueError("give --countdown or --at")
+        raise ValueError("give --countdown, --at, --cron or --every")
+    return {"at": _moment(args.at)}
+
+
+def _repeat(args: argparse.Namespace) -> client.Repeat:
+    if args.id is None:
+        raise ValueError("a series needs --id (to pause, resume or cancel it)")
+    return client.Repeat(
+        cron=args.cron, every=args.every, timezone=args.timezone,
+        start=None if args.start is None else _moment(args.start),
+        end=None if args.end is None else _moment(args.end), limit=args.limit,
+        jitter=args.jitter, missed=args.missed, grace=args.grace,
+    )  # fmt: skip
+
+
+def _moment(text: str) -> datetime | float:
+    """Epoch seconds, or an ISO time (a naive one is refused by the client)."""
     try:
-        return {"at": float(args.at)}
+        return float(text)
     except ValueError:
-        moment = datetime.fromisoformat(args.at)
-        return {"at": moment}
+        return datetime.fromisoformat(text)
 
 
 def _header(text: str) -> tuple[str, str]:
@@ -333,6 +391,24 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
         sender.cancel(args.id)
 
     return _answered(args, settings, request, CANCEL_ANSWERS, id=args.id)
+
+
+def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
+    """Pause a series, then print blackbox's answer (paused, not_recurring, not_found...)."""
+
+    def request(sender: client.Client) -> None:
+        sender.pause(args.id)
+
+    return _answered(args, settings, request, HOLD_ANSWERS, id=args.id)
+
+
+def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
+    """Resume a series, then print blackbox's answer (resumed, not_recurring, not_found...)."""
+
+    def request(sender: client.Client) -> None:
+        sender.resume(args.id)
+
+    return _answered(args, settings, request, HOLD_ANSWERS, id=args.id)
 
 
 def cmd_dev(args: argparse.Namespace, _settings: Settings) -> int:

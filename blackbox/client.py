@@ -1,11 +1,15 @@
 """A small Python client: schedule and cancel messages through blackbox's intake topic.
 
-    from blackbox.client import Client
+    from blackbox.client import Client, Repeat
 
     with Client({"bootstrap.servers": "kafka:9092"}, caller="billing") as client:
         client.send_later("invoices", {"invoice": 42}, delay=3600, id="invoice-42")
         client.send_later("invoices", b"\\x00raw", at=datetime(2030, 1, 1, tzinfo=UTC))
         client.cancel("invoice-42")
+        client.send_later("reports", "run", id="daily",
+                          repeat=Repeat(cron="0 9 * * 1-5", timezone="Europe/Berlin"))
+        client.pause("daily")
+        client.resume("daily")
 
 Sends are asynchronous; `flush()` (and leaving the `with` block) waits for the broker to
 acknowledge every one and raises SendFailed if any was refused. What blackbox made of each
@@ -18,6 +22,7 @@ import base64
 import math
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
@@ -27,6 +32,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from blackbox.envelope import CALLER_HEADER, Header
 from blackbox.errors import BlackboxError
+from blackbox.recurrence import Missed
 from blackbox.signing import Parts, Signer
 
 DEFAULT_INTAKE_TOPIC = "blackbox"
@@ -40,6 +46,48 @@ class SendFailed(BlackboxError):
         self.errors = errors
 
 
+Seconds = float | timedelta
+Moment = datetime | float
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """When a series repeats: a `cron` rule read in `timezone` (IANA, default UTC), or
+    `every` so many seconds; optional `start` and `end` (aware datetimes or epoch seconds),
+    `limit` (how many runs), `jitter` (seconds of delay at most, the same each time an
+    occurrence is computed), `missed` (what to do with occurrences missed while nothing
+    could fire: skip, once (the default) or all) and `grace` (seconds late before an
+    occurrence counts as missed). blackbox's intake checks the rule itself."""
+
+    cron: str | None = None
+    every: Seconds | None = None
+    timezone: str | None = None
+    start: Moment | None = None
+    end: Moment | None = None
+    limit: int | None = None
+    jitter: Seconds | None = None
+    missed: Missed | str | None = None
+    grace: Seconds | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The envelope fields of the rule: only those given."""
+        if (self.cron is None) == (self.every is None):
+            raise ValueError("give exactly one of cron and every")
+        document: dict[str, Any] = {}
+        for name in ("cron", "timezone", "limit"):
+            if (value := getattr(self, name)) is not None:
+                document[name] = value
+        for name in ("every", "jitter", "grace"):
+            if (value := getattr(self, name)) is not None:
+                document[name] = _seconds(value, name)
+        for name in ("start", "end"):
+            if (value := getattr(self, name)) is not None:
+                document[name] = _deliver_at(value, name)
+        if self.missed is not None:
+            document["missed"] = str(self.missed)  # a Missed is its value
+        return document
+
+
 def envelope(  # noqa: PLR0913 - the request's optional parts, each by name
     topic: str,
     message: Any,
@@ -49,20 +97,23 @@ def envelope(  # noqa: PLR0913 - the request's optional parts, each by name
     key: str | None = None,
     headers: Mapping[str, str] | None = None,
     schedule_id: str | None = None,
+    repeat: Repeat | None = None,
 ) -> dict[str, Any]:
-    """The JSON-mode envelope for one schedule: bytes go as `message_base64`."""
-    if (delay is None) == (at is None):
+    """The JSON-mode envelope for one schedule (or, with `repeat` and an id, a series):
+    bytes go as `message_base64`."""
+    if repeat is None and (delay is None) == (at is None):
         raise ValueError("give exactly one of delay and at")
+    if repeat is not None and (delay is not None or at is not None or schedule_id is None):
+        raise ValueError("a series has an id and repeat, neither delay nor at")
     document: dict[str, Any] = {"topic": topic}
     if isinstance(message, bytes | bytearray | memoryview):
         document["message_base64"] = base64.b64encode(bytes(message)).decode("ascii")
     else:
         document["message"] = message
-    if delay is not None:
-        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-        if not math.isfinite(seconds) or seconds < 0:
-            raise ValueError(f"delay must be >= 0 seconds, not {delay!r}")
-        document["countdown"] = seconds
+    if repeat is not None:
+        document |= repeat.fields()
+    elif delay is not None:
+        document["countdown"] = _seconds(delay, "delay")
     else:
         document["deliver_at"] = _deliver_at(at)  # type: ignore[arg-type]
     if key is not None:
@@ -74,10 +125,19 @@ def envelope(  # noqa: PLR0913 - the request's optional parts, each by name
     return document
 
 
-def _deliver_at(at: datetime | float) -> str | float:
+def _seconds(given: Seconds, name: str) -> float:
+    seconds = given.total_seconds() if isinstance(given, timedelta) else float(given)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{name} must be >= 0 seconds, not {given!r}")
+    return seconds
+
+
+def _deliver_at(at: Moment, name: str = "at") -> str | float:
     if isinstance(at, datetime):
         if at.tzinfo is None:
-            raise ValueError("at must be timezone-aware (a naive datetime has no fixed instant)")
+            raise ValueError(
+                f"{name} must be timezone-aware (a naive datetime has no fixed instant)"
+            )
         return at.isoformat()
     return float(at)
 
@@ -133,20 +193,31 @@ class Client:
         key: str | None = None,
         headers: Mapping[str, str] | None = None,
         id: str | None = None,
+        repeat: Repeat | None = None,
     ) -> None:
-        """Ask blackbox to deliver `message` to `topic` after `delay` or at `at`.
+        """Ask blackbox to deliver `message` to `topic` after `delay` or at `at`, or (with
+        an `id`) at each occurrence of `repeat`.
 
         `message` may be bytes (delivered byte for byte), a string (its UTF-8 text) or any
-        JSON value. With an `id`, sending again before it fires replaces it (an update).
+        JSON value. With an `id`, sending again before it fires replaces it (an update); a
+        series sent again replaces the series.
         """
-        document = envelope(
-            topic, message, delay=delay, at=at, key=key, headers=headers, schedule_id=id
-        )
+        document = envelope(topic, message, delay=delay, at=at, key=key, headers=headers,
+                            schedule_id=id, repeat=repeat)  # fmt: skip
         self.send_raw(orjson.dumps(document), id)
 
     def cancel(self, id: str) -> None:
-        """Ask blackbox to cancel the pending schedule `id` of this caller."""
+        """Ask blackbox to cancel the pending schedule (or series) `id` of this caller."""
         self.send_raw(orjson.dumps({"id": id, "cancel": True}), id)
+
+    def pause(self, id: str) -> None:
+        """Ask blackbox to hold the series `id`: its occurrences are passed over until
+        resumed (a one-off schedule is answered `not_recurring`)."""
+        self.send_raw(orjson.dumps({"id": id, "pause": True}), id)
+
+    def resume(self, id: str) -> None:
+        """Ask blackbox to release the series `id`: it fires again from its next occurrence."""
+        self.send_raw(orjson.dumps({"id": id, "resume": True}), id)
 
     def send_raw(self, value: bytes, schedule_id: str | None = None) -> None:
         """Produce one ready-made envelope to the intake topic, as this caller.

@@ -1,4 +1,5 @@
-"""The operator's commands that speak to the HTTP API: `blackbox list`, `show`, `reschedule`.
+"""The operator's commands that speak to the HTTP API: `blackbox list` (`--series`), `show`,
+`reschedule`.
 
 The API's address is --api (default BLACKBOX_API_URL, else http://127.0.0.1:8080); the
 token is BLACKBOX_API_TOKEN, sent as a bearer token.
@@ -28,6 +29,8 @@ def add_commands(commands: Any) -> None:
     for name in ("caller", "topic", "cursor"):
         listing.add_argument(f"--{name}")
     listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--series", action="store_true",
+                         help="list series (recurring schedules) and their next run")  # fmt: skip
     listing.set_defaults(command=cmd_list, api=api)
     show = commands.add_parser("show", help="show one pending schedule (through the API)")
     show.add_argument("id", metavar="ID", help="its blackbox_id, e.g. @billing/invoice-42")
@@ -45,14 +48,30 @@ def add_commands(commands: Any) -> None:
 def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     query = {k: v for k in ("caller", "topic", "cursor") if (v := getattr(args, k)) is not None}
     query["limit"] = str(args.limit)
-    status, page = _call(args.api, settings, "GET", "/schedules?" + urllib.parse.urlencode(query))
+    path = "/series?" if args.series else "/schedules?"
+    status, page = _call(args.api, settings, "GET", path + urllib.parse.urlencode(query))
     if status != 200:
         return _failed(page)
     for item in page["items"]:
-        print(f"{item['due_ms']}  {item['blackbox_id']}  {item['topic']}  {item['preview']}")  # noqa: T201
+        print(series_line(item) if args.series else _line(item))  # noqa: T201
     if page["cursor"]:
         print(f"more: --cursor {page['cursor']}")  # noqa: T201
     return EXIT_OK
+
+
+def _line(item: dict[str, Any]) -> str:
+    return f"{item['due_ms']}  {item['blackbox_id']}  {item['topic']}  {item['preview']}"
+
+
+def series_line(item: dict[str, Any]) -> str:
+    """A listed series on one line: its next occurrence, id, rule, runs and state."""
+    series = item["series"]
+    rule = series["rule"]
+    when = f"cron {rule['cron']!r}" if rule["cron"] is not None else f"every {rule['every']:g} s"
+    runs = f"{series['fired']}/{rule['limit'] if rule['limit'] is not None else '-'}"
+    upcoming = series["next"][0]["utc"] if series["next"] else "-"
+    paused = "  paused" if series["paused"] else ""
+    return f"{upcoming}  {item['blackbox_id']}  {when} {rule['timezone']}  {runs}{paused}"
 
 
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:

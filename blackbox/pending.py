@@ -5,6 +5,10 @@ pending: a listing takes at most `SCAN_BUDGET` ids per call from the shards' mer
 (a rare filter answers a partial page with a cursor rather than walking a million ids at
 once; see listing.py for what positioning and reading ahead add), and the counts are
 ZCARD/ZCOUNT calls, each O(log n), per shard in one pipeline.
+
+A series (a recurring schedule) is one pending id: it is listed with the rest, its item
+carrying its rule and next occurrences (computed from the stored rule, no Redis call), and
+a listing of one kind (`Kind`) keeps series or one-off schedules alone.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -29,7 +34,8 @@ from blackbox.clock import now_ms
 from blackbox.errors import BadCursor, CorruptSchedule
 from blackbox.keys import Keys
 from blackbox.listing import Member
-from blackbox.schedule import Schedule, split_scoped
+from blackbox.recurrence import Recurrence
+from blackbox.schedule import Schedule, Series, split_scoped
 from blackbox.store import RedisStore
 
 log = structlog.get_logger("blackbox.pending")
@@ -41,6 +47,8 @@ SCAN_STEP = 200
 # The fewest ids a page reads of each shard at first (more: a share of the page).
 FIRST_READ = 8
 PREVIEW_CHARS = 80
+# A series' occurrences shown from the one stored (the next to fire) on.
+NEXT_OCCURRENCES = 5
 # What a listing reads of each payload: its fields and the start of its message.
 HEAD_BYTES = 2_048
 # Stats: how many of the next due schedules are read to count them per target topic.
@@ -58,15 +66,24 @@ class State(enum.StrEnum):
     IN_FLIGHT = "in_flight"
 
 
+class Kind(enum.StrEnum):
+    """Which pending ids a listing keeps: every one, one-off schedules, or series."""
+
+    ALL = "all"
+    ONE_OFF = "one_off"
+    SERIES = "series"
+
+
 @dataclass(frozen=True, slots=True)
 class Filter:
-    """What a listing keeps; None keeps everything."""
+    """What a listing keeps; None (and Kind.ALL) keeps everything."""
 
     state: State = State.PENDING
     caller: str | None = None
     topic: str | None = None
     due_from_ms: int | None = None
     due_to_ms: int | None = None
+    kind: Kind = Kind.ALL
 
     def keeps(self, schedule: Schedule) -> bool:
         caller = None if schedule.caller is None else schedule.caller.decode("utf-8", "replace")
@@ -75,7 +92,11 @@ class Filter:
             and (self.topic is None or schedule.topic == self.topic)
             and (self.due_from_ms is None or schedule.due_ms >= self.due_from_ms)
             and (self.due_to_ms is None or schedule.due_ms <= self.due_to_ms)
+            and self._kind_kept(schedule)
         )
+
+    def _kind_kept(self, schedule: Schedule) -> bool:
+        return self.kind is Kind.ALL or (schedule.series is not None) == (self.kind is Kind.SERIES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +123,46 @@ class Position:
 
 
 @dataclass(frozen=True, slots=True)
+class Occurrence:
+    """One occurrence of a series: its nominal instant, as epoch ms and RFC 3339 UTC, and
+    when it falls due (its jitter added)."""
+
+    occurrence_ms: int
+    utc: str
+    due_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A series' rule in the envelope's own terms (seconds; RFC 3339 UTC for start and end)."""
+
+    cron: str | None
+    every: float | None
+    timezone: str
+    start: str | None
+    end: str | None
+    limit: int | None
+    jitter: float
+    missed: str
+    grace: float
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesView:
+    """Where a series stands: its rule, the occurrence stored (the next to fire), how many
+    have fired, whether it is paused, and its next occurrences from the stored one on
+    (within its limit and end; a paused series passes over those falling due while held)."""
+
+    rule: Rule
+    occurrence_ms: int
+    fired: int
+    paused: bool
+    next: list[Occurrence]
+
+
+@dataclass(frozen=True, slots=True)
 class Item:
-    """One schedule in a listing."""
+    """One schedule in a listing; `series` is set for a recurring one."""
 
     blackbox_id: str
     caller: str | None
@@ -115,6 +174,7 @@ class Item:
     state: State
     size: int
     preview: str
+    series: SeriesView | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,14 +254,47 @@ class Head:
     size: int
 
 
+def utc_text(at_ms: int) -> str:
+    """An instant as RFC 3339 UTC, with milliseconds only when it has some."""
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=at_ms)
+    fraction = f".{at_ms % 1000:03d}" if at_ms % 1000 else ""
+    return moment.strftime("%Y-%m-%dT%H:%M:%S") + fraction + "Z"
+
+
+def _seconds(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000
+
+
+def rule_of(rule: Recurrence) -> Rule:
+    """A stored rule as a caller would write it in an envelope."""
+    return Rule(
+        cron=rule.cron, every=_seconds(rule.every_ms), timezone=rule.timezone,
+        start=None if rule.start_ms is None else utc_text(rule.start_ms),
+        end=None if rule.end_ms is None else utc_text(rule.end_ms), limit=rule.limit,
+        jitter=rule.jitter_ms / 1000, missed=rule.missed.value, grace=rule.grace_ms / 1000,
+    )  # fmt: skip
+
+
+def series_view(schedule_id: str, series: Series, count: int = NEXT_OCCURRENCES) -> SeriesView:
+    """A stored series as listed: its rule and its next `count` occurrences."""
+    rule = series.rule
+    upcoming = rule.upcoming(series.occurrence_ms, count, series.fired)
+    occurrences = [Occurrence(at, utc_text(at), at + rule.jitter_of(schedule_id, at))
+                   for at in upcoming]  # fmt: skip
+    return SeriesView(rule_of(rule), series.occurrence_ms, series.fired, series.paused,
+                      occurrences)  # fmt: skip
+
+
 def item_of(schedule: Schedule, state: State, attempt: int, size: int | None = None) -> Item:
     scoped = split_scoped(schedule.id)
     caller = None if schedule.caller is None else schedule.caller.decode("utf-8", "replace")
     key = None if schedule.key is None else schedule.key.decode("utf-8", "replace")
+    series = None if schedule.series is None else series_view(schedule.id, schedule.series)
     return Item(
         blackbox_id=schedule.id, caller=caller, id=None if scoped is None else scoped[1],
         topic=schedule.topic, key=key, due_ms=schedule.due_ms, attempt=attempt, state=state,
         size=len(schedule.value) if size is None else size, preview=preview(schedule.value),
+        series=series,
     )  # fmt: skip
 
 

@@ -4,6 +4,11 @@
 const API = "/api/v1";
 const REFRESH_MS = 5000;
 let nextCursor = null;
+let nextSeriesCursor = null;
+// Series are read from among every pending id: a page goes on through the cursor at most
+// this many calls while it has found fewer than it shows.
+const SERIES_CALLS = 10;
+const PAGE_SIZE = 50;
 
 function token() { return sessionStorage.getItem("blackbox-token") || ""; }
 
@@ -89,14 +94,27 @@ async function refreshLateness() {
   drawBars("lateness", labels, counts);
 }
 
-function query(cursor) {
-  const params = new URLSearchParams({ limit: "50", state: document.getElementById("f-state").value });
+function query(path, cursor, extra) {
+  const params = new URLSearchParams({ limit: String(PAGE_SIZE), state: document.getElementById("f-state").value, ...extra });
   const caller = document.getElementById("f-caller").value.trim();
   const topic = document.getElementById("f-topic").value.trim();
   if (caller) params.set("caller", caller);
   if (topic) params.set("topic", topic);
   if (cursor) params.set("cursor", cursor);
-  return "/schedules?" + params.toString();
+  return path + "?" + params.toString();
+}
+
+function schedulePath(id, verb) {
+  return "/schedules/" + encodeURIComponent(id) + (verb ? "/" + verb : "");
+}
+
+function button(text, className, onclick) {
+  const element = document.createElement("button");
+  element.type = "button";
+  element.textContent = text;
+  element.className = className;
+  element.onclick = onclick;
+  return element;
 }
 
 function scheduleRow(item) {
@@ -111,35 +129,75 @@ function scheduleRow(item) {
   cell(row, item.size);
   cell(row, item.preview, "preview");
   const actions = cell(row, "");
-  const cancel = document.createElement("button");
-  cancel.textContent = "Cancel";
-  cancel.className = "cancel";
-  cancel.onclick = () => act("DELETE", item.blackbox_id);
+  const cancel = button("Cancel", "cancel", () => act("DELETE", item.blackbox_id));
   const seconds = document.createElement("input");
   seconds.type = "number"; seconds.min = "0"; seconds.placeholder = "in seconds"; seconds.className = "countdown";
   seconds.style.width = "6rem";
-  const move = document.createElement("button");
-  move.textContent = "Reschedule";
-  move.className = "reschedule";
-  move.onclick = () => act("POST", item.blackbox_id, { countdown: Number(seconds.value || "0") });
+  const move = button("Reschedule", "reschedule",
+    () => act("POST", item.blackbox_id, { countdown: Number(seconds.value || "0") }, "reschedule"));
   actions.append(cancel, " ", seconds, " ", move);
   return row;
 }
 
-async function act(method, id, body) {
-  const path = "/schedules/" + encodeURIComponent(id) + (body ? "/reschedule" : "");
-  const { answer } = await call(method, path, body);
+function ruleText(rule) {
+  const parts = [rule.cron !== null ? "cron " + rule.cron : "every " + rule.every + " s"];
+  if (rule.start) parts.push("from " + rule.start);
+  if (rule.end) parts.push("until " + rule.end);
+  if (rule.jitter) parts.push("jitter " + rule.jitter + " s");
+  parts.push("missed: " + rule.missed);
+  return parts.join(", ");
+}
+
+function seriesRow(item) {
+  const series = item.series, rule = series.rule;
+  const row = document.createElement("tr");
+  row.dataset.id = item.blackbox_id;
+  cell(row, series.next.length ? series.next[0].utc : "–");
+  cell(row, item.blackbox_id, "id");
+  cell(row, item.caller);
+  cell(row, item.topic);
+  cell(row, ruleText(rule), "rule");
+  cell(row, rule.timezone, "zone");
+  cell(row, series.next.map((o) => o.utc).join("\n"), "occurrences");
+  cell(row, series.fired + " / " + (rule.limit === null ? "∞" : rule.limit), "runs");
+  cell(row, series.paused ? "paused" : "active", series.paused ? "state paused" : "state");
+  const actions = cell(row, "");
+  const hold = series.paused
+    ? button("Resume", "resume", () => act("POST", item.blackbox_id, undefined, "resume"))
+    : button("Pause", "pause", () => act("POST", item.blackbox_id, undefined, "pause"));
+  actions.append(hold, " ", button("Cancel", "cancel", () => act("DELETE", item.blackbox_id)));
+  return row;
+}
+
+async function act(method, id, body, verb) {
+  const { answer } = await call(method, schedulePath(id, verb), body);
   setStatus(id + ": " + (answer.outcome || answer.reason || "done"), false);
   await refreshAll();
 }
 
 async function refreshSchedules(append) {
-  const { answer } = await call("GET", query(append ? nextCursor : null));
+  const { answer } = await call("GET", query("/schedules", append ? nextCursor : null, { kind: "one_off" }));
   const body = document.querySelector("#schedules tbody");
   if (!append) body.replaceChildren();
   answer.items.forEach((item) => body.appendChild(scheduleRow(item)));
   nextCursor = answer.cursor;
   document.getElementById("more").hidden = !nextCursor;
+}
+
+async function refreshSeries(append) {
+  const items = [];
+  let cursor = append ? nextSeriesCursor : null;
+  for (let calls = 0; calls < SERIES_CALLS; calls++) {
+    const { answer } = await call("GET", query("/series", cursor, {}));
+    items.push(...answer.items);
+    cursor = answer.cursor;
+    if (!cursor || items.length >= PAGE_SIZE) break;
+  }
+  const body = document.querySelector("#series tbody");
+  if (!append) body.replaceChildren();
+  items.forEach((item) => body.appendChild(seriesRow(item)));
+  nextSeriesCursor = cursor;
+  document.getElementById("more-series").hidden = !nextSeriesCursor;
 }
 
 async function refreshDeadLetters() {
@@ -159,7 +217,8 @@ async function refreshDeadLetters() {
 
 async function refreshAll() {
   try {
-    await Promise.all([refreshStats(), refreshLateness(), refreshSchedules(false), refreshDeadLetters()]);
+    await Promise.all([refreshStats(), refreshLateness(), refreshSeries(false), refreshSchedules(false),
+      refreshDeadLetters()]);
     setStatus("updated " + new Date().toLocaleTimeString(), false);
   } catch (error) {
     if (!document.getElementById("token-dialog").open) setStatus(String(error.message || error), true);
@@ -168,6 +227,7 @@ async function refreshAll() {
 
 document.getElementById("search").addEventListener("submit", (event) => { event.preventDefault(); refreshAll(); });
 document.getElementById("more").addEventListener("click", () => refreshSchedules(true));
+document.getElementById("more-series").addEventListener("click", () => refreshSeries(true));
 document.getElementById("token-button").addEventListener("click", () => askToken("enter the API token"));
 document.getElementById("token-form").addEventListener("submit", () => {
   sessionStorage.setItem("blackbox-token", document.getElementById("token-input").value);

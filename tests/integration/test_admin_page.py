@@ -1,6 +1,6 @@
 """The admin page in headless Chromium (Debian's chromium driven by Playwright): it loads
 without console errors, shows a scheduled message, cancels one that then never arrives,
-and reschedules another."""
+and reschedules another; it shows series apart, and pauses, resumes and cancels them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from blackbox.clock import now_ms
-from blackbox.schedule import Schedule
+from blackbox.pending import utc_text
+from blackbox.recurrence import Recurrence
+from blackbox.schedule import Schedule, first_occurrence
 from blackbox.service import Service
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.integration.test_api import fill
@@ -101,3 +103,51 @@ def test_the_page_asks_for_a_token_when_the_api_needs_one(
     page.locator('tr[data-id="@t/one"]').wait_for()
     # The browser reports each refused request (401) as a console error: nothing else.
     assert all("401" in e for e in errors), errors
+
+
+def test_the_page_shows_series_apart_and_pauses_resumes_and_cancels_them(
+    browser: Browser, start_service: ServiceFactory
+) -> None:
+    """Guarantee 8: a series shows in the Series table, not among the one-off schedules,
+    with its rule, zone, next occurrences (UTC) and runs; Pause, Resume and Cancel act on it
+    through the intake, and Redis holds what the page shows; no console errors."""
+    service = start_service(BLACKBOX_API_DEV_OPEN="true")
+    start = now_ms()
+    series = first_occurrence(Recurrence(cron="0 9 * * 1-5", timezone="Europe/Berlin",
+                                         limit=10), start)  # fmt: skip
+    fill(service, [
+        Schedule("@web/once", "orders", b"{}", start + 600_000, caller=b"web"),
+        Schedule("@web/daily", "reports", b"run", series.occurrence_ms, caller=b"web",
+                 series=series),
+    ])  # fmt: skip
+    errors: list[str] = []
+    page = open_page(browser, service, errors)
+    row = page.locator('#series tr[data-id="@web/daily"]')
+    row.wait_for()
+    page.locator('#schedules tr[data-id="@web/once"]').wait_for()
+    assert page.locator('#schedules tr[data-id="@web/daily"]').count() == 0
+    assert page.locator('#series tr[data-id="@web/once"]').count() == 0
+    upcoming = [utc_text(at) for at in series.rule.upcoming(series.occurrence_ms, 5)]
+    assert row.locator("td.occurrences").inner_text().split("\n") == upcoming
+    assert row.locator("td.zone").inner_text() == "Europe/Berlin"
+    assert row.locator("td.rule").inner_text().startswith("cron 0 9 * * 1-5")
+    assert row.locator("td.runs").inner_text() == "0 / 10"
+
+    row.locator("button.pause").click()
+    row.locator("td.paused").wait_for()
+    assert _held(service, "@web/daily")
+    SHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SHOTS / "admin-series.png"), full_page=True)
+    row.locator("button.resume").click()
+    row.locator("button.pause").wait_for()
+    assert not _held(service, "@web/daily")
+    row.locator("button.cancel").click()
+    row.wait_for(state="detached")
+    assert service.store.load("@web/daily") is None
+    assert errors == []
+
+
+def _held(service: Service, blackbox_id: str) -> bool:
+    stored = service.store.load(blackbox_id)
+    assert stored is not None and stored.series is not None
+    return stored.series.paused
