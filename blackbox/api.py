@@ -61,7 +61,7 @@ BODY_OVERHEAD_BYTES = 65_536
 _STATUS = {
     Outcome.CANCELLED: 200, Outcome.UPDATED: 200, Outcome.ALREADY_FIRED: 409,
     Outcome.NOT_FOUND: 404, Outcome.DEAD_LETTERED: 422, Outcome.PAUSED: 200,
-    Outcome.RESUMED: 200, Outcome.NOT_RECURRING: 409,
+    Outcome.RESUMED: 200, Outcome.NOT_RECURRING: 409, Outcome.RECURRING: 409,
 }  # fmt: skip
 # A pause or resume of a series cancelled before changes nothing: a conflict, not a success.
 _HOLD_STATUS = {**_STATUS, Outcome.CANCELLED: 409}

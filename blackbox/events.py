@@ -36,6 +36,7 @@ class Outcome(enum.StrEnum):
     PAUSED = "paused"  # a series held: its occurrences are passed over until resumed
     RESUMED = "resumed"
     NOT_RECURRING = "not_recurring"  # a pause or resume of a one-off schedule
+    RECURRING = "recurring"  # a reschedule of a series (its rule says when; send it again)
     FIRED = "fired"  # one occurrence of a series delivered
     COMPLETED = "completed"  # a series ended by its limit or its end
 

@@ -75,6 +75,7 @@ OUTCOMES = {
     Applied.NOT_RECURRING: Outcome.NOT_RECURRING,
     Applied.PAUSED: Outcome.PAUSED,
     Applied.RESUMED: Outcome.RESUMED,
+    Applied.RECURRING: Outcome.RECURRING,
 }
 
 

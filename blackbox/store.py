@@ -88,6 +88,7 @@ class Applied(enum.IntEnum):
     NOT_RECURRING = 9  # a pause or resume of a one-off schedule: nothing changed
     PAUSED = 10
     RESUMED = 11
+    RECURRING = 12  # a reschedule of a series: nothing changed (send the series again)
 
 
 _APPLIED = {int(code): code for code in Applied}

@@ -32,7 +32,8 @@
 -- 3 cancelled, 4 already fired (or, for a move, being produced right now), 5 not found,
 -- 7 already pending (op "o": nothing changed), 8 applied before and still pending or in
 -- flight (a re-read: answered again, nothing changed), 9 not a series (a pause or resume of
--- a one-off schedule), 10 paused, 11 resumed. An error, changing nothing, when the chunk
+-- a one-off schedule), 10 paused, 11 resumed, 12 a series (a move of a series: nothing
+-- changed; its occurrences follow its rule). An error, changing nothing, when the chunk
 -- before this one did not run (its call failed): applying this one would move the
 -- watermark past requests never applied, and a retry would skip them as re-reads.
 -- Invariants: a record at or below the watermark was applied before; re-reading it after a
@@ -78,6 +79,8 @@ local function move(payload_key, marker_key, id, due, ttl)
   if not redis.call('ZSCORE', KEYS[1], id) or not payload then
     return ended_code(sets, marker_key, id)
   end
+  -- A series moves by its rule: sending it again changes that.
+  if is_series(payload) then return 12 end
   local moved = string.sub(payload, 1, 1) .. be64(tonumber(due)) .. string.sub(payload, 10)
   redis.call('SET', payload_key, moved, 'EX', ttl)
   redis.call('ZADD', KEYS[1], 'XX', due, id)

@@ -4,6 +4,7 @@ events topic tells each occurrence."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,7 +54,7 @@ def test_an_every_second_series_delivers_exactly_its_limit(
 
     occurrences = _occurrences(target.read_to_end())
     assert len(occurrences) == 3
-    assert [b - a for a, b in zip(occurrences, occurrences[1:], strict=False)] == [1000, 1000]
+    assert [b - a for a, b in itertools.pairwise(occurrences)] == [1000, 1000]
     assert {r.header("blackbox-id") for r in records} == {f"@{CALLER}/tick"}
     assert [r.value for r in records] == [b"t"] * 3
     assert _outcomes(events, "tick") == ["scheduled", "fired", "fired", "fired", "completed"]
@@ -95,8 +96,9 @@ def test_pause_holds_a_series_and_resume_skips_nothing_due_after_it(
 def test_bad_series_are_dead_lettered_with_their_reasons(
     start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str]
 ) -> None:
-    """Guarantee 4: a bad cron, an unknown zone, an end before its start and a pause of a
-    one-off schedule each get a clear answer; the service goes on."""
+    """Guarantee 4: a bad cron, an unknown zone, an end before its start, a pause of a
+    one-off schedule and a reschedule of a series each get a clear answer; the service
+    goes on."""
     start_service()
     dlq, events = reader(env["BLACKBOX_DLQ_TOPIC"]), reader(env["BLACKBOX_EVENTS_TOPIC"])
     target = unique("bad")
@@ -107,6 +109,8 @@ def test_bad_series_are_dead_lettered_with_their_reasons(
     _send(env, {"id": "d", "topic": target, "message": "x", "every": 60, "countdown": 5})
     _send(env, {"id": "e", "topic": target, "message": "x", "countdown": 600})
     _send(env, {"id": "e", "pause": True})
+    _send(env, {"id": "f", "topic": target, "message": "x", "every": 3600, "start": 2_000_000_000})
+    _send(env, {"id": "f", "reschedule": True, "countdown": 1})
 
     letters = dlq.wait_count(4, timeout=30)
     reasons = sorted(r.header("blackbox-dlq-reason") for r in letters)
@@ -114,3 +118,6 @@ def test_bad_series_are_dead_lettered_with_their_reasons(
         "conflicting_fields", "invalid_recurrence", "invalid_recurrence", "unknown_timezone"
     ]  # fmt: skip
     events.wait_for(lambda _: "not_recurring" in _outcomes(events, "e"))
+    # A series moves by its rule: a reschedule of one changes nothing.
+    events.wait_for(lambda _: "recurring" in _outcomes(events, "f"))
+    assert _outcomes(events, "f") == ["scheduled", "recurring"]
