@@ -35,7 +35,7 @@ from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import CorruptSchedule, DeadLetterReason
 from blackbox.events import Event, Outcome
 from blackbox.kafka import lasting_reason
-from blackbox.metrics import Metrics
+from blackbox.metrics import Metrics, observe_all
 from blackbox.outbox import Outbox, Record, Reports
 from blackbox.schedule import Schedule, Series, origin_topic, split_scoped
 from blackbox.shares import Share
@@ -303,8 +303,8 @@ class Dispatcher:
         return sent
 
     def _observe_send(self, schedules: Sequence[tuple[Schedule, int]], at_ms: int) -> None:
-        for schedule, _ in schedules:
-            self.metrics.send_lateness.observe(max(0, at_ms - schedule.due_ms) / 1000)
+        late = [max(0, at_ms - schedule.due_ms) / 1000 for schedule, _ in schedules]
+        observe_all(self.metrics.send_lateness, late)
 
     def _settle_batch(self, sent: _Sent, stop: threading.Event) -> int:
         """Judge one sent batch by its reports (waiting for the missing ones until its
@@ -358,7 +358,7 @@ class Dispatcher:
         and prepare its next version, stored when the batch is settled."""
         now = sent.claim.at_ms
         firing = recurrence.fire(series.rule, schedule.id, series.occurrence_ms, series.fired,
-                                 now, paused=series.paused)  # fmt: skip
+                                 now, paused=series.paused, retried=attempts > 0)  # fmt: skip
         following = None
         if firing.next is not None:
             following = _version(schedule, Series(series.rule, firing.next, firing.fired,
@@ -380,15 +380,17 @@ class Dispatcher:
         outcome: _Outcome,
         dead: list[DeadLetter],
     ) -> None:
+        late = []
         for (schedule, attempt), error in zip(schedules, errors, strict=True):
             if error is None:
                 outcome.done.append(schedule.id)
-                outcome.delivered += 1
+                late.append(max(0, acked_ms - schedule.due_ms) / 1000)
                 if schedule.series is not None:
                     outcome.fired.append(schedule.id)
-                self.metrics.lateness.observe(max(0, acked_ms - schedule.due_ms) / 1000)
             else:
                 self._failed(schedule, attempt, error, outcome, dead)
+        outcome.delivered = len(late)
+        observe_all(self.metrics.lateness, late)
         self.metrics.delivered.inc(outcome.delivered)
         for (error_text, kind), ids in outcome.failures.items():
             log.warning("delivery_failed", error=error_text, kind=kind, count=len(ids),

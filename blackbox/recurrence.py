@@ -22,13 +22,14 @@ The cron arithmetic is cronsim's (Debian cron's syntax: day-of-month OR day-of-w
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from cronsim import CronSim, CronSimError
 
@@ -39,6 +40,11 @@ DEFAULT_GRACE_MS = 60_000
 MAX_JITTER_MS = 86_400_000
 # The shortest interval: one occurrence per second at most, as cron's finest field.
 MIN_EVERY_MS = 1000
+# The longest cron text read: far beyond any real rule, and small enough to store.
+MAX_CRON_CHARS = 1000
+# Names the zone database answers that are no IANA zone: the host's own clock setting, a
+# placeholder zone, a rules file.
+_NOT_ZONES = frozenset({"localtime", "Factory", "posixrules"})
 # Wall-clock candidates looked at for one occurrence: a cron rule maps at most a few
 # (those falling in one gap or one repeated hour) onto instants already passed.
 _MAX_CANDIDATES = 10_000
@@ -92,6 +98,8 @@ class Recurrence:
             raise InvalidRecurrence("give cron or every, not both")
         _zone(self.timezone)
         if self.cron is not None:
+            if len(self.cron) > MAX_CRON_CHARS:
+                raise InvalidRecurrence(f"cron is over {MAX_CRON_CHARS} characters")
             _cron(self.cron, datetime(2000, 1, 1))
         if self.every_ms is not None and self.every_ms < MIN_EVERY_MS:
             raise InvalidRecurrence(f"every must be at least {MIN_EVERY_MS // 1000} s")
@@ -213,15 +221,20 @@ def fire(  # noqa: PLR0913 - the series' state, by name
     now_ms: int,
     *,
     paused: bool = False,
+    retried: bool = False,
 ) -> Firing:
     """Decide what claiming the series' stored occurrence at `now_ms` does: an occurrence
-    claimed more than `grace` after its due time (jitter included) was missed."""
+    claimed more than `grace` after its due time (jitter included) was missed. One
+    `retried` (claimed before: its delivery failed, or its replica died holding it) was
+    chosen to fire already, and is delivered whatever the policy."""
     if paused:
         return Firing(None, rule.first(now_ms + 1), fired, skipped=True)
     cutoff = now_ms - rule.grace_ms
     due_ms = occurrence_ms + rule.jitter_of(series_id, occurrence_ms)
-    if due_ms >= cutoff or (
-        rule.missed is Missed.ALL and occurrence_ms >= now_ms - CATCH_UP_WINDOW_MS
+    if (
+        retried
+        or due_ms >= cutoff
+        or (rule.missed is Missed.ALL and occurrence_ms >= now_ms - CATCH_UP_WINDOW_MS)
     ):
         return _delivered(rule, occurrence_ms, fired, rule.after(occurrence_ms))
     if rule.missed is Missed.ALL:  # older than the window: go on from its start
@@ -253,10 +266,21 @@ def _delivered(
 
 
 def _zone(name: str) -> ZoneInfo:
+    """An IANA zone by name. Only the database's list of zones is read: not the host's
+    `localtime`, nor the `right/` (leap-second) and `posix/` copies, which zoneinfo would
+    read with other offsets or which differ from host to host."""
+    if not isinstance(name, str) or name not in _zones():
+        raise InvalidRecurrence(f"unknown time zone {str(name)[:60]!r}", timezone=True)
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, TypeError) as e:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as e:
         raise InvalidRecurrence(f"unknown time zone {name[:60]!r}", timezone=True) from e
+
+
+@functools.cache
+def _zones() -> frozenset[str]:
+    """The IANA zone names this machine's zone database holds (read once)."""
+    return frozenset(available_timezones() - _NOT_ZONES) | {"UTC"}
 
 
 def _cron(expression: str, start: datetime, *, reverse: bool = False) -> Iterator[datetime]:

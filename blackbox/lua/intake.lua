@@ -91,7 +91,9 @@ end
 -- A series paused stays due: the dispatcher passes over its occurrences until resumed.
 local function hold(payload_key, marker_key, id, pause)
   local payload = redis.call('GET', payload_key)
-  if not payload or not (redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)) then
+  local pending = redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)
+  -- (A series cancelled while an occurrence is in flight keeps its payload till settled.)
+  if not payload or not pending or redis.call('GET', marker_key) == 'c' then
     return ended_code(sets, marker_key, id)
   end
   if not is_series(payload) then return 9 end

@@ -9,11 +9,12 @@
 --   sets.attempts  attempts hash (id -> failed attempts)
 
 -- How an id that is not pending ended, read only: 3 cancelled, 4 fired or firing, 5 unknown.
+-- A cancel answered already is answered alike while the version it could not stop (or a
+-- series' last occurrence) is still being produced.
 local function ended_code(sets, marker_key, id)
-  if redis.call('ZSCORE', sets.fly, id) then return 4 end
   local ended = redis.call('GET', marker_key)
-  if ended == 'f' then return 4 end
   if ended == 'c' then return 3 end
+  if ended == 'f' or redis.call('ZSCORE', sets.fly, id) then return 4 end
   return 5
 end
 

@@ -1,10 +1,8 @@
 """Hostile and careless series requests that once broke a replica or got a wrong answer:
-each test pins one defect found by attacking a running service. Those not fixed yet are
-marked xfail (strict), so the fix turns them into plain passing tests."""
+each test pins one defect found by attacking a running service."""
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,13 +29,6 @@ def _series_record(**fields: object) -> bytes:
     return orjson.dumps({"id": "tick", "topic": "orders", "message": "m", **fields})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=struct.error,
-    reason="a cron of ~80 kB passes parsing but its series JSON overflows the u16 length of "
-    "the encoding: struct.error in the intake thread stops the replica (3 restarts, then "
-    "the crash guard dead-letters it as unreadable)",
-)
 def test_a_cron_too_long_to_store_is_refused_at_parsing() -> None:
     """Guarantee 4: a series record within the size limit either stores or is refused with
     a reason; its encoding never raises where the intake no longer catches it."""
@@ -51,12 +42,6 @@ def test_a_cron_too_long_to_store_is_refused_at_parsing() -> None:
     schedule.encode()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=OSError,
-    reason="ZoneInfo raises OSError / IsADirectoryError for these names; the intake "
-    "dead-letters them as `unreadable` with a traceback logged",
-)
 @pytest.mark.parametrize("zone", ["A" * 300, "Europe"])
 def test_a_zone_name_too_long_or_naming_a_folder_is_an_unknown_timezone(zone: str) -> None:
     """Guarantee 4: any time zone text that names no zone is `unknown_timezone`."""
@@ -68,13 +53,6 @@ def test_a_zone_name_too_long_or_naming_a_folder_is_an_unknown_timezone(zone: st
 @pytest.mark.skipif(
     not Path("/usr/share/zoneinfo/right/Europe/Berlin").exists(),
     reason="the system's zoneinfo has no right/ zones",
-)
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="right/ (leap-second) zone files from the system TZPATH are accepted and read "
-    "with a wrong offset: right/Europe/Berlin is +02:00 all year, so a winter 09:00 fires "
-    "at 07:00Z instead of 08:00Z",
 )
 def test_a_leap_second_zone_is_refused_or_keeps_the_zones_wall_clock() -> None:
     """Guarantee 8: a series in a zone fires at that zone's wall-clock time, or the zone is
@@ -96,13 +74,6 @@ def store(redis_server: RedisServer) -> Iterator[RedisStore]:
     client.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="pending.lua's ended_code() looks at the in-flight set before the 'c' marker, and "
-    "intake.lua's hold() finds the payload the firer still holds: a second cancel answers "
-    "already_fired and a pause answers paused for a series already cancelled",
-)
 def test_a_series_cancelled_while_in_flight_answers_cancelled_to_later_requests(
     store: RedisStore,
 ) -> None:

@@ -12,7 +12,7 @@ import pytest
 from blackbox import envelope
 from blackbox.envelope import CALLER_HEADER, Envelope, Hold, Limits
 from blackbox.errors import CorruptSchedule, DeadLetterReason, InvalidEnvelope
-from blackbox.recurrence import Missed, Recurrence
+from blackbox.recurrence import Missed, Recurrence, fire
 from blackbox.schedule import Schedule, Series
 
 LIMITS = Limits(max_value_bytes=1_048_576, forbidden_topics=frozenset({"blackbox"}))
@@ -166,3 +166,15 @@ def test_a_corrupt_series_is_a_corrupt_schedule() -> None:
 
     with pytest.raises(CorruptSchedule):
         Schedule.decode("@/r", raw)
+
+
+def test_an_occurrence_claimed_before_fires_whatever_the_missed_policy() -> None:
+    """Guarantee 8: an occurrence whose replica died holding it (or whose delivery failed)
+    comes back after the lease, later than a short grace: it was chosen to fire, so even
+    `missed: skip` delivers it rather than skip it."""
+    rule = Recurrence(every_ms=1000, anchor_ms=0, grace_ms=2000, missed=Missed.SKIP)
+    late = 40_000  # claimed 30 s (a lease) after its due time, then reclaimed
+
+    assert fire(rule, "@s/r", 10_000, 3, late).deliver is None
+    retried = fire(rule, "@s/r", 10_000, 3, late, retried=True)
+    assert (retried.deliver, retried.next, retried.fired) == (10_000, 11_000, 4)
