@@ -6,6 +6,10 @@ tests and several services in one process do not share counts.
 
 from __future__ import annotations
 
+import collections
+from bisect import bisect_left
+from collections.abc import Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from blackbox.errors import DeadLetterReason
@@ -114,3 +118,16 @@ class Metrics:
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """A sample's current value (0 when never set), for tests and the admin page."""
         return self.registry.get_sample_value(name, labels or {}) or 0.0
+
+
+def observe_all(histogram: Histogram, amounts: Sequence[float]) -> None:
+    """Observe each of `amounts`, as `histogram.observe` would one by one, taking one lock
+    per bucket touched and one for the sum instead of two per amount (firing observes two
+    histograms per message). Reaches into prometheus_client's Histogram (its bounds,
+    buckets and sum): tests/unit/test_metrics.py pins the result to `observe`'s."""
+    if not amounts:
+        return
+    bounds = histogram._upper_bounds
+    histogram._sum.inc(sum(amounts))
+    for index, count in collections.Counter(bisect_left(bounds, a) for a in amounts).items():
+        histogram._buckets[index].inc(count)
