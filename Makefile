@@ -66,6 +66,7 @@ bench: setup
 	$(BIN)/python -m benchmarks.lateness
 	$(BIN)/python -m benchmarks.scenarios
 	$(BIN)/python -m benchmarks.scaleout
+	$(BIN)/python -m benchmarks.series
 
 chaos: setup
 	$(BIN)/python -m benchmarks.chaos $(CHAOS)
