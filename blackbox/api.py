@@ -17,6 +17,7 @@ A recurring schedule (a series) is one pending id, like a one-off schedule: `GET
 from __future__ import annotations
 
 import hmac
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from importlib import resources
@@ -56,6 +57,8 @@ from blackbox.tokens import DEV_OPEN, OPEN_READS, OPERATOR, Grant, Tokens, token
 PREFIX = "/api/v1"
 MAX_LIMIT = 500
 MAX_ID_CHARS = 1024
+# A caller's own id, as intake reads it.
+MAX_OWN_ID_CHARS = envelope.MAX_ID_CHARS
 # Bodies are envelopes: the largest message, base64-encoded, plus room for the rest.
 BODY_OVERHEAD_BYTES = 65_536
 _STATUS = {
@@ -388,6 +391,18 @@ def cancel(blackbox_id: BlackboxId, call: Writer) -> JSONResponse:
     return _answer(call.backend.admin.cancel(blackbox_id), blackbox_id, None)
 
 
+def _finite(value: object) -> bool:
+    """Whether every number in a JSON value is finite (Python's JSON reader, unlike the
+    intake's, reads NaN, Infinity and 1e400; written again they would become null)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
+
+
 def _through_intake(
     backend: Backend, blackbox_id: str, request: dict[str, Any],
     statuses: dict[Outcome, int] = _STATUS,
@@ -396,6 +411,10 @@ def _through_intake(
     scoped = split_scoped(blackbox_id)
     assert scoped is not None  # only a caller's own id comes here
     caller, own = scoped
+    if not own or len(own) > MAX_OWN_ID_CHARS or not own.isprintable():
+        # Refused by intake, its answer keyed by the id cut short: never waited for.
+        raise ApiError(422, "invalid_id",
+                       f"an id is 1-{MAX_OWN_ID_CHARS} printable characters")  # fmt: skip
     answers = backend.answers
     if answers is not None and not answers.ready(backend.answer_seconds):
         raise ApiError(503, "unavailable", "the events topic cannot be read: try again")
@@ -422,6 +441,9 @@ def create(body: NewSchedule, call: Writer, idempotency_key: IdempotencyKey = No
     if not call.grant.acts_for(caller):
         raise ApiError(403, "forbidden", f"this token does not act for {caller!r}")
     document = dict(body.envelope)
+    if not _finite(document):
+        raise ApiError(422, "invalid_json", "numbers must be finite: NaN, Infinity and "
+                       "values beyond a double (1e400) are not JSON blackbox reads")  # fmt: skip
     if idempotency_key is not None:
         document = {"id": idempotency_key, **document, "if_absent": True}
     try:

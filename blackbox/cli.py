@@ -183,7 +183,8 @@ def _add_series_options(send: Any) -> None:
     series.add_argument("--timezone", help="the IANA zone a cron rule is read in (UTC)")
     series.add_argument("--start", help="no occurrence before: RFC 3339 or epoch seconds")
     series.add_argument("--end", help="no occurrence after: RFC 3339 or epoch seconds")
-    series.add_argument("--limit", type=int, help="how many occurrences to deliver at most")
+    series.add_argument("--limit", type=_run_count,
+                        help="how many occurrences to deliver at most")  # fmt: skip
     series.add_argument("--jitter", type=float, metavar="SECONDS",
                         help="delay each occurrence by up to this much")  # fmt: skip
     series.add_argument("--missed", choices=[m.value for m in Missed],
@@ -216,6 +217,14 @@ def cmd_create_topics(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def _run_count(text: str) -> int:
+    """A series' `--limit`: a whole number a JSON envelope can carry (64 bits)."""
+    count = int(text)
+    if not 1 <= count < 2**63:
+        raise argparse.ArgumentTypeError(f"--limit must be 1 to 2**63-1, not {text}")
+    return count
+
+
 def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
     if args.file is not None:
         return _send_file(args, settings)
@@ -227,6 +236,10 @@ def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
             args.topic or _usage("--topic is required"), message, **when,
             key=args.key, headers=headers, schedule_id=args.id,
         )  # fmt: skip
+        encoded = orjson.dumps(document)
+    except orjson.JSONEncodeError as e:  # a number JSON cannot carry (beyond 64 bits)
+        _error(f"not sendable as JSON: {e}")
+        return EXIT_USAGE
     except (ValueError, OSError) as e:
         _error(str(e))
         return EXIT_USAGE
@@ -235,7 +248,7 @@ def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_USAGE
 
     def request(sender: client.Client) -> None:
-        sender.send_raw(orjson.dumps(document), args.id)
+        sender.send_raw(encoded, args.id)
 
     return _answered(args, settings, request, SEND_ANSWERS, topic=args.topic, id=args.id)
 

@@ -139,7 +139,10 @@ def _deliver_at(at: Moment, name: str = "at") -> str | float:
                 f"{name} must be timezone-aware (a naive datetime has no fixed instant)"
             )
         return at.isoformat()
-    return float(at)
+    seconds = float(at)
+    if not math.isfinite(seconds):
+        raise ValueError(f"{name} must be a finite time, not {at!r}")
+    return seconds
 
 
 # A producer retrying after a broker failure may write a request twice unless idempotent:

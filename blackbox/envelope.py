@@ -223,7 +223,7 @@ def _recurrence(document: dict[str, Any]) -> Recurrence:
         )
     if "cron" in document and "every" in document:
         raise InvalidEnvelope(_R.CONFLICTING_FIELDS, "give cron or every, not both")
-    if "cron" not in document and "every" not in document:
+    if document.get("cron") is None and document.get("every") is None:
         raise InvalidEnvelope(_R.MISSING_FIELD, "a series needs cron or every")
     if document.get("id") is None:
         raise InvalidEnvelope(_R.MISSING_FIELD, "a series needs an id (to update or cancel it)")

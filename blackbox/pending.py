@@ -358,7 +358,11 @@ class Pending:
             if stored <= len(raw):
                 log.warning("schedule_unreadable", blackbox_id=schedule_id)
                 return None
-            found = self.store.load(schedule_id)  # headers longer than the head: rare
+            try:  # headers (or a series' rule) longer than the head: rare
+                found = self.store.load(schedule_id)
+            except CorruptSchedule:
+                log.warning("schedule_unreadable", blackbox_id=schedule_id)
+                return None
             return None if found is None else Head(found, len(found.value))
         return Head(schedule, len(schedule.value) + stored - len(raw))
 

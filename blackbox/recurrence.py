@@ -95,7 +95,7 @@ class Recurrence:
 
     def __post_init__(self) -> None:
         if (self.cron is None) == (self.every_ms is None):
-            raise InvalidRecurrence("give cron or every, not both")
+            raise InvalidRecurrence("give one of cron and every")
         _zone(self.timezone)
         if self.cron is not None:
             if len(self.cron) > MAX_CRON_CHARS:

@@ -50,6 +50,9 @@ _NO_CALLER = 0xFFFF
 _NO_VALUE = 0xFFFFFFFF
 _MAX_TOPIC_BYTES = 255
 _CALLER, _KEY, _HEADERS, _ORIGIN, _ETF1, _SERIES, _PAUSED = 1, 2, 4, 8, 16, 32, 64
+# The latest occurrence a stored series may hold: what intake can store (a due time at
+# most 2,000 years after 1970, see envelope.py), far inside what a calendar can name.
+MAX_OCCURRENCE_MS = 2 * 1000 * 31_557_600_000
 # Ids a caller chose start with this; intake-derived ids start with a topic name.
 SCOPED_PREFIX = "@"
 
@@ -74,6 +77,8 @@ class Series:
         try:
             document = orjson.loads(raw)
             occurrence_ms, fired = document.pop("occurrence_ms"), document.pop("fired")
+            if not _whole(occurrence_ms, MAX_OCCURRENCE_MS) or not _whole(fired, 2**63):
+                raise ValueError(f"occurrence {occurrence_ms!r}, fired {fired!r}")
             return cls(Recurrence.from_json(document), occurrence_ms, fired, paused)
         except (InvalidRecurrence, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"series: {e!r}") from e
@@ -243,6 +248,10 @@ class _Reader:
             size = self.unpack(_U32)
             read.append((name, None if size == _NO_VALUE else self.take(size)))
         return tuple(read)
+
+
+def _whole(value: object, most: int) -> bool:
+    return type(value) is int and 0 <= value <= most
 
 
 def first_occurrence(rule: Recurrence, received_ms: int) -> Series:

@@ -1,6 +1,6 @@
 """Series through the user-facing paths (HTTP API, client, command line), attacked as a
 careless user and an attacker would: each test pins one defect found against a running
-service, as a strict xfail until it is fixed."""
+service."""
 
 from __future__ import annotations
 
@@ -50,8 +50,6 @@ def _listed(client: httpx.Client, path: str) -> tuple[int, list[str]]:
     return 200, [i["blackbox_id"] for i in answer.json()["items"]]
 
 
-@pytest.mark.xfail(strict=True, reason="the API reads NaN, Infinity and 1e400 and orjson "
-                   "writes them as null: the field is dropped, the series changed")  # fmt: skip
 def test_a_non_finite_number_in_a_series_is_refused_not_dropped(
     start_service: ServiceFactory,
 ) -> None:
@@ -67,8 +65,6 @@ def test_a_non_finite_number_in_a_series_is_refused_not_dropped(
     assert answer.status_code == 422, answer.text
 
 
-@pytest.mark.xfail(strict=True, reason="Repeat checks every, jitter and grace for finite "
-                   "values but not start and end: orjson writes inf and nan as null")  # fmt: skip
 def test_the_client_refuses_a_non_finite_start_or_end() -> None:
     """Guarantee 4: `Repeat(start=inf)` or `end=nan` is refused by the client (ValueError),
     as `every=inf` is; it never becomes `"start": null`, a series that starts now and
@@ -79,8 +75,6 @@ def test_the_client_refuses_a_non_finite_start_or_end() -> None:
                                   repeat=Repeat(every=60, **bound)))  # type: ignore[arg-type]  # fmt: skip
 
 
-@pytest.mark.xfail(strict=True, reason="the intake's answer to an id over 255 characters is "
-                   "keyed by its first 255, so the API waits for one that never comes")  # fmt: skip
 def test_a_pause_of_an_id_too_long_is_refused_at_once(start_service: ServiceFactory) -> None:
     """Guarantee 4: pausing an id the intake refuses (over 255 characters, within the API's
     1,024) answers 422 invalid_id as soon as the intake refused it, as an id with a NUL
@@ -92,8 +86,6 @@ def test_a_pause_of_an_id_too_long_is_refused_at_once(start_service: ServiceFact
     assert (answer.status_code, answer.json()["error"]) == (422, "invalid_id"), answer.text
 
 
-@pytest.mark.xfail(strict=True, reason="Pending._head reloads a payload longer than its "
-                   "head, and the reload's CorruptSchedule ends the listing")  # fmt: skip
 def test_a_corrupt_series_payload_over_2_kb_leaves_the_listings_working(
     start_service: ServiceFactory,
 ) -> None:
@@ -108,8 +100,6 @@ def test_a_corrupt_series_payload_over_2_kb_leaves_the_listings_working(
         assert _listed(client, "/api/v1/schedules") == (200, [kept])
 
 
-@pytest.mark.xfail(strict=True, reason="series_view's errors (TypeError, OverflowError) on a "
-                   "stored rule that decodes are not caught: a 500")  # fmt: skip
 def test_a_series_whose_view_cannot_be_computed_is_no_500(start_service: ServiceFactory) -> None:
     """Guarantee 4: a stored series that decodes but whose occurrences cannot be shown (its
     next occurrence past year 9999) is left out of `GET /series`, which lists the rest,
@@ -126,8 +116,6 @@ def test_a_series_whose_view_cannot_be_computed_is_no_500(start_service: Service
         assert detail.status_code == 422, detail.text
 
 
-@pytest.mark.xfail(strict=True, reason="cmd_send catches ValueError and OSError, not the "
-                   "JSONEncodeError (a TypeError) of a limit over 64 bits")  # fmt: skip
 def test_send_with_a_limit_over_64_bits_exits_2_without_a_traceback(
     env: dict[str, str], tmp_path: Path
 ) -> None:
