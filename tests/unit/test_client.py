@@ -5,10 +5,11 @@ from __future__ import annotations
 import base64
 import math
 from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from blackbox import client, envelope
@@ -166,6 +167,8 @@ def test_a_full_envelope_means_the_same_to_the_parser() -> None:
     st.dictionaries(header_names, st.text(max_size=20), max_size=3),
     st.none() | printable,
 )
+# A float whose binary product with 1000 rounds up past its decimal text's.
+@example("", 16848000.1, None, {}, None)
 def test_any_client_envelope_round_trips_through_the_parser(
     message: object,
     when: float | timedelta | datetime,
@@ -189,7 +192,10 @@ def test_any_client_envelope_round_trips_through_the_parser(
         assert (request.at_ms, request.countdown_ms) == (exact_ms(when), None)
     else:
         seconds = when.total_seconds() if isinstance(when, timedelta) else when
-        assert (request.at_ms, request.countdown_ms) == (None, math.ceil(seconds * 1000))
+        # As JSON carries it: the float's shortest decimal text, in ms rounded up (in binary,
+        # 16848000.1 * 1000 is 16848000100.000002).
+        expected_ms = math.ceil(Decimal(repr(float(seconds))).scaleb(3))
+        assert (request.at_ms, request.countdown_ms) == (None, expected_ms)
     assert request.key == (None if key is None else key.encode())
     assert request.headers == tuple((n, v.encode()) for n, v in headers.items())
     assert request.schedule_id == schedule_id
