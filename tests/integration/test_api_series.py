@@ -135,8 +135,11 @@ def test_series_are_listed_and_held_only_for_the_tokens_callers(
     service = start_service(BLACKBOX_API_TOKENS_FILE=_tokens_file(tmp_path / "tokens.yaml"))
     target = unique("owned")
     with api(service) as client:
+        # Starting in an hour: a series firing now would be in flight, not listed as due.
+        start = now_ms() // 1000 + 3600
         for token, name in ((BILLING, "bill"), (SHOP, "shop")):
-            body = {"envelope": {"id": name, "topic": target, "message": name, "every": 3600}}
+            body = {"envelope": {"id": name, "topic": target, "message": name, "every": 3600,
+                                 "start": start}}  # fmt: skip
             assert client.post("/api/v1/schedules", json=body,
                                headers=_auth(token)).status_code == 202  # fmt: skip
         wait_until(lambda: service.store.counts()[0] == 2, what="both stored")

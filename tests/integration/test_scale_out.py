@@ -339,7 +339,12 @@ def test_a_replica_killed_mid_run_loses_nothing_and_its_shards_are_taken_over(
 
     assert len(ids) == MESSAGES  # nothing lost
     assert twice <= retried, twice - retried
-    assert set(orphans) <= retried, set(orphans) - retried  # returned after their lease
+    # Read at the stop, an id may have been settled all the same: its holder's ack was
+    # already in Redis's input (or a survivor's sweep held it). Such an id arrived once,
+    # before the kill; every other one came back after its lease, as a retry.
+    settled = {r.header("blackbox-id") for r in records
+               if r.received_ms < killed_ms and ids[r.header("blackbox-id")] == 1}  # fmt: skip
+    assert set(orphans) - settled <= retried, set(orphans) - settled - retried
     assert taken_over, "the dead replica's shards were not delivered after the kill"
     assert min(shares[1:]) > 0, shares
     _stop_cleanly(fleet)
