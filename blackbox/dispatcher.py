@@ -465,8 +465,8 @@ class Dispatcher:
 
 def _version(schedule: Schedule, series: Series) -> Schedule:
     """The schedule of one occurrence of its series: due at that occurrence, jitter added."""
-    jitter = series.rule.jitter_of(schedule.id, series.occurrence_ms)
-    return replace(schedule, due_ms=series.occurrence_ms + jitter, series=series)
+    due_ms = series.rule.due_of(schedule.id, series.occurrence_ms)
+    return replace(schedule, due_ms=due_ms, series=series)
 
 
 def _series_events(sent: _Sent, outcome: _Outcome) -> list[Event]:

@@ -175,6 +175,10 @@ class Recurrence:
         digest = hashlib.blake2b(f"{series_id}\0{occurrence_ms}".encode(), digest_size=8)
         return int.from_bytes(digest.digest()) % (self.jitter_ms + 1)
 
+    def due_of(self, series_id: str, occurrence_ms: int) -> int:
+        """When an occurrence falls due: its instant, its jitter added."""
+        return occurrence_ms + self.jitter_of(series_id, occurrence_ms)
+
     def upcoming(self, after_ms: int, count: int, fired: int = 0) -> list[int]:
         """Up to `count` occurrences from `after_ms` on, within `limit` given `fired`."""
         left = count if self.limit is None else min(count, self.limit - fired)
@@ -230,7 +234,7 @@ def fire(  # noqa: PLR0913 - the series' state, by name
     if paused:
         return Firing(None, rule.first(now_ms + 1), fired, skipped=True)
     cutoff = now_ms - rule.grace_ms
-    due_ms = occurrence_ms + rule.jitter_of(series_id, occurrence_ms)
+    due_ms = rule.due_of(series_id, occurrence_ms)
     if (
         retried
         or due_ms >= cutoff

@@ -121,7 +121,7 @@ class Schedule:
                 series = first_occurrence(envelope.recurrence, received_ms)
             except InvalidRecurrence as e:
                 raise InvalidEnvelope(DeadLetterReason.INVALID_RECURRENCE, str(e)) from e
-            due_ms = series.occurrence_ms + series.rule.jitter_of(schedule_id, series.occurrence_ms)
+            due_ms = series.rule.due_of(schedule_id, series.occurrence_ms)
         return cls(
             id=schedule_id,
             topic=envelope.topic,

@@ -76,7 +76,7 @@ def series_view(schedule_id: str, series: Series, count: int = NEXT_OCCURRENCES)
     """A stored series as listed: its rule and its next `count` occurrences."""
     rule = series.rule
     upcoming = rule.upcoming(series.occurrence_ms, count, series.fired)
-    occurrences = [Occurrence(at, utc_text(at), at + rule.jitter_of(schedule_id, at))
+    occurrences = [Occurrence(at, utc_text(at), rule.due_of(schedule_id, at))
                    for at in upcoming]  # fmt: skip
     return SeriesView(rule_of(rule), series.occurrence_ms, series.fired, series.paused,
                       occurrences)  # fmt: skip
