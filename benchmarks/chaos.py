@@ -42,8 +42,8 @@ from benchmarks.scenarios import table
 from benchmarks.stack import Stack, local_stack, start_service
 from blackbox import kafka
 from blackbox.envelope import normalize_headers
-from blackbox.keys import Keys
 from blackbox.localstack import free_port
+from blackbox.storage.keys import Keys
 
 Result = dict[str, object]
 CHAOS_SETTINGS = {

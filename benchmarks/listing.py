@@ -17,11 +17,11 @@ import time
 import redis
 
 from blackbox.clock import now_ms
-from blackbox.keys import Layout
 from blackbox.localstack import RedisServer, free_port, scratch_dir
 from blackbox.pending import Filter, Pending
 from blackbox.schedule import Schedule
-from blackbox.store import IntakeSlice, RedisStore
+from blackbox.storage.keys import Layout
+from blackbox.storage.store import IntakeSlice, RedisStore
 
 FILL_CHUNK = 10_000
 

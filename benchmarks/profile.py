@@ -32,9 +32,9 @@ import redis
 
 from benchmarks.scenarios import SCENARIOS, table
 from benchmarks.stack import cpu_seconds, redis_cpu_seconds
-from blackbox.keys import Keys
 from blackbox.localstack import scratch_dir
 from blackbox.settings import Settings
+from blackbox.storage.keys import Keys
 
 REPO = Path(__file__).resolve().parent.parent
 PREFIXES = sorted(

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from benchmarks.stack import ServiceProcess, cpu_seconds, redis_cpu_seconds
-from blackbox.connections import RedisClient, primaries
 from blackbox.localstack import KafkaBroker
+from blackbox.storage.connections import RedisClient, primaries
 
 Result = dict[str, object]
 

@@ -29,11 +29,11 @@ from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[att
 
 from benchmarks.stack import ServiceProcess, Stack, local_stack, wait_for
 from blackbox import kafka
-from blackbox.connections import redis_client
 from blackbox.envelope import normalize_headers
-from blackbox.keys import Layout
-from blackbox.layout import DEFAULT_SHARDS
-from blackbox.store import pending_counts
+from blackbox.storage.connections import redis_client
+from blackbox.storage.keys import Layout
+from blackbox.storage.shardcount import DEFAULT_SHARDS
+from blackbox.storage.store import pending_counts
 
 Result = dict[str, object]
 REPLICAS = 3

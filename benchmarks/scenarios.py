@@ -45,9 +45,9 @@ from benchmarks.stack import (
 )
 from blackbox import kafka
 from blackbox.clock import now_ms
-from blackbox.keys import Keys, Layout
 from blackbox.schedule import Schedule, intake_id
-from blackbox.store import IntakeSlice, RedisStore
+from blackbox.storage.keys import Keys, Layout
+from blackbox.storage.store import IntakeSlice, RedisStore
 
 Result = dict[str, object]
 

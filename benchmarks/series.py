@@ -44,8 +44,8 @@ from benchmarks.stack import (
 )
 from blackbox.clock import now_ms
 from blackbox.envelope import CALLER_HEADER
-from blackbox.keys import Keys, Layout
 from blackbox.schedule import scoped_id
+from blackbox.storage.keys import Keys, Layout
 
 Result = dict[str, object]
 CALLER = b"bench"

@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from benchmarks.stack import local_stack, service_process, time_storing
 from blackbox.envelope import CALLER_HEADER, Header
-from blackbox.keys import Keys
 from blackbox.signing import Parts, Signer, public_text
+from blackbox.storage.keys import Keys
 
 KEY = Ed25519PrivateKey.generate()
 

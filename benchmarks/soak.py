@@ -50,7 +50,7 @@ from benchmarks.collect import (
 from benchmarks.histograms import Histograms, between, scrape
 from benchmarks.stack import Stack, cpu_seconds, local_stack, start_service
 from blackbox import kafka
-from blackbox.keys import Keys
+from blackbox.storage.keys import Keys
 
 Result = dict[str, object]
 

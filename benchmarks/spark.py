@@ -35,9 +35,9 @@ from pathlib import Path
 import redis
 
 from blackbox import kafka
-from blackbox.keys import Keys
 from blackbox.localstack import KafkaBroker, RedisServer, free_port, scratch_dir
 from blackbox.settings import Settings
+from blackbox.storage.keys import Keys
 
 CALLER = "bench"
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -28,7 +28,7 @@ from blackbox.policy import CallerPolicy, open_policy
 from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.shares import Nudge
 from blackbox.signing import Parts, Signer
-from blackbox.store import RedisStore
+from blackbox.storage.store import RedisStore
 
 log = structlog.get_logger("blackbox.admin")
 SEND_SECONDS = 10.0

@@ -51,7 +51,7 @@ from blackbox.schedule import split_scoped
 from blackbox.settings import Settings
 from blackbox.shares import Nudge
 from blackbox.signing import Signer
-from blackbox.store import RedisStore
+from blackbox.storage.store import RedisStore
 from blackbox.tokens import DEV_OPEN, OPEN_READS, OPERATOR, Grant, Tokens, tokens_of
 
 PREFIX = "/api/v1"

@@ -39,7 +39,7 @@ from blackbox.metrics import Metrics, observe_all
 from blackbox.outbox import Outbox, Record, Reports
 from blackbox.schedule import Schedule, Series, origin_topic, split_scoped
 from blackbox.shares import Share
-from blackbox.store import DEFAULT_CLAIM_BYTES, Advance, Claim, Loaded, RedisStore
+from blackbox.storage.store import DEFAULT_CLAIM_BYTES, Advance, Claim, Loaded, RedisStore
 
 log = structlog.get_logger("blackbox.dispatcher")
 # Messages sent and not yet settled, at most, in full claims (by count and by payload

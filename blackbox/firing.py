@@ -22,13 +22,13 @@ from confluent_kafka import KafkaException, Producer
 from blackbox import kafka, shares
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
-from blackbox.connections import RedisClient
 from blackbox.dispatcher import Dispatcher, RetryPolicy
 from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox
 from blackbox.settings import REPORT_GRACE_SECONDS, Settings
 from blackbox.shares import Share, sweep_after_ms
-from blackbox.store import RedisStore
+from blackbox.storage.connections import RedisClient
+from blackbox.storage.store import RedisStore
 from blackbox.waker import NudgeListener, Waker
 
 log = structlog.get_logger("blackbox.firing")

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from importlib import resources
 from typing import Protocol
 
 from confluent_kafka import Message
 
-from blackbox.connections import RedisClient
-from blackbox.keys import Layout
+from blackbox.storage import scripts
+from blackbox.storage.connections import RedisClient
+from blackbox.storage.keys import Layout
 
 # Characters of the topic id kept in the tag: 48 bits tell two incarnations of one name
 # apart, and the tag is part of every id derived from an intake record.
@@ -65,7 +65,7 @@ class RedisRecord:
     """The record in the namespace's Redis, shared by every replica (incarnation.lua)."""
 
     def __init__(self, client: RedisClient, layout: Layout) -> None:
-        text = resources.files("blackbox").joinpath("lua", "incarnation.lua").read_text("utf-8")
+        text = scripts.source("incarnation")
         self._script = client.register_script(text)
         self._client = client
         self._key = layout.incarnations

@@ -43,7 +43,7 @@ from blackbox.policy import CallerPolicy
 from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.shares import Nudge
 from blackbox.signing import Parts
-from blackbox.store import (
+from blackbox.storage.store import (
     Applied,
     Cancellation,
     Holding,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import redis
 
 from blackbox.identity import Proof
-from blackbox.keys import Layout
+from blackbox.storage.keys import Layout
 
 
 class Nonces:

@@ -28,14 +28,14 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from blackbox import listing
 from blackbox.clock import now_ms
 from blackbox.errors import BadCursor, CorruptSchedule
-from blackbox.keys import Keys
-from blackbox.listing import Member
 from blackbox.schedule import Schedule, split_scoped
 from blackbox.seriesview import SeriesView, series_view
-from blackbox.store import RedisStore
+from blackbox.storage import listing
+from blackbox.storage.keys import Keys
+from blackbox.storage.listing import Member
+from blackbox.storage.store import RedisStore
 
 log = structlog.get_logger("blackbox.pending")
 

@@ -19,14 +19,14 @@ from blackbox.envelope import Limits
 from blackbox.errors import SettingsError
 from blackbox.incarnations import Incarnations, RedisRecord
 from blackbox.intake import POLL_SECONDS, Intake, IntakeConfig
-from blackbox.memory import Room
 from blackbox.metrics import Metrics
 from blackbox.nonces import Nonces
 from blackbox.outbox import Outbox
 from blackbox.policy import CallerPolicy
 from blackbox.settings import Settings
 from blackbox.shares import Nudge
-from blackbox.store import RedisStore
+from blackbox.storage.memory import Room
+from blackbox.storage.store import RedisStore
 
 Loop = Callable[[], None]
 

@@ -20,21 +20,22 @@ import redis
 import structlog
 from confluent_kafka import Producer
 
-from blackbox import api, kafka, layout, memory, shares
+from blackbox import api, kafka, shares
 from blackbox.clock import now_ms
-from blackbox.connections import redis_client
 from blackbox.endpoints import Endpoints
 from blackbox.errors import RedisFull, SettingsError, ShardsChanged
 from blackbox.firing import Firing, Loop
 from blackbox.health import Health, Probe
-from blackbox.keys import Layout
 from blackbox.metrics import Metrics
 from blackbox.policy import CallerPolicy
 from blackbox.receiving import Receiving, caller_policy_of
 from blackbox.role import Role
 from blackbox.settings import Settings
 from blackbox.shares import Announcements
-from blackbox.store import RedisStore
+from blackbox.storage import memory, shardcount
+from blackbox.storage.connections import redis_client
+from blackbox.storage.keys import Layout
+from blackbox.storage.store import RedisStore
 from blackbox.waker import nudge_message
 
 log = structlog.get_logger("blackbox.service")
@@ -62,8 +63,8 @@ class Service:
         self._probe_client = redis_client(settings.redis_url, socket_timeout=2)
         self.name = shares.replica_name()  # among the firers and the processes of the count
         sharding = Layout(settings.namespace, self._shard_count())
-        self.guard = layout.Guard(self.redis, sharding, self.name,
-                                  layout.heartbeat_ms(settings.health_interval))  # fmt: skip
+        self.guard = shardcount.Guard(self.redis, sharding, self.name,
+                                  shardcount.heartbeat_ms(settings.health_interval))  # fmt: skip
         self.store = RedisStore(
             self.redis, sharding, settings.grace_seconds, settings.fired_retention
         )
@@ -93,19 +94,19 @@ class Service:
 
     def _shard_count(self) -> int:
         """BLACKBOX_SHARDS, or the count the namespace was written with when it is unset
-        (layout.adopt). If Redis is away at start, the default for now: `_read_policy`
+        (shardcount.adopt). If Redis is away at start, the default for now: `_read_policy`
         adopts again once it answers, and stops the process if the count differs (the
         next start adopts it)."""
         self._shards_adopted = self.settings.shards is None
         if self.settings.shards is not None:
             return self.settings.shards
         try:
-            return layout.adopt(self._probe_client, self.settings.namespace)
+            return shardcount.adopt(self._probe_client, self.settings.namespace)
         except (redis.ConnectionError, redis.TimeoutError) as e:
-            log.warning("shards_unknown", error=str(e), shards=layout.DEFAULT_SHARDS,
+            log.warning("shards_unknown", error=str(e), shards=shardcount.DEFAULT_SHARDS,
                         retry="at each probe")  # fmt: skip
             self._shards_adopted = False
-            return layout.DEFAULT_SHARDS
+            return shardcount.DEFAULT_SHARDS
 
     def _firing(self) -> Firing:
         nudges = redis_client(self.settings.redis_url)
@@ -195,7 +196,7 @@ class Service:
         the one the namespace adopts now."""
         if self.settings.shards is not None or self._shards_adopted:
             return
-        adopted = layout.adopt(self._probe_client, self.settings.namespace)
+        adopted = shardcount.adopt(self._probe_client, self.settings.namespace)
         if adopted != self.store.layout.count:
             raise ShardsChanged(
                 f"BLACKBOX_SHARDS is unset and Redis was away at start: this process took "

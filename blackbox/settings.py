@@ -15,7 +15,7 @@ from typing import Any
 
 from blackbox.envelope import ABSOLUTE_MAX_COUNTDOWN_SECONDS
 from blackbox.errors import SettingsError
-from blackbox.keys import MAX_SHARDS, SHARD_SEPARATOR
+from blackbox.storage.keys import MAX_SHARDS, SHARD_SEPARATOR
 
 KAFKA_PREFIX = "KAFKA_"
 # Properties for one kind of client only (KAFKA_CONSUMER_SESSION_TIMEOUT_MS).

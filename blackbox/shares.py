@@ -25,9 +25,9 @@ from typing import Any
 
 import structlog
 
-from blackbox.connections import RedisClient
-from blackbox.keys import Layout
 from blackbox.settings import sweep_delay
+from blackbox.storage.connections import RedisClient
+from blackbox.storage.keys import Layout
 
 log = structlog.get_logger("blackbox.shares")
 

@@ -17,8 +17,8 @@ import structlog
 
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
-from blackbox.connections import RedisClient, refresh_after
 from blackbox.shares import Nudge
+from blackbox.storage.connections import RedisClient, refresh_after
 
 log = structlog.get_logger("blackbox.waker")
 

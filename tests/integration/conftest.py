@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from blackbox.keys import Keys
 from blackbox.localstack import KafkaBroker, RedisCluster, RedisServer, free_port
 from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.settings import Settings
+from blackbox.storage.keys import Keys
 from tests.kafkatools import TopicReader, unique, wait_until
 
 pytestmark = pytest.mark.integration

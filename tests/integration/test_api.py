@@ -18,7 +18,7 @@ from blackbox.pending import SCAN_BUDGET
 from blackbox.schedule import Schedule
 from blackbox.service import Service
 from blackbox.settings import Settings
-from blackbox.store import IntakeSlice
+from blackbox.storage.store import IntakeSlice
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import TopicReader, produce, unique, wait_until
 

@@ -10,13 +10,13 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from blackbox import connections
 from blackbox.clock import now_ms
-from blackbox.keys import Layout
 from blackbox.localstack import LOOPBACK, RedisCluster
 from blackbox.schedule import Schedule
 from blackbox.settings import Settings
-from blackbox.store import Applied, IntakeSlice, RedisStore, Write
+from blackbox.storage import connections
+from blackbox.storage.keys import Layout
+from blackbox.storage.store import Applied, IntakeSlice, RedisStore, Write
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import envelope, produce, unique, wait_until
 

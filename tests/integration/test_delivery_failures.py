@@ -15,13 +15,13 @@ from structlog.testing import capture_logs
 
 from blackbox import kafka
 from blackbox.clock import now_ms
-from blackbox.connections import redis_client
 from blackbox.errors import DeadLetterReason
 from blackbox.incarnations import tag_of
-from blackbox.keys import Layout
 from blackbox.schedule import Schedule
 from blackbox.settings import Settings
-from blackbox.store import IntakeSlice, RedisStore
+from blackbox.storage.connections import redis_client
+from blackbox.storage.keys import Layout
+from blackbox.storage.store import IntakeSlice, RedisStore
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
 from tests.kafkatools import envelope, produce, unique, wait_until
 

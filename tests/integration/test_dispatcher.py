@@ -14,13 +14,13 @@ from confluent_kafka import Producer
 
 from blackbox.clock import now_ms
 from blackbox.dispatcher import Dispatcher, RetryPolicy
-from blackbox.keys import Layout
 from blackbox.localstack import RedisServer
 from blackbox.metrics import Metrics
 from blackbox.outbox import Outbox
 from blackbox.schedule import Schedule
 from blackbox.shares import Share
-from blackbox.store import IntakeSlice, RedisStore
+from blackbox.storage.keys import Layout
+from blackbox.storage.store import IntakeSlice, RedisStore
 from tests.kafkatools import unique
 
 POLICY = RetryPolicy(batch_limit=100, lease_ms=30_000, max_attempts=3, backoff_ms=100,

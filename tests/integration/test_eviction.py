@@ -10,11 +10,11 @@ import pytest
 import redis
 from structlog.testing import capture_logs
 
-from blackbox import memory
 from blackbox.errors import EvictingRedis
 from blackbox.localstack import RedisServer, free_port
 from blackbox.service import EXIT_SETTINGS, Service
 from blackbox.settings import Settings
+from blackbox.storage import memory
 from tests.kafkatools import wait_until
 from tests.process import BlackboxProcess
 

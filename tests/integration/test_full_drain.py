@@ -15,9 +15,9 @@ import orjson
 import pytest
 import redis
 
-from blackbox.keys import Keys
 from blackbox.localstack import KafkaBroker, RedisServer, free_port
 from blackbox.service import Service
+from blackbox.storage.keys import Keys
 from tests.integration.conftest import ReaderFactory, ServiceFactory, service_env
 from tests.kafkatools import Received, envelope, produce, unique, wait_until
 

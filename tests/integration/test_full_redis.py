@@ -10,12 +10,12 @@ import redis
 
 from blackbox.clock import now_ms
 from blackbox.errors import RedisFull
-from blackbox.keys import Layout
 from blackbox.localstack import RedisServer, free_port
-from blackbox.memory import Room
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule, intake_id
-from blackbox.store import Applied, IntakeSlice, RedisStore, Write
+from blackbox.storage.keys import Layout
+from blackbox.storage.memory import Room
+from blackbox.storage.store import Applied, IntakeSlice, RedisStore, Write
 from tests.kafkatools import unique, wait_until
 
 FULL_AT = {"maxmemory": "2mb", "maxmemory-policy": "noeviction"}

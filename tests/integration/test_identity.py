@@ -16,9 +16,9 @@ from blackbox.client import Client
 from blackbox.envelope import CALLER_HEADER, Header
 from blackbox.errors import DeadLetterReason
 from blackbox.identity import Proof
-from blackbox.keys import Layout
 from blackbox.nonces import Nonces
 from blackbox.signing import Parts, Signer, public_text
+from blackbox.storage.keys import Layout
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
 from tests.kafkatools import produce, unique, wait_until
 

@@ -13,8 +13,8 @@ from confluent_kafka.admin import AdminClient
 
 from blackbox import kafka
 from blackbox.incarnations import TAG_LENGTH, tag_of
-from blackbox.keys import Layout
 from blackbox.service import Service
+from blackbox.storage.keys import Layout
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import Received, envelope, produce, unique, wait_until
 

@@ -12,13 +12,13 @@ import httpx
 import pytest
 import redis
 
-from blackbox import connections
 from blackbox.clock import now_ms
-from blackbox.keys import Layout
 from blackbox.localstack import RedisCluster, RedisServer
 from blackbox.pending import SCAN_BUDGET, TOPIC_SAMPLE, Filter, Item, Pending, Position, State
 from blackbox.schedule import Schedule
-from blackbox.store import IntakeSlice, RedisStore
+from blackbox.storage import connections
+from blackbox.storage.keys import Layout
+from blackbox.storage.store import IntakeSlice, RedisStore
 from tests.integration.conftest import ServiceFactory
 from tests.kafkatools import unique
 

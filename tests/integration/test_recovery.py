@@ -13,9 +13,9 @@ import redis
 
 from blackbox import kafka
 from blackbox.incarnations import tag_of
-from blackbox.keys import Keys
 from blackbox.localstack import RedisServer, free_port
 from blackbox.settings import Settings
+from blackbox.storage.keys import Keys
 from tests.integration.conftest import ReaderFactory, ServiceFactory, service_env
 from tests.kafkatools import envelope, produce, unique, wait_until
 from tests.process import BlackboxProcess

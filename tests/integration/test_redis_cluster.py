@@ -10,9 +10,9 @@ import pytest
 import redis
 from redis.cluster import RedisCluster as ClusterClient
 
-from blackbox import connections
-from blackbox.connections import RedisClient
 from blackbox.localstack import CLUSTER_SLOTS, LOOPBACK, RedisCluster
+from blackbox.storage import connections
+from blackbox.storage.connections import RedisClient
 from tests.kafkatools import unique, wait_until
 
 pytestmark = pytest.mark.integration

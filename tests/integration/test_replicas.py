@@ -8,13 +8,14 @@ from collections import Counter
 import orjson
 import pytest
 
-from blackbox import kafka, layout, shares
+from blackbox import kafka, shares
 from blackbox.clock import now_ms
-from blackbox.connections import redis_client
-from blackbox.keys import Layout
 from blackbox.schedule import Schedule
 from blackbox.settings import Settings
-from blackbox.store import IntakeSlice, RedisStore
+from blackbox.storage import shardcount
+from blackbox.storage.connections import redis_client
+from blackbox.storage.keys import Layout
+from blackbox.storage.store import IntakeSlice, RedisStore
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import envelope, produce, unique, wait_until
 
@@ -54,7 +55,7 @@ def test_a_dead_replicas_in_flight_ids_are_delivered_after_the_lease(
     """Guarantee 3: ids claimed by a replica that died return to due when its lease ends."""
     settings = Settings.from_env(env)
     store = RedisStore(redis_client(settings.redis_url), Layout(settings.namespace), 60)
-    layout.Guard(store.client, store.layout, "seed").settle(now_ms())  # 1 shard, as seeded
+    shardcount.Guard(store.client, store.layout, "seed").settle(now_ms())  # 1 shard, as seeded
     target = unique("orphans")
     now = now_ms()
     schedules = [Schedule(f"orphan-{n}", target, orjson.dumps(n), now) for n in range(20)]

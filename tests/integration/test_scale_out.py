@@ -22,15 +22,15 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from blackbox import kafka
-from blackbox.connections import RedisClient, redis_client
 from blackbox.envelope import CALLER_HEADER
-from blackbox.keys import Layout
-from blackbox.layout import DEFAULT_SHARDS
 from blackbox.localstack import KafkaBroker, RedisCluster, RedisServer, free_port
 from blackbox.schedule import scoped_id
 from blackbox.settings import Settings
 from blackbox.shares import owned_by
-from blackbox.store import RedisStore
+from blackbox.storage.connections import RedisClient, redis_client
+from blackbox.storage.keys import Layout
+from blackbox.storage.shardcount import DEFAULT_SHARDS
+from blackbox.storage.store import RedisStore
 from tests.integration.conftest import ReaderFactory, service_env
 from tests.kafkatools import Received, envelope, now_ms, produce_to, unique, wait_until
 from tests.process import BlackboxProcess

@@ -23,9 +23,9 @@ import redis
 from benchmarks.stack import ServiceProcess
 from blackbox import kafka
 from blackbox.envelope import CALLER_HEADER
-from blackbox.keys import Layout
-from blackbox.layout import DEFAULT_SHARDS
 from blackbox.settings import Settings
+from blackbox.storage.keys import Layout
+from blackbox.storage.shardcount import DEFAULT_SHARDS
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import Received, now_ms, produce, unique, wait_until
 

@@ -10,18 +10,18 @@ import pytest
 import redis
 from structlog.testing import capture_logs
 
-from blackbox import layout
 from blackbox.clock import now_ms
 from blackbox.errors import ShardsChanged
-from blackbox.keys import Layout
-from blackbox.layout import Committed
 from blackbox.localstack import RedisServer
 from blackbox.role import Role
 from blackbox.schedule import Schedule, scoped_id
 from blackbox.service import EXIT_SETTINGS, Service
 from blackbox.settings import Settings
 from blackbox.shares import Share
-from blackbox.store import Applied, Cancellation, IntakeSlice, RedisStore, Write
+from blackbox.storage import shardcount
+from blackbox.storage.keys import Layout
+from blackbox.storage.shardcount import Committed
+from blackbox.storage.store import Applied, Cancellation, IntakeSlice, RedisStore, Write
 from tests.kafkatools import unique, wait_until
 
 SHARDS = 4
@@ -146,7 +146,7 @@ def _settle(
     client: redis.Redis, shards: Layout, name: str = "p", committed: Committed | None = None
 ) -> None:
     """A process starts with `shards` and stops cleanly (its heartbeat dropped)."""
-    guard = layout.Guard(client, shards, name)
+    guard = shardcount.Guard(client, shards, name)
     guard.settle(now_ms(), committed)
     guard.leave()
 
@@ -279,7 +279,7 @@ def test_an_intake_process_on_the_old_count_blocks_a_change(env: dict[str, str])
         intake.stop()
     other.start()
     try:
-        assert layout.recorded_count(other.redis, other.store.layout) == 4
+        assert shardcount.recorded_count(other.redis, other.store.layout) == 4
     finally:
         other.stop()
 
@@ -295,9 +295,9 @@ def test_an_unset_count_adopts_the_namespaces(client: redis.Redis) -> None:
     before.apply([IntakeSlice("in", 0, 0, _plain(range(1), now_ms() + 60_000))], now_ms())
 
     with capture_logs() as logs:
-        counts = [layout.adopt(client, ns) for ns in (recorded, written, new)]
+        counts = [shardcount.adopt(client, ns) for ns in (recorded, written, new)]
 
-    assert counts == [4, 1, layout.DEFAULT_SHARDS] == [4, 1, 16]
+    assert counts == [4, 1, shardcount.DEFAULT_SHARDS] == [4, 1, 16]
     assert [(e["event"], e["shards"]) for e in logs] == [
         ("shards_adopted", 4),
         ("shards_adopted", 1),

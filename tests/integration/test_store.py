@@ -9,10 +9,17 @@ import pytest
 import redis
 
 from blackbox.clock import now_ms
-from blackbox.keys import Layout
 from blackbox.localstack import RedisServer
 from blackbox.schedule import Schedule, scoped_id
-from blackbox.store import SCRIPT_CHUNK, Applied, Cancellation, IntakeSlice, RedisStore, Write
+from blackbox.storage.keys import Layout
+from blackbox.storage.store import (
+    SCRIPT_CHUNK,
+    Applied,
+    Cancellation,
+    IntakeSlice,
+    RedisStore,
+    Write,
+)
 from tests.kafkatools import unique, wait_until
 
 ID = scoped_id(b"svc", "order-1")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from blackbox import connections
 from blackbox.errors import RedisUnreachable, SettingsError
+from blackbox.storage import connections
 
 
 @pytest.mark.parametrize(

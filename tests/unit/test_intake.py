@@ -13,7 +13,7 @@ from blackbox.intake import POLL_SECONDS, Intake, IntakeConfig, _Batch
 from blackbox.metrics import Metrics
 from blackbox.policy import open_policy
 from blackbox.schedule import Schedule
-from blackbox.store import SCRIPT_CHUNK, IntakeSlice
+from blackbox.storage.store import SCRIPT_CHUNK, IntakeSlice
 
 
 class _Consumer:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-from blackbox.keys import MAX_SHARDS, Keys, Layout
+from blackbox.storage.keys import MAX_SHARDS, Keys, Layout
 
 
 def test_one_shard_keeps_the_namespace_tag() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from blackbox.keys import Layout
 from blackbox.shares import EMPTY, Announcements, Share, owned_by, sweep_after_ms, ttl_ms
+from blackbox.storage.keys import Layout
 from blackbox.waker import nudge_message, parse_nudge
 
 

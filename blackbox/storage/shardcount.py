@@ -21,17 +21,17 @@ rather than being refused; a new namespace gets DEFAULT_SHARDS.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from importlib import resources
 from typing import Any
 
 import structlog
 
-from blackbox.connections import RedisClient
 from blackbox.errors import ShardsChanged
-from blackbox.keys import Layout
-from blackbox.store import pending_counts
+from blackbox.storage import scripts
+from blackbox.storage.connections import RedisClient
+from blackbox.storage.keys import Layout
+from blackbox.storage.store import pending_counts
 
-log = structlog.get_logger("blackbox.layout")
+log = structlog.get_logger("blackbox.storage.shardcount")
 
 # A new namespace's shard count when BLACKBOX_SHARDS is unset: enough that any realistic
 # number of firing replicas shares the work (each owns a shard at least), few enough that
@@ -86,7 +86,7 @@ class Guard:
     ) -> None:
         self.client, self.layout, self.name = client, layout, name
         self.heartbeat_ms = heartbeat_ms
-        text = resources.files("blackbox").joinpath("lua", "shards.lua").read_text("utf-8")
+        text = scripts.source("shards")
         self._script = client.register_script(text)
 
     def _call(

@@ -10,19 +10,19 @@ pending.
 
 from __future__ import annotations
 
-from importlib import resources
 from typing import Any
 
 import redis
 import structlog
 
-from blackbox.connections import RedisClient, primaries, refresh_after
 from blackbox.errors import EvictingRedis, RedisFull
-from blackbox.keys import Layout
 from blackbox.metrics import Metrics
-from blackbox.store import pending_counts
+from blackbox.storage import scripts
+from blackbox.storage.connections import RedisClient, primaries, refresh_after
+from blackbox.storage.keys import Layout
+from blackbox.storage.store import pending_counts
 
-log = structlog.get_logger("blackbox.memory")
+log = structlog.get_logger("blackbox.storage.memory")
 
 SAFE_POLICY = "noeviction"
 POLICY = "maxmemory-policy"
@@ -68,7 +68,7 @@ class Room:
         self.client = client
         self.layout = layout
         self.metrics = metrics
-        text = resources.files("blackbox").joinpath("lua", "room.lua").read_text("utf-8")
+        text = scripts.source("room")
         self._room = client.register_script(text)
         self.intake_waiting = False  # intake's last write was refused for memory
 

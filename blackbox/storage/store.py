@@ -12,16 +12,16 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
 import hiredis
 import redis
 
-from blackbox.connections import RedisClient, refresh_after
 from blackbox.errors import ConcurrentUpdate
-from blackbox.keys import Layout
 from blackbox.schedule import SCOPED_PREFIX, Schedule
+from blackbox.storage import scripts
+from blackbox.storage.connections import RedisClient, refresh_after
+from blackbox.storage.keys import Layout
 
 # Bounds the work of one script call so Redis never blocks on one huge batch.
 SCRIPT_CHUNK = 500
@@ -167,17 +167,17 @@ def pending_counts(client: RedisClient, layout: Layout) -> tuple[int, int]:
     return sum(replies[0::2]), sum(replies[1::2])
 
 
-def _lua(name: str) -> str:
-    return resources.files("blackbox").joinpath("lua", f"{name}.lua").read_text("utf-8")
-
-
 def _script(client: RedisClient, name: str, *, shared: bool = False) -> Any:
     """Register a script; `shared` puts pending.lua's functions in front of it, after its
     shebang line (which must stay the first)."""
-    text = _lua(name)
+    text = scripts.source(name)
     if shared:
         shebang, rest = text.split("\n", 1) if text.startswith("#!") else ("", text)
-        text = f"{shebang}\n{_lua('pending')}{rest}" if shebang else _lua("pending") + rest
+        text = (
+            f"{shebang}\n{scripts.source('pending')}{rest}"
+            if shebang
+            else scripts.source("pending") + rest
+        )
     return client.register_script(text)
 
 

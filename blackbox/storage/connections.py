@@ -20,7 +20,7 @@ from redis.exceptions import RedisClusterException
 from blackbox.errors import RedisUnreachable, SettingsError
 from blackbox.settings import mask_url
 
-log = structlog.get_logger("blackbox.connections")
+log = structlog.get_logger("blackbox.storage.connections")
 
 RedisClient: TypeAlias = redis.Redis | RedisCluster
 

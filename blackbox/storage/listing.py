@@ -18,7 +18,7 @@ import heapq
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from blackbox.connections import RedisClient
+from blackbox.storage.connections import RedisClient
 
 # A member of a listing: (score, id), the order listings walk in.
 Member = tuple[int, str]
