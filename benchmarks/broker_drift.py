@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from benchmarks.collect import percentile
 from benchmarks.stack import cpu_seconds
-from blackbox import kafka
+from blackbox.kafka import clients
 from blackbox.localstack import TansuBroker, free_port, scratch_dir
 
 TOPIC = "drift"
@@ -62,7 +62,7 @@ def phase(batches: int, rate: int, *, reader: bool) -> list[dict[str, float]]:
     broker.start()
     stop = threading.Event()
     try:
-        kafka.ensure_topics({"bootstrap.servers": broker.bootstrap}, [TOPIC])
+        clients.ensure_topics({"bootstrap.servers": broker.bootstrap}, [TOPIC])
         if reader:
             threading.Thread(target=_follow, args=(broker.bootstrap, stop), daemon=True).start()
         producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0,

@@ -40,8 +40,8 @@ from benchmarks.collect import CollectorProcess
 from benchmarks.replicakills import kill_replicas
 from benchmarks.scenarios import table
 from benchmarks.stack import Stack, local_stack, start_service
-from blackbox import kafka
 from blackbox.envelope import normalize_headers
+from blackbox.kafka import clients
 from blackbox.localstack import free_port
 from blackbox.storage.keys import Keys
 
@@ -93,7 +93,7 @@ def crash(messages: int = 5000, kills: int = 20, seed: int = 11) -> Result:
     rng = random.Random(seed)
     with local_stack(**CHAOS_SETTINGS) as stack:
         target = f"crash-{uuid.uuid4().hex[:8]}"
-        kafka.ensure_topics(stack.settings.kafka, [target])
+        clients.ensure_topics(stack.settings.kafka, [target])
         collector = CollectorProcess(stack.broker.bootstrap, target, messages, timeout=600)
         # Load lasts past the last kill: each restart waits out the killed member's session.
         sender = Sender(stack, target, messages, seconds=kills * 8)
@@ -195,7 +195,7 @@ def _restart(which: str, messages: int, down_s: float, appendfsync: str | None =
     """Kill `which` (SIGKILL) under steady load, start it again on its data after `down_s`."""
     with local_stack(appendfsync=appendfsync, **CHAOS_SETTINGS) as stack:
         target = f"restart-{uuid.uuid4().hex[:8]}"
-        kafka.ensure_topics(stack.settings.kafka, [target])
+        clients.ensure_topics(stack.settings.kafka, [target])
         collector = CollectorProcess(stack.broker.bootstrap, target, messages, timeout=600)
         process = start_service(stack)
         sender = Sender(stack, target, messages, seconds=6 * down_s)
@@ -225,7 +225,7 @@ def outage(which: str, messages: int = 3000, outage_s: float = 30.0) -> Result:
     port = free_port()
     with local_stack(appendfsync="always", BLACKBOX_HTTP_PORT=str(port), **CHAOS_SETTINGS) as stack:
         target = f"outage-{uuid.uuid4().hex[:8]}"
-        kafka.ensure_topics(stack.settings.kafka, [target])
+        clients.ensure_topics(stack.settings.kafka, [target])
         collector = CollectorProcess(stack.broker.bootstrap, target, messages, timeout=600)
         process = start_service(stack)
         _wait_ready(port, True, timeout=30)
@@ -273,7 +273,7 @@ def hostile_input(bad: int = 10_000, good_every: int = 10) -> Result:
     """Generated bad records interleaved with good ones: all bad dead-lettered, all good fire."""
     with local_stack(**CHAOS_SETTINGS) as stack:
         target = f"good-{uuid.uuid4().hex[:8]}"
-        kafka.ensure_topics(stack.settings.kafka, [target])
+        clients.ensure_topics(stack.settings.kafka, [target])
         expected = _produce_hostile(stack, target, bad, good_every)
         good = sum(1 for e in expected.values() if e == "good")
         collector = CollectorProcess(stack.broker.bootstrap, target, good, timeout=300)

@@ -28,8 +28,8 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
 
 from benchmarks.stack import ServiceProcess, Stack, local_stack, wait_for
-from blackbox import kafka
 from blackbox.envelope import normalize_headers
+from blackbox.kafka import clients
 from blackbox.storage.connections import redis_client
 from blackbox.storage.keys import Layout
 from blackbox.storage.shardcount import DEFAULT_SHARDS
@@ -141,7 +141,7 @@ def kill_replicas(messages: int = 5000, kills: int = 20, seed: int = 7) -> Resul
 
 def _topics(stack: Stack, target: str) -> None:
     """The target topic, and PARTITIONS intake partitions so every replica reads intake."""
-    kafka.ensure_topics(stack.settings.kafka, [target])
+    clients.ensure_topics(stack.settings.kafka, [target])
     admin = AdminClient(dict(stack.settings.kafka))
     grown = admin.create_partitions([NewPartitions(stack.settings.intake_topic, PARTITIONS)])
     for future in grown.values():

@@ -43,8 +43,8 @@ from benchmarks.stack import (
     service_process,
     time_storing,
 )
-from blackbox import kafka
 from blackbox.clock import now_ms
+from blackbox.kafka import clients
 from blackbox.schedule import Schedule, intake_id
 from blackbox.storage.keys import Keys, Layout
 from blackbox.storage.store import IntakeSlice, RedisStore
@@ -80,7 +80,7 @@ def warm_up(stack: Stack, producer: Producer) -> None:
 
 def collector_for(stack: Stack, topic: str, count: int, timeout: float) -> CollectorProcess:
     """A collector process reading `topic` (created first, one partition) from now on."""
-    kafka.ensure_topics(stack.settings.kafka, [topic])
+    clients.ensure_topics(stack.settings.kafka, [topic])
     return CollectorProcess(stack.broker.bootstrap, topic, count, timeout)
 
 
@@ -146,7 +146,7 @@ def s2_steady(rate: int = 1000, seconds: int = 20) -> Result:
         warm_up(stack, producer)
         run = uuid.uuid4().hex[:8]
         targets = [f"s2-{run}-{i}" for i in range(-(-seconds // topic_seconds))]
-        kafka.ensure_topics(stack.settings.kafka, targets)
+        clients.ensure_topics(stack.settings.kafka, targets)
         begins = time.time() + 3  # the collector is reading by then
         windows = [Window(t, begins + topic_seconds * i - 1,
                           begins + topic_seconds * (i + 1) + 10 + 5)  # countdowns <= 10 s

@@ -49,7 +49,7 @@ from benchmarks.collect import (
 )
 from benchmarks.histograms import Histograms, between, scrape
 from benchmarks.stack import Stack, cpu_seconds, local_stack, start_service
-from blackbox import kafka
+from blackbox.kafka import clients
 from blackbox.storage.keys import Keys
 
 Result = dict[str, object]
@@ -171,7 +171,7 @@ def soak(minutes: int = 60, rate: int = 10) -> Result:
     with local_stack(appendfsync="everysec") as stack:
         run = uuid.uuid4().hex[:8]
         targets = [f"soak-{run}-{minute:03d}" for minute in range(1, minutes + 1)]
-        kafka.ensure_topics(stack.settings.kafka, targets)
+        clients.ensure_topics(stack.settings.kafka, targets)
         expected = minutes * 60 * rate
         planned = time.time() + 15  # when sending starts: the collector and service are up
         collector = CollectorProcess.following(stack.broker.bootstrap,

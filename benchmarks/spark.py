@@ -34,7 +34,7 @@ from pathlib import Path
 
 import redis
 
-from blackbox import kafka
+from blackbox.kafka import clients
 from blackbox.localstack import KafkaBroker, RedisServer, free_port, scratch_dir
 from blackbox.settings import Settings
 from blackbox.storage.keys import Keys
@@ -64,7 +64,7 @@ def local_stack() -> Iterator[Stack]:
            "BLACKBOX_LOG_FORMAT": "json", "BLACKBOX_LOG_LEVEL": "warning",
            "BLACKBOX_HTTP_PORT": "0"}  # fmt: skip
     settings = Settings.from_env(env)
-    kafka.ensure_topics(settings.kafka, settings.own_topics)
+    clients.ensure_topics(settings.kafka, settings.own_topics)
     try:
         yield Stack(env, settings, work)
     finally:
@@ -222,7 +222,7 @@ def _write_deliveries(stack: Stack, rows: int) -> None:
         F.format_string("%s:0:%d", F.lit(stack.settings.intake_topic), "id").alias("version"),
     )
     options = topics.options(stack.settings.kafka)
-    kafka.ensure_topics(stack.settings.kafka, ["bench.erase", "bench.notify"])
+    clients.ensure_topics(stack.settings.kafka, ["bench.erase", "bench.notify"])
     events = base.select(F.col("user").cast("binary").alias("key"), F.to_json(F.struct(
         F.lit("scheduled").alias("outcome"), F.lit(CALLER).alias("caller"),
         F.col("user").alias("id"), "blackbox_id", "due_ms", "topic",

@@ -20,7 +20,7 @@ from pathlib import Path
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from blackbox import kafka
+from blackbox.kafka import clients
 from blackbox.localstack import (
     KafkaBroker,
     RedisCluster,
@@ -62,7 +62,7 @@ def local_stack(appendfsync: str | None = None, **overrides: str) -> Iterator[St
         **overrides,
     }
     settings = Settings.from_env(env)
-    kafka.ensure_topics(settings.kafka, settings.own_topics)
+    clients.ensure_topics(settings.kafka, settings.own_topics)
     try:
         yield Stack(redis, broker, env, settings, work)
     finally:

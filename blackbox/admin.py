@@ -21,9 +21,9 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from blackbox import envelope
 from blackbox.clock import now_ms
 from blackbox.envelope import CALLER_HEADER, Header, Limits
-from blackbox.events import Event, Outcome
 from blackbox.incarnations import Lookup, tag_of
 from blackbox.intake import OUTCOMES
+from blackbox.kafka.events import Event, Outcome
 from blackbox.policy import CallerPolicy, open_policy
 from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.shares import Nudge

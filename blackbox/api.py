@@ -33,16 +33,17 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
-from blackbox import envelope, httperrors, kafka
+from blackbox import envelope, httperrors
 from blackbox.admin import Admin
-from blackbox.answers import Follower
 from blackbox.clock import now_ms
 from blackbox.dlqtail import DeadLetterTail, DeadLetterView
 from blackbox.errors import InvalidEnvelope, SettingsError
-from blackbox.events import Outcome
 from blackbox.guard import BodyGate, OpenHosts
 from blackbox.health import Health
 from blackbox.httperrors import ApiError
+from blackbox.kafka import clients
+from blackbox.kafka.answers import Follower
+from blackbox.kafka.events import Outcome
 from blackbox.metrics import Metrics
 from blackbox.pending import Detail, Filter, Kind, Page, Pending, PendingGauges, State, Stats
 from blackbox.policy import CallerPolicy
@@ -582,16 +583,16 @@ def backend_of(  # noqa: PLR0913 - the service's parts the API acts on
     """The API's parts for one service; the pending gauges join its metrics."""
     pending = Pending(store)
     metrics.registry.register(PendingGauges(pending))
-    admin = Admin(store, kafka.new_producer(settings), settings.intake_topic,
+    admin = Admin(store, clients.new_producer(settings), settings.intake_topic,
                   settings.events_topic, limits_of(settings, caller_policy),
-                  kafka.topic_id_lookup(settings.kafka), on_scheduled,
+                  clients.topic_id_lookup(settings.kafka), on_scheduled,
                   policy=caller_policy, send_seconds=settings.delivery_timeout,
                   signer=_api_signer(settings))  # fmt: skip
     answers = Follower(settings.kafka, settings.events_topic)
     answers.start()
     return Backend(
         pending=pending, admin=admin,
-        dead_letters=DeadLetterTail(kafka.consumer_config(settings), settings.dlq_topic),
+        dead_letters=DeadLetterTail(clients.consumer_config(settings), settings.dlq_topic),
         health=health, metrics=metrics,
         access=Access(settings.api_token, settings.api_reads == "open", settings.api_dev_open,
                       settings.api_allowed_hosts,

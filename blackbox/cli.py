@@ -21,8 +21,7 @@ import orjson
 import structlog
 from confluent_kafka import KafkaException
 
-from blackbox import client, console, envelope, kafka, keypair, logs
-from blackbox.answers import Answers
+from blackbox import client, console, envelope, keypair, logs
 from blackbox.backoff import Backoff
 from blackbox.devstack import BROKERS, DevOptions, DevStack
 from blackbox.envelope import CALLER_HEADER
@@ -33,7 +32,9 @@ from blackbox.errors import (
     SparkMissing,
     StackError,
 )
-from blackbox.events import Outcome
+from blackbox.kafka import clients
+from blackbox.kafka.answers import Answers
+from blackbox.kafka.events import Outcome
 from blackbox.progress import Progress
 from blackbox.receiving import caller_policy_of, limits_of
 from blackbox.recurrence import Missed
@@ -212,7 +213,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_create_topics(args: argparse.Namespace, settings: Settings) -> int:
     names = [*settings.own_topics, *sorted(caller_policy_of(settings).bound_topics)]
-    kafka.ensure_topics(settings.kafka, names, partitions=args.partitions)
+    clients.ensure_topics(settings.kafka, names, partitions=args.partitions)
     log.info("topics_ready", topics=names)
     return EXIT_OK
 
@@ -435,7 +436,7 @@ def cmd_dev(args: argparse.Namespace, _settings: Settings) -> int:
         if local.http_host not in LOOPBACK_HOSTS:
             log.warning("dev_api_reachable_from_the_network", http_host=local.http_host,
                         allowed_hosts=local.api_allowed_hosts)  # fmt: skip
-        kafka.ensure_topics(local.kafka, local.own_topics)
+        clients.ensure_topics(local.kafka, local.own_topics)
         log.info("local_stack_ready", redis=local.redis_url, kafka=local.kafka["bootstrap.servers"],
                  broker=args.broker, state=str(stack.state))  # fmt: skip
         return Service(local).run_until_signalled()

@@ -13,7 +13,7 @@
 
 Sends are asynchronous; `flush()` (and leaving the `with` block) waits for the broker to
 acknowledge every one and raises SendFailed if any was refused. What blackbox made of each
-request arrives on the events topic (see `blackbox.events`).
+request arrives on the events topic (see `blackbox.kafka.events`).
 """
 
 from __future__ import annotations

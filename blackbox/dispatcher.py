@@ -28,15 +28,16 @@ from dataclasses import dataclass, field, replace
 import structlog
 from confluent_kafka import KafkaError
 
-from blackbox import deadletter, recurrence
+from blackbox import recurrence
 from blackbox.clock import now_ms
-from blackbox.deadletter import DeadLetter
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import CorruptSchedule, DeadLetterReason
-from blackbox.events import Event, Outcome
-from blackbox.kafka import lasting_reason
+from blackbox.kafka import deadletter
+from blackbox.kafka.clients import lasting_reason
+from blackbox.kafka.deadletter import DeadLetter
+from blackbox.kafka.events import Event, Outcome
+from blackbox.kafka.outbox import Outbox, Record, Reports
 from blackbox.metrics import Metrics, observe_all
-from blackbox.outbox import Outbox, Record, Reports
 from blackbox.schedule import Schedule, Series, origin_topic, split_scoped
 from blackbox.shares import Share
 from blackbox.storage.store import DEFAULT_CLAIM_BYTES, Advance, Claim, Loaded, RedisStore

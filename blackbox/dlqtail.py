@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
-from blackbox.deadletter import DETAIL_HEADER, REASON_HEADER
-from blackbox.kafka import read_headers
+from blackbox.kafka.clients import read_headers
+from blackbox.kafka.deadletter import DETAIL_HEADER, REASON_HEADER
 from blackbox.pending import preview
 
 PER_PARTITION = 20

@@ -19,12 +19,13 @@ import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 from confluent_kafka import KafkaException, Producer
 
-from blackbox import kafka, shares
+from blackbox import shares
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
 from blackbox.dispatcher import Dispatcher, RetryPolicy
+from blackbox.kafka import clients
+from blackbox.kafka.outbox import Outbox
 from blackbox.metrics import Metrics
-from blackbox.outbox import Outbox
 from blackbox.settings import REPORT_GRACE_SECONDS, Settings
 from blackbox.shares import Share, sweep_after_ms
 from blackbox.storage.connections import RedisClient
@@ -55,7 +56,7 @@ def firing_outbox(settings: Settings) -> Outbox:
     """The producer of deliveries: it does not linger (a due message leaves at once)."""
 
     def renew() -> Producer:
-        return kafka.new_producer(settings, linger_ms=kafka.FIRING_LINGER_MS)
+        return clients.new_producer(settings, linger_ms=clients.FIRING_LINGER_MS)
 
     return Outbox(renew(), settings.delivery_timeout + REPORT_GRACE_SECONDS, renew)
 

@@ -25,20 +25,21 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from blackbox import deadletter, envelope
+from blackbox import envelope
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
 from blackbox.crashguard import CRASH_LIMIT, CrashGuard
-from blackbox.deadletter import DeadLetter
 from blackbox.envelope import Cancel, Header, Hold, Limits, Request, Reschedule
 from blackbox.errors import BlackboxError, DeadLetterReason, InvalidEnvelope
-from blackbox.events import Coordinates, Event, Outcome
 from blackbox.identity import Identity, Proof
 from blackbox.incarnations import Incarnations
-from blackbox.kafka import lasting_reason, read_headers
+from blackbox.kafka import deadletter
+from blackbox.kafka.clients import lasting_reason, read_headers
+from blackbox.kafka.deadletter import DeadLetter
+from blackbox.kafka.events import Coordinates, Event, Outcome
+from blackbox.kafka.outbox import Outbox, Record, Reports
 from blackbox.metrics import Metrics
 from blackbox.nonces import Nonces
-from blackbox.outbox import Outbox, Record, Reports
 from blackbox.policy import CallerPolicy
 from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.shares import Nudge

@@ -13,15 +13,16 @@ from collections.abc import Callable
 
 from confluent_kafka import Producer
 
-from blackbox import kafka, policy
+from blackbox import policy
 from blackbox.crashguard import CrashGuard
 from blackbox.envelope import Limits
 from blackbox.errors import SettingsError
 from blackbox.incarnations import Incarnations, RedisRecord
 from blackbox.intake import POLL_SECONDS, Intake, IntakeConfig
+from blackbox.kafka import clients
+from blackbox.kafka.outbox import Outbox
 from blackbox.metrics import Metrics
 from blackbox.nonces import Nonces
-from blackbox.outbox import Outbox
 from blackbox.policy import CallerPolicy
 from blackbox.settings import Settings
 from blackbox.shares import Nudge
@@ -71,7 +72,7 @@ def answers_outbox(settings: Settings) -> Outbox:
     failures only."""
 
     def renew() -> Producer:
-        return kafka.new_producer(settings, report_only_errors=True)
+        return clients.new_producer(settings, report_only_errors=True)
 
     return Outbox(renew(), settings.delivery_timeout + 1.0, renew, only_errors=True)
 
@@ -91,9 +92,9 @@ class Receiving:
         self.redis_checked = redis_checked
         self.outbox = answers_outbox(settings)
         self.intake = Intake(
-            kafka.new_consumer(settings), store, self.outbox,
+            clients.new_consumer(settings), store, self.outbox,
             intake_config_of(settings, caller_policy), metrics,
-            incarnations=Incarnations(kafka.topic_id_lookup(settings.kafka),
+            incarnations=Incarnations(clients.topic_id_lookup(settings.kafka),
                                       RedisRecord(store.client, store.layout)),
             guard=CrashGuard(store.client, store.layout.intake_handling),
             nonces=Nonces(store.client, store.layout),

@@ -20,12 +20,13 @@ import redis
 import structlog
 from confluent_kafka import Producer
 
-from blackbox import api, kafka, shares
+from blackbox import api, shares
 from blackbox.clock import now_ms
 from blackbox.endpoints import Endpoints
 from blackbox.errors import RedisFull, SettingsError, ShardsChanged
 from blackbox.firing import Firing, Loop
 from blackbox.health import Health, Probe
+from blackbox.kafka import clients
 from blackbox.metrics import Metrics
 from blackbox.policy import CallerPolicy
 from blackbox.receiving import Receiving, caller_policy_of
@@ -188,7 +189,7 @@ class Service:
     def _read_policy(self) -> None:
         memory.check_eviction(self._probe_client, self.settings.accept_eviction)
         self._check_adopted()
-        self.guard.settle(now_ms(), kafka.committed_offsets(self.settings))
+        self.guard.settle(now_ms(), clients.committed_offsets(self.settings))
         self._redis_checked.set()
 
     def _check_adopted(self) -> None:

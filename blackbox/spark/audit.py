@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from blackbox.envelope import CALLER_HEADER
-from blackbox.events import Outcome
+from blackbox.kafka.events import Outcome
 from blackbox.metrics import LATENESS_BUCKETS
 from blackbox.spark import series, topics
 

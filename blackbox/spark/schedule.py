@@ -25,7 +25,7 @@ from pyspark.sql import types as T
 
 from blackbox.envelope import CALLER_HEADER, SIGNATURE_HEADER
 from blackbox.errors import DeadLetterReason, SettingsError
-from blackbox.events import Outcome
+from blackbox.kafka.events import Outcome
 from blackbox.signing import Parts, Signer
 from blackbox.spark import inputs, topics
 from blackbox.spark.rows import MALFORMED_ROW, DueKind, Judge, MessageKind

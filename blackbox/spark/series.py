@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from blackbox.events import Outcome
+from blackbox.kafka.events import Outcome
 
 OCCURRENCE = ("blackbox_id", "occurrence_ms")
 # Outcomes the events topic reports only about a series.

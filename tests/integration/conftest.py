@@ -101,9 +101,9 @@ def start_service(env: dict[str, str]) -> Iterator[ServiceFactory]:
 
     def start(role: Role = Role.ALL, **overrides: str) -> Service:
         settings = Settings.from_env({**env, **overrides})
-        from blackbox import kafka  # noqa: PLC0415
+        from blackbox.kafka import clients  # noqa: PLC0415
 
-        kafka.ensure_topics(settings.kafka, settings.own_topics)
+        clients.ensure_topics(settings.kafka, settings.own_topics)
         service = Service(settings, role=role)
         service.start()
         started.append(service)

@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 
-from blackbox import kafka
 from blackbox.client import Client
 from blackbox.envelope import CALLER_HEADER
+from blackbox.kafka import clients
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
 from tests.kafkatools import Received, TopicReader, assert_on_time, produce, unique
 from tests.process import BlackboxProcess
@@ -299,7 +299,7 @@ def test_the_client_keeps_an_id_in_order_across_intake_partitions(
     start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str]
 ) -> None:
     """Requests with an id are keyed by it: schedule, update and cancel share a partition."""
-    kafka.ensure_topics({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]},
+    clients.ensure_topics({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]},
                         [env["BLACKBOX_INTAKE_TOPIC"]], partitions=4)  # fmt: skip
     start_service()
     target, events = reader(unique("ordered")), reader(env["BLACKBOX_EVENTS_TOPIC"])

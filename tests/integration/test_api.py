@@ -11,8 +11,8 @@ import httpx
 import orjson
 import pytest
 
-from blackbox import kafka
 from blackbox.clock import now_ms
+from blackbox.kafka import clients
 from blackbox.localstack import KafkaBroker, RedisServer, free_port
 from blackbox.pending import SCAN_BUDGET
 from blackbox.schedule import Schedule
@@ -321,7 +321,7 @@ def test_redis_away_answers_503_not_500(
     server = RedisServer(free_port(), tmp_path)
     server.start()
     settings = Settings.from_env({**env, "REDIS_URL": server.url, "BLACKBOX_API_TOKEN": TOKEN})
-    kafka.ensure_topics(settings.kafka, settings.own_topics)
+    clients.ensure_topics(settings.kafka, settings.own_topics)
     service = Service(settings)
     service.start()
     try:

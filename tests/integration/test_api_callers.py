@@ -14,8 +14,8 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from blackbox import answers
 from blackbox.client import Client
+from blackbox.kafka import answers
 from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.signing import private_pem, public_text

@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
-from blackbox import kafka
 from blackbox.errors import DeadLetterReason
 from blackbox.intake import PART_RECORDS
+from blackbox.kafka import clients
 from blackbox.service import Service
 from blackbox.settings import Settings
 from tests.integration.conftest import (
@@ -101,7 +101,7 @@ def test_a_poll_of_several_parts_dead_letters_and_schedules_each_record_once(
     fires once, and the offsets are committed past all of them."""
     settings = Settings.from_env(env)
     bootstrap = settings.kafka["bootstrap.servers"]
-    kafka.ensure_topics(settings.kafka, settings.own_topics)
+    clients.ensure_topics(settings.kafka, settings.own_topics)
     target, count = unique("parts"), 2 * PART_RECORDS + 50
     bad = set(range(0, count, 60))  # in the first, second and third part
     values = [b"{not json" if n in bad else envelope(target, n, 0) for n in range(count)]
@@ -135,7 +135,7 @@ def test_a_dead_letter_topic_refusing_mid_poll_loses_no_answer(
     })  # fmt: skip
     bootstrap = settings.kafka["bootstrap.servers"]
     target, count, bad = unique("mid"), PART_RECORDS + 50, PART_RECORDS + 20
-    kafka.ensure_topics(settings.kafka, [settings.intake_topic, settings.events_topic, target])
+    clients.ensure_topics(settings.kafka, [settings.intake_topic, settings.events_topic, target])
     values = [b"{not json" if n == bad else envelope(target, n, 0) for n in range(count)]
     produce(bootstrap, settings.intake_topic, values)  # before the start: one poll takes all
     events = reader(settings.events_topic)
@@ -145,7 +145,7 @@ def test_a_dead_letter_topic_refusing_mid_poll_loses_no_answer(
     try:
         events.wait_count(PART_RECORDS)  # the first part, answered while intake is paused
         assert service.metrics.value("blackbox_dependency_errors_total", {"dependency": "kafka"})
-        kafka.ensure_topics(settings.kafka, [settings.dlq_topic])
+        clients.ensure_topics(settings.kafka, [settings.dlq_topic])
         (dead,) = reader(settings.dlq_topic).wait_count(1)
         answered = events.wait_count(count)
         reader(target).wait_count(count - 1)
@@ -187,7 +187,7 @@ def test_stopping_commits_the_offset_of_every_record_handled(
     stored, so a successor starts after the last record handled (no periodic commit here)."""
     settings = Settings.from_env({**env, "KAFKA_CONSUMER_AUTO_COMMIT_INTERVAL_MS": "3600000"})
     bootstrap = settings.kafka["bootstrap.servers"]
-    kafka.ensure_topics(settings.kafka, settings.own_topics)
+    clients.ensure_topics(settings.kafka, settings.own_topics)
     events = reader(settings.events_topic)
     service = Service(settings)
     service.start()

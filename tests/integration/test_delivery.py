@@ -8,8 +8,8 @@ from pathlib import Path
 
 import orjson
 
-from blackbox import kafka
 from blackbox.incarnations import tag_of
+from blackbox.kafka import clients
 from blackbox.service import Service
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import assert_on_time, envelope, now_ms, produce, unique, wait_until
@@ -41,7 +41,7 @@ def test_message_arrives_after_its_countdown_and_not_before(
     assert record.header("CALLER_SERVICE") == "billing"
     assert record.header("blackbox-attempt") == "1"
     intake = service.settings.intake_topic
-    topic_id = kafka.topic_id_lookup(service.settings.kafka)([intake])[intake]
+    topic_id = clients.topic_id_lookup(service.settings.kafka)([intake])[intake]
     assert record.header("blackbox-id") == f"{intake}:0:0:{tag_of(topic_id)}"
     assert service.metrics.value("blackbox_lateness_seconds_count") == 1
     assert service.metrics.value("blackbox_send_lateness_seconds_count") == 1

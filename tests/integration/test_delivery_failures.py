@@ -13,10 +13,10 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 from structlog.testing import capture_logs
 
-from blackbox import kafka
 from blackbox.clock import now_ms
 from blackbox.errors import DeadLetterReason
 from blackbox.incarnations import tag_of
+from blackbox.kafka import clients
 from blackbox.schedule import Schedule
 from blackbox.settings import Settings
 from blackbox.storage.connections import redis_client
@@ -46,7 +46,7 @@ def test_record_too_large_for_the_broker_is_dead_lettered_after_its_attempts(
     assert orjson.loads(small.value or b"") == {"small": True}
     assert dead.header("blackbox-dlq-reason") == DeadLetterReason.RECORD_TOO_LARGE.value
     intake = settings.intake_topic
-    topic_id = kafka.topic_id_lookup(settings.kafka)([intake])[intake]
+    topic_id = clients.topic_id_lookup(settings.kafka)([intake])[intake]
     assert dead.header("blackbox-id") == f"{intake}:0:0:{tag_of(topic_id)}"
     assert dead.header("blackbox-target-topic") == target
     assert "after 3 attempts" in dead.header("blackbox-dlq-detail")
@@ -70,7 +70,7 @@ def test_a_target_topic_that_does_not_exist_is_dead_lettered_and_answered(
     )
     settings = service.settings
     missing, target = unique("missing"), unique("present")
-    kafka.ensure_topics(settings.kafka, [target])
+    clients.ensure_topics(settings.kafka, [target])
     missing_one = orjson.dumps({"topic": missing, "message": "lost?", "countdown": 0, "id": "m1"})
     values = [missing_one, *(envelope(target, n, 0) for n in range(20))]
     produce(settings.kafka["bootstrap.servers"], settings.intake_topic, values)

@@ -14,9 +14,9 @@ from confluent_kafka import Producer
 
 from blackbox.clock import now_ms
 from blackbox.dispatcher import Dispatcher, RetryPolicy
+from blackbox.kafka.outbox import Outbox
 from blackbox.localstack import RedisServer
 from blackbox.metrics import Metrics
-from blackbox.outbox import Outbox
 from blackbox.schedule import Schedule
 from blackbox.shares import Share
 from blackbox.storage.keys import Layout

@@ -16,11 +16,11 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from blackbox import envelope as envelope_module
 from blackbox import intake as intake_module
-from blackbox import kafka
 from blackbox.crashguard import CRASH_LIMIT
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import DeadLetterReason
 from blackbox.intake import Intake
+from blackbox.kafka import clients
 from blackbox.service import Service
 from blackbox.settings import Settings
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
@@ -186,7 +186,7 @@ def test_a_record_that_kills_the_intake_is_dead_lettered_after_a_few_deaths(
     a time, and the record that died CRASH_LIMIT times alone is dead-lettered as
     `unreadable` (value and key, no headers); every other record is delivered once."""
     settings = Settings.from_env({**env, "BLACKBOX_INTAKE_BATCH": "50"})
-    kafka.ensure_topics(settings.kafka, settings.own_topics)
+    clients.ensure_topics(settings.kafka, settings.own_topics)
     bootstrap = settings.kafka["bootstrap.servers"]
     target = unique("poisoned")
     before = [envelope(target, {"n": n}, 0) for n in range(5)]

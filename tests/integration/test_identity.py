@@ -11,11 +11,11 @@ import redis
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from blackbox import kafka
 from blackbox.client import Client
 from blackbox.envelope import CALLER_HEADER, Header
 from blackbox.errors import DeadLetterReason
 from blackbox.identity import Proof
+from blackbox.kafka import clients
 from blackbox.nonces import Nonces
 from blackbox.signing import Parts, Signer, public_text
 from blackbox.storage.keys import Layout
@@ -60,7 +60,7 @@ def test_only_records_the_caller_signed_are_scheduled(
     under either key of a rotation; unsigned, forged, replayed and expired ones are
     dead-lettered with their reason and nothing of them reaches the target."""
     target, payments_topic = unique("signed"), unique("payments")
-    kafka.ensure_topics({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}, [payments_topic])
+    clients.ensure_topics({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}, [payments_topic])
     service = start_service(BLACKBOX_POLICY_FILE=_policy_file(tmp_path, payments_topic))
     bootstrap, intake = env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_INTAKE_TOPIC"]
     now = time.time_ns() // 1_000_000
@@ -137,7 +137,7 @@ def test_a_bound_topic_decides_the_caller(
     shared topic is refused as unverified_caller."""
     target, payments_topic = unique("bound"), unique("payments")
     bootstrap = env["KAFKA_BOOTSTRAP_SERVERS"]
-    kafka.ensure_topics({"bootstrap.servers": bootstrap}, [payments_topic])
+    clients.ensure_topics({"bootstrap.servers": bootstrap}, [payments_topic])
     service = start_service(BLACKBOX_POLICY_FILE=_policy_file(tmp_path, payments_topic))
     produce(bootstrap, payments_topic, [_document(target, 0)], [(CALLER_HEADER, b"billing")])
     produce(bootstrap, payments_topic, [_document(target, 1)])

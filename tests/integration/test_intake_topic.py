@@ -11,8 +11,8 @@ import redis
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from blackbox import kafka
 from blackbox.incarnations import TAG_LENGTH, tag_of
+from blackbox.kafka import clients
 from blackbox.service import Service
 from blackbox.storage.keys import Layout
 from tests.integration.conftest import ReaderFactory, ServiceFactory
@@ -30,7 +30,7 @@ def _recreate(service: Service) -> None:
 
     def created() -> bool:  # a deletion still settling refuses the creation for a moment
         try:
-            kafka.ensure_topics(config, [topic])
+            clients.ensure_topics(config, [topic])
         except KafkaException:
             return False
         return True
@@ -40,7 +40,7 @@ def _recreate(service: Service) -> None:
 
 def _tag(service: Service) -> str:
     """The intake topic's incarnation tag, once the new topic's metadata has spread."""
-    lookup, intake = kafka.topic_id_lookup(service.settings.kafka), service.settings.intake_topic
+    lookup, intake = clients.topic_id_lookup(service.settings.kafka), service.settings.intake_topic
     found: list[str] = []
 
     def known() -> bool:
@@ -120,7 +120,7 @@ def test_a_topic_recreated_on_a_broker_without_topic_ids_has_every_record_delive
     """Guarantee 1: where the broker names every topic with the zero id, a recreated intake
     topic's offsets going back are a new incarnation (a tag recorded in Redis for every
     replica), not re-reads: its records are delivered, under ids of their own."""
-    monkeypatch.setattr(kafka, "topic_id_lookup", _zero_ids)
+    monkeypatch.setattr(clients, "topic_id_lookup", _zero_ids)
     service = start_service()
     bootstrap, intake = service.settings.kafka["bootstrap.servers"], service.settings.intake_topic
     first, second = unique("before"), unique("after")

@@ -16,7 +16,7 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from blackbox import kafka
+from blackbox.kafka import clients
 from blackbox.localstack import KafkaBroker, RedisServer, free_port
 from blackbox.service import Service
 from blackbox.settings import Settings
@@ -97,7 +97,7 @@ def _run_outage(server: RedisServer | KafkaBroker, redis_url: str, bootstrap: st
     env = service_env(redis_url, bootstrap, BLACKBOX_HEALTH_INTERVAL="0.3")
     settings = Settings.from_env(env)
     target = unique("outage")
-    kafka.ensure_topics(settings.kafka, [*settings.own_topics, target])
+    clients.ensure_topics(settings.kafka, [*settings.own_topics, target])
     reader = TopicReader(bootstrap, target)
     service = Service(settings)
     service.start()

@@ -3,8 +3,8 @@ partitioner would: a schedule sent one way and its cancel sent another share a p
 
 from __future__ import annotations
 
-from blackbox import kafka
 from blackbox.client import Client
+from blackbox.kafka import clients
 from blackbox.settings import Settings
 from tests.integration.conftest import service_env
 from tests.kafkatools import TopicReader, java_partition, unique
@@ -29,12 +29,12 @@ def test_the_client_and_the_services_producers_partition_keys_as_java_does(
     settings = Settings.from_env(service_env(env["REDIS_URL"], env["KAFKA_BOOTSTRAP_SERVERS"]))
     bootstrap = settings.kafka["bootstrap.servers"]
     by_client, by_service = unique("client"), unique("service")
-    kafka.ensure_topics(settings.kafka, [by_client, by_service], partitions=PARTITIONS)
+    clients.ensure_topics(settings.kafka, [by_client, by_service], partitions=PARTITIONS)
     ids = [f"order-{n}" for n in range(60)] + ["é✓-id", "x"]
     with Client({"bootstrap.servers": bootstrap}, caller="billing", intake_topic=by_client) as c:
         for schedule_id in ids:
             c.cancel(schedule_id)
-    producer = kafka.new_producer(settings)
+    producer = clients.new_producer(settings)
     for schedule_id in ids:
         producer.produce(by_service, b"{}", schedule_id.encode())
     assert producer.flush(30) == 0

@@ -11,8 +11,8 @@ import orjson
 import pytest
 import redis
 
-from blackbox import kafka
 from blackbox.incarnations import tag_of
+from blackbox.kafka import clients
 from blackbox.localstack import RedisServer, free_port
 from blackbox.settings import Settings
 from blackbox.storage.keys import Keys
@@ -31,7 +31,7 @@ def test_records_reread_after_a_crash_are_not_stored_twice(
     """Guarantee 2: intake is idempotent: a crash before commit re-reads, never duplicates."""
     env = {**env, "BLACKBOX_SHARDS": "1"}  # one shard: its due set alone holds everything
     settings = Settings.from_env(env)
-    kafka.ensure_topics(settings.kafka, settings.own_topics)
+    clients.ensure_topics(settings.kafka, settings.own_topics)
     target = unique("replayed")
     produce(settings.kafka["bootstrap.servers"], settings.intake_topic,
             [envelope(target, {"n": n}, 20) for n in range(50)])  # fmt: skip
@@ -106,7 +106,7 @@ def test_redis_stopped_and_restarted_mid_run_loses_nothing(
 def _ids(env: dict[str, str], count: int) -> set[str]:
     """The ids of the first `count` records of the intake topic (tagged by its incarnation)."""
     intake = env["BLACKBOX_INTAKE_TOPIC"]
-    topic_id = kafka.topic_id_lookup(Settings.from_env(env).kafka)([intake])[intake]
+    topic_id = clients.topic_id_lookup(Settings.from_env(env).kafka)([intake])[intake]
     return {f"{intake}:0:{offset}:{tag_of(topic_id)}" for offset in range(count)}
 
 
@@ -116,7 +116,7 @@ def test_service_exits_cleanly_on_sigterm(
     """SIGTERM: intake stops, offsets are committed, the process exits 0 within 10 s."""
     env = service_env(redis_server.url, broker_bootstrap)
     settings = Settings.from_env(env)
-    kafka.ensure_topics(settings.kafka, settings.own_topics)
+    clients.ensure_topics(settings.kafka, settings.own_topics)
     process = BlackboxProcess(env, tmp_path / "service.log")
     wait_until(lambda: "intake_started" in process.output(), what="the service started")
 
@@ -131,7 +131,7 @@ def test_a_replica_stopped_mid_stream_leaves_nothing_in_flight(
     was delivered is forgotten (no second copy after a restart), the rest is due again."""
     env = {**env, "BLACKBOX_SHARDS": "1"}  # one shard: its sets alone hold everything
     settings = Settings.from_env(env)
-    kafka.ensure_topics(settings.kafka, settings.own_topics)
+    clients.ensure_topics(settings.kafka, settings.own_topics)
     target = unique("stopping")
     # Due one every 5 ms over 3 s: something is always due soon, so batches are sent
     # while earlier ones are still being acknowledged.

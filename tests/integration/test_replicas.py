@@ -8,8 +8,9 @@ from collections import Counter
 import orjson
 import pytest
 
-from blackbox import kafka, shares
+from blackbox import shares
 from blackbox.clock import now_ms
+from blackbox.kafka import clients
 from blackbox.schedule import Schedule
 from blackbox.settings import Settings
 from blackbox.storage import shardcount
@@ -26,7 +27,7 @@ def test_two_replicas_never_deliver_one_id_twice(
     """Guarantee 3: two healthy replicas sharing Redis and intake deliver each id once,
     each firing its share of the shards."""
     settings = Settings.from_env(env)
-    kafka.ensure_topics(settings.kafka, [settings.intake_topic], partitions=2)
+    clients.ensure_topics(settings.kafka, [settings.intake_topic], partitions=2)
     first, second = (
         start_service(BLACKBOX_BATCH_LIMIT="50", BLACKBOX_SHARDS="4"),
         start_service(BLACKBOX_BATCH_LIMIT="50", BLACKBOX_SHARDS="4"),

@@ -12,7 +12,7 @@ import redis
 from confluent_kafka.admin import AdminClient
 from structlog.testing import capture_logs
 
-from blackbox import kafka
+from blackbox.kafka import clients
 from blackbox.localstack import RedisServer, free_port
 from blackbox.role import Role
 from blackbox.service import Service
@@ -146,7 +146,7 @@ def test_a_redis_full_for_intake_leaves_only_the_dispatch_role_ready(
 def role_processes(env: dict[str, str], tmp_path: Path) -> Iterator[dict[str, BlackboxProcess]]:
     """`blackbox run --role intake` and `--role dispatch` (topics created first); killed at
     the end if a test left one running."""
-    kafka.ensure_topics(Settings.from_env(env).kafka, Settings.from_env(env).own_topics)
+    clients.ensure_topics(Settings.from_env(env).kafka, Settings.from_env(env).own_topics)
     processes = {
         role: BlackboxProcess(env, tmp_path / f"{role}.log", "run", "--role", role)
         for role in ("intake", "dispatch")

@@ -21,8 +21,8 @@ from confluent_kafka import ConsumerGroupState, Producer
 from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from blackbox import kafka
 from blackbox.envelope import CALLER_HEADER
+from blackbox.kafka import clients
 from blackbox.localstack import KafkaBroker, RedisCluster, RedisServer, free_port
 from blackbox.schedule import scoped_id
 from blackbox.settings import Settings
@@ -113,8 +113,8 @@ class Fleet:
         """Start one process per role (`overrides` added to their environment) and wait
         until each is ready, the firing ones share the shards, and the intake ones all
         joined the consumer group."""
-        kafka.ensure_topics(self.settings.kafka, [self.settings.intake_topic], PARTITIONS)
-        kafka.ensure_topics(self.settings.kafka, self.settings.own_topics)
+        clients.ensure_topics(self.settings.kafka, [self.settings.intake_topic], PARTITIONS)
+        clients.ensure_topics(self.settings.kafka, self.settings.own_topics)
         n = len(self.replicas)
         started = [
             Replica({**self.env, **overrides}, self.logs / f"{i + n}-{role}.log", role)

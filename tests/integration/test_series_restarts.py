@@ -21,8 +21,8 @@ import orjson
 import redis
 
 from benchmarks.stack import ServiceProcess
-from blackbox import kafka
 from blackbox.envelope import CALLER_HEADER
+from blackbox.kafka import clients
 from blackbox.settings import Settings
 from blackbox.storage.keys import Layout
 from blackbox.storage.shardcount import DEFAULT_SHARDS
@@ -245,7 +245,7 @@ def test_a_replica_killed_mid_fire_loses_no_occurrence(
     same id, of a series in flight at the kill."""
     replica_env = {**env, **REPLICA_SETTINGS}
     target = reader(unique("replicas"))
-    kafka.ensure_topics(Settings.from_env(replica_env).kafka, [target.topic])
+    clients.ensure_topics(Settings.from_env(replica_env).kafka, [target.topic])
     layout = Layout(env["BLACKBOX_NAMESPACE"], DEFAULT_SHARDS)
     names = [f"s{n:02}" for n in range(SERIES)]
     with _replicas(replica_env, tmp_path / "replicas.log") as replicas:

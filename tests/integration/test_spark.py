@@ -21,9 +21,10 @@ from confluent_kafka import Producer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pyspark.sql import SparkSession
 
-from blackbox import cli, kafka
+from blackbox import cli
 from blackbox.client import Client
 from blackbox.envelope import CALLER_HEADER
+from blackbox.kafka import clients
 from blackbox.metrics import LATENESS_BUCKETS
 from blackbox.schedule import scoped_id
 from blackbox.service import Service
@@ -264,7 +265,7 @@ def test_spark_signs_and_keys_like_the_client_on_six_partitions(  # noqa: PLR091
     policy.write_text(f"callers:\n  {CALLER}:\n    require_signature: true\n"
                       f"    keys: {{bulk-1: \"{public_text(key.public_key())}\"}}\n")  # fmt: skip
     intake = unique("intake6")
-    kafka.ensure_topics({"bootstrap.servers": job_env["KAFKA_BOOTSTRAP_SERVERS"]}, [intake],
+    clients.ensure_topics({"bootstrap.servers": job_env["KAFKA_BOOTSTRAP_SERVERS"]}, [intake],
                         partitions=6)  # fmt: skip
     monkeypatch.setenv("BLACKBOX_INTAKE_TOPIC", intake)
     monkeypatch.setenv("BLACKBOX_POLICY_FILE", str(policy))

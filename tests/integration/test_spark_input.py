@@ -23,7 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from blackbox import cli, kafka
+from blackbox import cli
+from blackbox.kafka import clients
 from blackbox.spark.rows import rfc3339
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.integration.test_spark import job_env, spark  # noqa: F401 - the shared fixtures
@@ -201,7 +202,7 @@ def test_dry_run_shows_the_records_exactly_as_they_are_then_produced(
     with path.open("w", newline="", encoding="cp1252") as f:
         csv.writer(f, lineterminator="\r\n").writerows(table)
     intake = job_env["BLACKBOX_INTAKE_TOPIC"]
-    kafka.ensure_topics({"bootstrap.servers": job_env["KAFKA_BOOTSTRAP_SERVERS"]},
+    clients.ensure_topics({"bootstrap.servers": job_env["KAFKA_BOOTSTRAP_SERVERS"]},
                         [intake, job_env["BLACKBOX_EVENTS_TOPIC"]])  # fmt: skip
     args = [str(path), "--caller", "export", "--id", "id", "--topic", "reminders",
             "--due", "local_time", "--zone-column", "zone", "--encoding", "windows-1252",

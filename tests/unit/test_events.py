@@ -7,7 +7,7 @@ import pytest
 
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import DeadLetterReason
-from blackbox.events import Coordinates, Event, Outcome
+from blackbox.kafka.events import Coordinates, Event, Outcome
 from blackbox.schedule import intake_id, scoped_id
 
 AT_MS = 1_763_789_000_000

@@ -6,8 +6,8 @@ import pytest
 from confluent_kafka import KafkaError
 
 from blackbox.errors import DeadLetterReason, SettingsError
-from blackbox.kafka import consumer_config, lasting_reason, producer_config
-from blackbox.outbox import NO_REPORT
+from blackbox.kafka.clients import consumer_config, lasting_reason, producer_config
+from blackbox.kafka.outbox import NO_REPORT
 from blackbox.settings import Settings
 
 

@@ -6,7 +6,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from blackbox.clock import now_ms
-from blackbox.outbox import NO_REPORT, Outbox, Record, Reports, is_fenced
+from blackbox.kafka.outbox import NO_REPORT, Outbox, Record, Reports, is_fenced
 
 
 @pytest.mark.parametrize(

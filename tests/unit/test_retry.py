@@ -9,13 +9,13 @@ from confluent_kafka import Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blackbox import deadletter
 from blackbox.backoff import Backoff
-from blackbox.deadletter import DETAIL_HEADER, MAX_DETAIL_BYTES, REASON_HEADER, DeadLetter
 from blackbox.dispatcher import RetryPolicy, delivery_record
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import DeadLetterReason
-from blackbox.kafka import read_headers
+from blackbox.kafka import deadletter
+from blackbox.kafka.clients import read_headers
+from blackbox.kafka.deadletter import DETAIL_HEADER, MAX_DETAIL_BYTES, REASON_HEADER, DeadLetter
 from blackbox.schedule import Schedule
 
 PROPERTY = settings(max_examples=300, deadline=None, database=None)

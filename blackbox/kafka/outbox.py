@@ -18,7 +18,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from blackbox.clock import now_ms
 
 Header = tuple[str, bytes | None]
-log = structlog.get_logger("blackbox.outbox")
+log = structlog.get_logger("blackbox.kafka.outbox")
 
 # A report still missing when the wait ended; the message may or may not have landed.
 NO_REPORT = KafkaError(KafkaError._TIMED_OUT, "no delivery report before the deadline")

@@ -22,7 +22,7 @@ import orjson
 import structlog
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-log = structlog.get_logger("blackbox.answers")
+log = structlog.get_logger("blackbox.kafka.answers")
 
 
 class Answers:

@@ -19,7 +19,7 @@ import orjson
 
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import DeadLetterReason
-from blackbox.outbox import Record
+from blackbox.kafka.outbox import Record
 from blackbox.schedule import split_scoped
 
 

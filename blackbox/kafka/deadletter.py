@@ -15,8 +15,8 @@ from confluent_kafka import KafkaError, Message
 
 from blackbox.envelope import Header
 from blackbox.errors import DeadLetterReason
-from blackbox.kafka import lasting_reason
-from blackbox.outbox import Outbox, Record
+from blackbox.kafka.clients import lasting_reason
+from blackbox.kafka.outbox import Outbox, Record
 
 REASON_HEADER = "blackbox-dlq-reason"
 DETAIL_HEADER = "blackbox-dlq-detail"
