@@ -21,12 +21,12 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from blackbox import envelope
 from blackbox.clock import now_ms
 from blackbox.envelope import CALLER_HEADER, Header, Limits
-from blackbox.incarnations import Lookup, tag_of
-from blackbox.intake import OUTCOMES
+from blackbox.firing.shares import Nudge
+from blackbox.intake.incarnations import Lookup, tag_of
+from blackbox.intake.loop import OUTCOMES
+from blackbox.intake.policy import CallerPolicy, open_policy
 from blackbox.kafka.events import Event, Outcome
-from blackbox.policy import CallerPolicy, open_policy
 from blackbox.schedule import Schedule, intake_id, scoped_id
-from blackbox.shares import Nudge
 from blackbox.signing import Parts, Signer
 from blackbox.storage.store import RedisStore
 

@@ -38,19 +38,19 @@ from blackbox.admin import Admin
 from blackbox.clock import now_ms
 from blackbox.dlqtail import DeadLetterTail, DeadLetterView
 from blackbox.errors import InvalidEnvelope, SettingsError
+from blackbox.firing.shares import Nudge
 from blackbox.guard import BodyGate, OpenHosts
 from blackbox.health import Health
 from blackbox.httperrors import ApiError
+from blackbox.intake.policy import CallerPolicy
+from blackbox.intake.runner import limits_of
 from blackbox.kafka import clients
 from blackbox.kafka.answers import Follower
 from blackbox.kafka.events import Outcome
 from blackbox.metrics import Metrics
 from blackbox.pending import Detail, Filter, Kind, Page, Pending, PendingGauges, State, Stats
-from blackbox.policy import CallerPolicy
-from blackbox.receiving import limits_of
 from blackbox.schedule import split_scoped
 from blackbox.settings import Settings
-from blackbox.shares import Nudge
 from blackbox.signing import Signer
 from blackbox.storage.store import RedisStore
 from blackbox.tokens import DEV_OPEN, OPEN_READS, OPERATOR, Grant, Tokens, tokens_of

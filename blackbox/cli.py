@@ -32,11 +32,11 @@ from blackbox.errors import (
     SparkMissing,
     StackError,
 )
+from blackbox.intake.runner import caller_policy_of, limits_of
 from blackbox.kafka import clients
 from blackbox.kafka.answers import Answers
 from blackbox.kafka.events import Outcome
 from blackbox.progress import Progress
-from blackbox.receiving import caller_policy_of, limits_of
 from blackbox.recurrence import Missed
 from blackbox.role import Role
 from blackbox.service import Service

@@ -20,24 +20,25 @@ import redis
 import structlog
 from confluent_kafka import Producer
 
-from blackbox import api, shares
+from blackbox import api
 from blackbox.clock import now_ms
 from blackbox.endpoints import Endpoints
 from blackbox.errors import RedisFull, SettingsError, ShardsChanged
-from blackbox.firing import Firing, Loop
+from blackbox.firing import shares
+from blackbox.firing.runner import Firing, Loop
+from blackbox.firing.shares import Announcements
+from blackbox.firing.waker import nudge_message
 from blackbox.health import Health, Probe
+from blackbox.intake.policy import CallerPolicy
+from blackbox.intake.runner import Receiving, caller_policy_of
 from blackbox.kafka import clients
 from blackbox.metrics import Metrics
-from blackbox.policy import CallerPolicy
-from blackbox.receiving import Receiving, caller_policy_of
 from blackbox.role import Role
 from blackbox.settings import Settings
-from blackbox.shares import Announcements
 from blackbox.storage import memory, shardcount
 from blackbox.storage.connections import redis_client
 from blackbox.storage.keys import Layout
 from blackbox.storage.store import RedisStore
-from blackbox.waker import nudge_message
 
 log = structlog.get_logger("blackbox.service")
 

@@ -207,13 +207,13 @@ def _signing(args: argparse.Namespace) -> tuple[bytes, str] | None:
 
 
 def _limits(settings: Settings) -> Any:
-    from blackbox.receiving import limits_of  # noqa: PLC0415 - the service's own limits
+    from blackbox.intake.runner import limits_of  # noqa: PLC0415 - the service's own limits
 
     return limits_of(settings)
 
 
 def _policy(settings: Settings) -> Any:
-    from blackbox.receiving import caller_policy_of  # noqa: PLC0415 - the service's own policy
+    from blackbox.intake.runner import caller_policy_of  # noqa: PLC0415 - the service's own policy
 
     return caller_policy_of(settings)
 

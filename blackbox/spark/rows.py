@@ -22,7 +22,7 @@ import orjson
 from blackbox import envelope
 from blackbox.envelope import CALLER_HEADER, Envelope, Limits
 from blackbox.errors import DeadLetterReason, InvalidEnvelope
-from blackbox.policy import CallerPolicy
+from blackbox.intake.policy import CallerPolicy
 from blackbox.schedule import scoped_id
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

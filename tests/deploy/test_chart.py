@@ -23,10 +23,11 @@ import yaml
 from kubernetes_validate.utils import SchemaNotFoundError
 from prometheus_client.utils import floatToGoString
 
-from blackbox import cli, policy, tokens
+from blackbox import cli, tokens
 from blackbox.api import probes_app
 from blackbox.endpoints import Endpoints
 from blackbox.health import Health
+from blackbox.intake import policy
 from blackbox.metrics import LATENESS_BUCKETS, Metrics
 from blackbox.settings import VARIABLES, Settings
 from tests.deploy.chart import (

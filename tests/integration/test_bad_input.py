@@ -6,7 +6,7 @@ import orjson
 from confluent_kafka import Consumer, TopicPartition
 
 from blackbox.errors import DeadLetterReason
-from blackbox.intake import PART_RECORDS
+from blackbox.intake.loop import PART_RECORDS
 from blackbox.kafka import clients
 from blackbox.service import Service
 from blackbox.settings import Settings

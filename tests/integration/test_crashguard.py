@@ -6,7 +6,7 @@ from __future__ import annotations
 import redis
 from confluent_kafka import Message
 
-from blackbox.crashguard import CRASH_LIMIT, CrashGuard
+from blackbox.intake.crashguard import CRASH_LIMIT, CrashGuard
 from tests.kafkatools import unique
 
 TOPIC = "intake"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 
-from blackbox.incarnations import tag_of
+from blackbox.intake.incarnations import tag_of
 from blackbox.kafka import clients
 from blackbox.service import Service
 from tests.integration.conftest import ReaderFactory, ServiceFactory

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from blackbox.clock import now_ms
 from blackbox.errors import DeadLetterReason
-from blackbox.incarnations import tag_of
+from blackbox.intake.incarnations import tag_of
 from blackbox.kafka import clients
 from blackbox.schedule import Schedule
 from blackbox.settings import Settings

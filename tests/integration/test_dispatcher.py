@@ -13,12 +13,12 @@ import redis
 from confluent_kafka import Producer
 
 from blackbox.clock import now_ms
-from blackbox.dispatcher import Dispatcher, RetryPolicy
+from blackbox.firing.dispatcher import Dispatcher, RetryPolicy
+from blackbox.firing.shares import Share
 from blackbox.kafka.outbox import Outbox
 from blackbox.localstack import RedisServer
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule
-from blackbox.shares import Share
 from blackbox.storage.keys import Layout
 from blackbox.storage.store import IntakeSlice, RedisStore
 from tests.kafkatools import unique

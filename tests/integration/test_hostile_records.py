@@ -15,11 +15,11 @@ import pytest
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from blackbox import envelope as envelope_module
-from blackbox import intake as intake_module
-from blackbox.crashguard import CRASH_LIMIT
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import DeadLetterReason
-from blackbox.intake import Intake
+from blackbox.intake import loop as intake_module
+from blackbox.intake.crashguard import CRASH_LIMIT
+from blackbox.intake.loop import Intake
 from blackbox.kafka import clients
 from blackbox.service import Service
 from blackbox.settings import Settings

@@ -14,9 +14,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from blackbox.client import Client
 from blackbox.envelope import CALLER_HEADER, Header
 from blackbox.errors import DeadLetterReason
-from blackbox.identity import Proof
+from blackbox.intake.identity import Proof
+from blackbox.intake.nonces import Nonces
 from blackbox.kafka import clients
-from blackbox.nonces import Nonces
 from blackbox.signing import Parts, Signer, public_text
 from blackbox.storage.keys import Layout
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle

@@ -11,7 +11,7 @@ import redis
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from blackbox.incarnations import TAG_LENGTH, tag_of
+from blackbox.intake.incarnations import TAG_LENGTH, tag_of
 from blackbox.kafka import clients
 from blackbox.service import Service
 from blackbox.storage.keys import Layout

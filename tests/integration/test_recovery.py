@@ -11,7 +11,7 @@ import orjson
 import pytest
 import redis
 
-from blackbox.incarnations import tag_of
+from blackbox.intake.incarnations import tag_of
 from blackbox.kafka import clients
 from blackbox.localstack import RedisServer, free_port
 from blackbox.settings import Settings

@@ -8,8 +8,8 @@ from collections import Counter
 import orjson
 import pytest
 
-from blackbox import shares
 from blackbox.clock import now_ms
+from blackbox.firing import shares
 from blackbox.kafka import clients
 from blackbox.schedule import Schedule
 from blackbox.settings import Settings

@@ -12,12 +12,12 @@ from structlog.testing import capture_logs
 
 from blackbox.clock import now_ms
 from blackbox.errors import ShardsChanged
+from blackbox.firing.shares import Share
 from blackbox.localstack import RedisServer
 from blackbox.role import Role
 from blackbox.schedule import Schedule, scoped_id
 from blackbox.service import EXIT_SETTINGS, Service
 from blackbox.settings import Settings
-from blackbox.shares import Share
 from blackbox.storage import shardcount
 from blackbox.storage.keys import Layout
 from blackbox.storage.shardcount import Committed

@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from blackbox import envelope, policy
+from blackbox import envelope
 from blackbox.envelope import CALLER_HEADER, Header
 from blackbox.errors import DeadLetterReason, InvalidEnvelope, SettingsError
-from blackbox.identity import Identity
-from blackbox.receiving import caller_policy_of
+from blackbox.intake import policy
+from blackbox.intake.identity import Identity
+from blackbox.intake.runner import caller_policy_of
 from blackbox.settings import Settings
 from blackbox.signing import Parts, Signer, public_text
 

@@ -9,7 +9,7 @@ from typing import Any, cast
 import pytest
 from confluent_kafka import Message
 
-from blackbox.incarnations import TAG_LENGTH, Incarnations, LocalRecord, tag_of
+from blackbox.intake.incarnations import TAG_LENGTH, Incarnations, LocalRecord, tag_of
 from blackbox.schedule import intake_id
 from blackbox.storage.store import IntakeSlice
 

@@ -8,10 +8,10 @@ from typing import Any, cast
 from confluent_kafka import Consumer
 
 from blackbox.envelope import Limits
-from blackbox.incarnations import Incarnations
-from blackbox.intake import POLL_SECONDS, Intake, IntakeConfig, _Batch
+from blackbox.intake.incarnations import Incarnations
+from blackbox.intake.loop import POLL_SECONDS, Intake, IntakeConfig, _Batch
+from blackbox.intake.policy import open_policy
 from blackbox.metrics import Metrics
-from blackbox.policy import open_policy
 from blackbox.schedule import Schedule
 from blackbox.storage.store import SCRIPT_CHUNK, IntakeSlice
 

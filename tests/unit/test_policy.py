@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from blackbox import envelope, policy
+from blackbox import envelope
 from blackbox.envelope import ABSOLUTE_MAX_COUNTDOWN_SECONDS, CALLER_HEADER, Envelope, Limits
 from blackbox.errors import DeadLetterReason, InvalidEnvelope, SettingsError
-from blackbox.policy import CallerPolicy, Rule
+from blackbox.intake import policy
+from blackbox.intake.policy import CallerPolicy, Rule
 
 HOUR = 3600.0
 BASE = policy.open_policy(max_horizon_seconds=HOUR, max_message_bytes=100)

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blackbox.backoff import Backoff
-from blackbox.dispatcher import RetryPolicy, delivery_record
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import DeadLetterReason
+from blackbox.firing.dispatcher import RetryPolicy, delivery_record
 from blackbox.kafka import deadletter
 from blackbox.kafka.clients import read_headers
 from blackbox.kafka.deadletter import DETAIL_HEADER, MAX_DETAIL_BYTES, REASON_HEADER, DeadLetter

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from blackbox.shares import EMPTY, Announcements, Share, owned_by, sweep_after_ms, ttl_ms
+from blackbox.firing.shares import EMPTY, Announcements, Share, owned_by, sweep_after_ms, ttl_ms
+from blackbox.firing.waker import nudge_message, parse_nudge
 from blackbox.storage.keys import Layout
-from blackbox.waker import nudge_message, parse_nudge
 
 
 @pytest.mark.parametrize(("members", "shards"), [(1, 4), (3, 12), (3, 16), (5, 3)])

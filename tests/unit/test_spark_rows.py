@@ -9,7 +9,7 @@ import pytest
 
 from blackbox import cli, envelope
 from blackbox.envelope import Limits
-from blackbox.policy import CallerPolicy, Rule, open_policy
+from blackbox.intake.policy import CallerPolicy, Rule, open_policy
 from blackbox.spark.rows import DueKind, Judge, MessageKind, jitter_ms, rfc3339, wall_clock_ms
 
 NOW_MS = 1_800_000_000_000

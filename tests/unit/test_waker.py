@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from blackbox.clock import now_ms
-from blackbox.waker import Waker
+from blackbox.firing.waker import Waker
 from tests.kafkatools import wait_until
 
 

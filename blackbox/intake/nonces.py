@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import redis
 
-from blackbox.identity import Proof
+from blackbox.intake.identity import Proof
 from blackbox.storage.keys import Layout
 
 

@@ -17,10 +17,10 @@ import structlog
 
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
-from blackbox.shares import Nudge
+from blackbox.firing.shares import Nudge
 from blackbox.storage.connections import RedisClient, refresh_after
 
-log = structlog.get_logger("blackbox.waker")
+log = structlog.get_logger("blackbox.firing.waker")
 
 # fire() returns when to run next (epoch ms).
 Fire = Callable[[], int]

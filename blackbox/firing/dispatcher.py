@@ -32,6 +32,7 @@ from blackbox import recurrence
 from blackbox.clock import now_ms
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import CorruptSchedule, DeadLetterReason
+from blackbox.firing.shares import Share
 from blackbox.kafka import deadletter
 from blackbox.kafka.clients import lasting_reason
 from blackbox.kafka.deadletter import DeadLetter
@@ -39,10 +40,9 @@ from blackbox.kafka.events import Event, Outcome
 from blackbox.kafka.outbox import Outbox, Record, Reports
 from blackbox.metrics import Metrics, observe_all
 from blackbox.schedule import Schedule, Series, origin_topic, split_scoped
-from blackbox.shares import Share
 from blackbox.storage.store import DEFAULT_CLAIM_BYTES, Advance, Claim, Loaded, RedisStore
 
-log = structlog.get_logger("blackbox.dispatcher")
+log = structlog.get_logger("blackbox.firing.dispatcher")
 # Messages sent and not yet settled, at most, in full claims (by count and by payload
 # bytes); past it the oldest batch is awaited. Counted in messages, not batches: steady
 # firing sends batches of one, and a broker slow to acknowledge them must not hold back the

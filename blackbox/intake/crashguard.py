@@ -24,7 +24,7 @@ import redis
 import structlog
 from confluent_kafka import Message
 
-log = structlog.get_logger("blackbox.crashguard")
+log = structlog.get_logger("blackbox.intake.crashguard")
 # Attempts at one record that died before it is dead-lettered unread: the first crash may
 # come from anything in its poll, the next ones from the record taken alone.
 CRASH_LIMIT = 3

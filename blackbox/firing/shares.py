@@ -29,7 +29,7 @@ from blackbox.settings import sweep_delay
 from blackbox.storage.connections import RedisClient
 from blackbox.storage.keys import Layout
 
-log = structlog.get_logger("blackbox.shares")
+log = structlog.get_logger("blackbox.firing.shares")
 
 # Something stored in a shard is due at a time: (shard, due ms). Intake and the API tell
 # the firers through one of these.

@@ -19,20 +19,20 @@ import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 from confluent_kafka import KafkaException, Producer
 
-from blackbox import shares
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
-from blackbox.dispatcher import Dispatcher, RetryPolicy
+from blackbox.firing import shares
+from blackbox.firing.dispatcher import Dispatcher, RetryPolicy
+from blackbox.firing.shares import Share, sweep_after_ms
+from blackbox.firing.waker import NudgeListener, Waker
 from blackbox.kafka import clients
 from blackbox.kafka.outbox import Outbox
 from blackbox.metrics import Metrics
 from blackbox.settings import REPORT_GRACE_SECONDS, Settings
-from blackbox.shares import Share, sweep_after_ms
 from blackbox.storage.connections import RedisClient
 from blackbox.storage.store import RedisStore
-from blackbox.waker import NudgeListener, Waker
 
-log = structlog.get_logger("blackbox.firing")
+log = structlog.get_logger("blackbox.firing.runner")
 
 Loop = Callable[[], None]
 # Wraps a thread's loop (or the tick) so that a crash stops the process with a failure.

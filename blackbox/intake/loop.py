@@ -28,21 +28,21 @@ from confluent_kafka import (
 from blackbox import envelope
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
-from blackbox.crashguard import CRASH_LIMIT, CrashGuard
 from blackbox.envelope import Cancel, Header, Hold, Limits, Request, Reschedule
 from blackbox.errors import BlackboxError, DeadLetterReason, InvalidEnvelope
-from blackbox.identity import Identity, Proof
-from blackbox.incarnations import Incarnations
+from blackbox.firing.shares import Nudge
+from blackbox.intake.crashguard import CRASH_LIMIT, CrashGuard
+from blackbox.intake.identity import Identity, Proof
+from blackbox.intake.incarnations import Incarnations
+from blackbox.intake.nonces import Nonces
+from blackbox.intake.policy import CallerPolicy
 from blackbox.kafka import deadletter
 from blackbox.kafka.clients import lasting_reason, read_headers
 from blackbox.kafka.deadletter import DeadLetter
 from blackbox.kafka.events import Coordinates, Event, Outcome
 from blackbox.kafka.outbox import Outbox, Record, Reports
 from blackbox.metrics import Metrics
-from blackbox.nonces import Nonces
-from blackbox.policy import CallerPolicy
 from blackbox.schedule import Schedule, intake_id, scoped_id
-from blackbox.shares import Nudge
 from blackbox.signing import Parts
 from blackbox.storage.store import (
     Applied,
@@ -54,7 +54,7 @@ from blackbox.storage.store import (
     Write,
 )
 
-log = structlog.get_logger("blackbox.intake")
+log = structlog.get_logger("blackbox.intake.loop")
 # How long one poll waits for a record; also how soon intake sees a stop.
 POLL_SECONDS = 0.5
 # How long a stopping intake waits for its last answers before committing.

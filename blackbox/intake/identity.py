@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from blackbox.envelope import CALLER_HEADER, Header, caller_of
 from blackbox.errors import DeadLetterReason, InvalidEnvelope
-from blackbox.policy import CallerPolicy, Rule
+from blackbox.intake.policy import CallerPolicy, Rule
 from blackbox.signing import SIGNATURE_HEADER, Parts, Signature, parse_header, verify
 
 _R = DeadLetterReason

@@ -13,19 +13,19 @@ from collections.abc import Callable
 
 from confluent_kafka import Producer
 
-from blackbox import policy
-from blackbox.crashguard import CrashGuard
 from blackbox.envelope import Limits
 from blackbox.errors import SettingsError
-from blackbox.incarnations import Incarnations, RedisRecord
-from blackbox.intake import POLL_SECONDS, Intake, IntakeConfig
+from blackbox.firing.shares import Nudge
+from blackbox.intake import policy
+from blackbox.intake.crashguard import CrashGuard
+from blackbox.intake.incarnations import Incarnations, RedisRecord
+from blackbox.intake.loop import POLL_SECONDS, Intake, IntakeConfig
+from blackbox.intake.nonces import Nonces
+from blackbox.intake.policy import CallerPolicy
 from blackbox.kafka import clients
 from blackbox.kafka.outbox import Outbox
 from blackbox.metrics import Metrics
-from blackbox.nonces import Nonces
-from blackbox.policy import CallerPolicy
 from blackbox.settings import Settings
-from blackbox.shares import Nudge
 from blackbox.storage.memory import Room
 from blackbox.storage.store import RedisStore
 
