@@ -25,8 +25,8 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from benchmarks.collect import percentile
 from benchmarks.stack import cpu_seconds
+from blackbox.dev.servers import TansuBroker, free_port, scratch_dir
 from blackbox.kafka import clients
-from blackbox.localstack import TansuBroker, free_port, scratch_dir
 
 TOPIC = "drift"
 ROW_SECONDS = 30

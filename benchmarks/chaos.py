@@ -40,9 +40,9 @@ from benchmarks.collect import CollectorProcess
 from benchmarks.replicakills import kill_replicas
 from benchmarks.scenarios import table
 from benchmarks.stack import Stack, local_stack, start_service
+from blackbox.dev.servers import free_port
 from blackbox.envelope import normalize_headers
 from blackbox.kafka import clients
-from blackbox.localstack import free_port
 from blackbox.storage.keys import Keys
 
 Result = dict[str, object]

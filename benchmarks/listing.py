@@ -16,9 +16,9 @@ import time
 
 import redis
 
+from blackbox.api.pending import Filter, Pending
 from blackbox.clock import now_ms
-from blackbox.localstack import RedisServer, free_port, scratch_dir
-from blackbox.pending import Filter, Pending
+from blackbox.dev.servers import RedisServer, free_port, scratch_dir
 from blackbox.schedule import Schedule
 from blackbox.storage.keys import Layout
 from blackbox.storage.store import IntakeSlice, RedisStore

@@ -32,7 +32,7 @@ import redis
 
 from benchmarks.scenarios import SCENARIOS, table
 from benchmarks.stack import cpu_seconds, redis_cpu_seconds
-from blackbox.localstack import scratch_dir
+from blackbox.dev.servers import scratch_dir
 from blackbox.settings import Settings
 from blackbox.storage.keys import Keys
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from benchmarks.stack import ServiceProcess, cpu_seconds, redis_cpu_seconds
-from blackbox.localstack import KafkaBroker
+from blackbox.dev.servers import KafkaBroker
 from blackbox.storage.connections import RedisClient, primaries
 
 Result = dict[str, object]

@@ -46,8 +46,8 @@ from benchmarks.stack import (
     wait_for,
 )
 from blackbox.clock import now_ms
+from blackbox.dev.servers import KafkaBroker
 from blackbox.firing.waker import nudge_message
-from blackbox.localstack import KafkaBroker
 from blackbox.schedule import Schedule, intake_id
 from blackbox.storage.connections import RedisClient, primaries, redis_client
 from blackbox.storage.keys import Layout

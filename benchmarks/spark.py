@@ -34,8 +34,8 @@ from pathlib import Path
 
 import redis
 
+from blackbox.dev.servers import KafkaBroker, RedisServer, free_port, scratch_dir
 from blackbox.kafka import clients
-from blackbox.localstack import KafkaBroker, RedisServer, free_port, scratch_dir
 from blackbox.settings import Settings
 from blackbox.storage.keys import Keys
 

@@ -20,8 +20,7 @@ from pathlib import Path
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from blackbox.kafka import clients
-from blackbox.localstack import (
+from blackbox.dev.servers import (
     KafkaBroker,
     RedisCluster,
     RedisServer,
@@ -29,6 +28,7 @@ from blackbox.localstack import (
     free_port,
     scratch_dir,
 )
+from blackbox.kafka import clients
 from blackbox.settings import Settings
 
 

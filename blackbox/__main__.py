@@ -2,6 +2,6 @@
 
 import sys
 
-from blackbox.cli import main
+from blackbox.cli.main import main
 
 sys.exit(main())

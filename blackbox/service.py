@@ -20,9 +20,9 @@ import redis
 import structlog
 from confluent_kafka import Producer
 
-from blackbox import api
+from blackbox.api import app
+from blackbox.api.server import Endpoints
 from blackbox.clock import now_ms
-from blackbox.endpoints import Endpoints
 from blackbox.errors import RedisFull, SettingsError, ShardsChanged
 from blackbox.firing import shares
 from blackbox.firing.runner import Firing, Loop
@@ -130,11 +130,11 @@ class Service:
 
     def _endpoints(self, settings: Settings, caller_policy: CallerPolicy) -> Endpoints:
         """The HTTP server: health, metrics, the API and its page."""
-        backend = api.backend_of(settings, self.store, self.health, self.metrics,
+        backend = app.backend_of(settings, self.store, self.health, self.metrics,
                                  self._scheduled, caller_policy=caller_policy)  # fmt: skip
         try:
             return Endpoints(settings.http_host, settings.http_port or 0,
-                             api.create_app(backend), backend.close)  # fmt: skip
+                             app.create_app(backend), backend.close)  # fmt: skip
         except OSError as e:
             raise SettingsError(
                 f"BLACKBOX_HTTP_PORT={settings.http_port} cannot be served on "

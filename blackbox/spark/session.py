@@ -2,7 +2,7 @@
 session `spark-submit` made (on a cluster the connector comes from `--packages`).
 
 The connector is `org.apache.spark:spark-sql-kafka-0-10_2.13` at PySpark's own version,
-fetched once from Maven Central by `blackbox.maven` into the user's cache. Only the jars
+fetched once from Maven Central by `blackbox.dev.maven` into the user's cache. Only the jars
 PySpark does not ship already are handed over (`spark.jars`): the token provider,
 `kafka-clients` and `commons-pool2`; the rest (Scala, Hadoop's client) would be second copies.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
-from blackbox import maven
+from blackbox.dev import maven
 
 CONNECTOR = "org.apache.spark:spark-sql-kafka-0-10_2.13"
 DEFAULT_MASTER = "local[*]"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from blackbox import cli
+from blackbox.cli import main as cli
 
 if __name__ == "__main__":
     sys.exit(cli.main(["spark", *sys.argv[1:]]))

@@ -23,9 +23,10 @@ import yaml
 from kubernetes_validate.utils import SchemaNotFoundError
 from prometheus_client.utils import floatToGoString
 
-from blackbox import cli, tokens
-from blackbox.api import probes_app
-from blackbox.endpoints import Endpoints
+from blackbox.api import tokens
+from blackbox.api.app import probes_app
+from blackbox.api.server import Endpoints
+from blackbox.cli import main as cli
 from blackbox.health import Health
 from blackbox.intake import policy
 from blackbox.metrics import LATENESS_BUCKETS, Metrics

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from blackbox.api import probes_app
-from blackbox.endpoints import Endpoints
+from blackbox.api.app import probes_app
+from blackbox.api.server import Endpoints
 from blackbox.health import Health
 from blackbox.metrics import Metrics
 from tests.deploy.chart import ROOT, default_values

@@ -21,7 +21,7 @@ import httpx
 import orjson
 import pytest
 
-from blackbox.localstack import KafkaBroker, RedisServer, free_port
+from blackbox.dev.servers import KafkaBroker, RedisServer, free_port
 from tests.deploy.chart import ROOT
 from tests.integration import conftest as stack
 from tests.integration.conftest import service_env

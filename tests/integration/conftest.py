@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from blackbox.localstack import KafkaBroker, RedisCluster, RedisServer, free_port
+from blackbox.dev.servers import KafkaBroker, RedisCluster, RedisServer, free_port
 from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.settings import Settings

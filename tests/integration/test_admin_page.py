@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from blackbox.api.seriesview import utc_text
 from blackbox.clock import now_ms
 from blackbox.recurrence import Recurrence
 from blackbox.schedule import Schedule, first_occurrence
-from blackbox.seriesview import utc_text
 from blackbox.service import Service
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.integration.test_api import fill

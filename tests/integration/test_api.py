@@ -11,10 +11,10 @@ import httpx
 import orjson
 import pytest
 
+from blackbox.api.pending import SCAN_BUDGET
 from blackbox.clock import now_ms
+from blackbox.dev.servers import KafkaBroker, RedisServer, free_port
 from blackbox.kafka import clients
-from blackbox.localstack import KafkaBroker, RedisServer, free_port
-from blackbox.pending import SCAN_BUDGET
 from blackbox.schedule import Schedule
 from blackbox.service import Service
 from blackbox.settings import Settings

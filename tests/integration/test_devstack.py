@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from blackbox.localstack import free_port, port_open
+from blackbox.dev.servers import free_port, port_open
 from tests.kafkatools import TopicReader, unique, wait_until
 from tests.process import BlackboxProcess
 

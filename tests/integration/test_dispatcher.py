@@ -13,10 +13,10 @@ import redis
 from confluent_kafka import Producer
 
 from blackbox.clock import now_ms
+from blackbox.dev.servers import RedisServer
 from blackbox.firing.dispatcher import Dispatcher, RetryPolicy
 from blackbox.firing.shares import Share
 from blackbox.kafka.outbox import Outbox
-from blackbox.localstack import RedisServer
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule
 from blackbox.storage.keys import Layout

@@ -10,8 +10,8 @@ import pytest
 import redis
 from structlog.testing import capture_logs
 
+from blackbox.dev.servers import RedisServer, free_port
 from blackbox.errors import EvictingRedis
-from blackbox.localstack import RedisServer, free_port
 from blackbox.service import EXIT_SETTINGS, Service
 from blackbox.settings import Settings
 from blackbox.storage import memory

@@ -15,7 +15,7 @@ import orjson
 import pytest
 import redis
 
-from blackbox.localstack import KafkaBroker, RedisServer, free_port
+from blackbox.dev.servers import KafkaBroker, RedisServer, free_port
 from blackbox.service import Service
 from blackbox.storage.keys import Keys
 from tests.integration.conftest import ReaderFactory, ServiceFactory, service_env

@@ -9,8 +9,8 @@ import pytest
 import redis
 
 from blackbox.clock import now_ms
+from blackbox.dev.servers import RedisServer, free_port
 from blackbox.errors import RedisFull
-from blackbox.localstack import RedisServer, free_port
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule, intake_id
 from blackbox.storage.keys import Layout

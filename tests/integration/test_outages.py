@@ -16,8 +16,8 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
+from blackbox.dev.servers import KafkaBroker, RedisServer, free_port
 from blackbox.kafka import clients
-from blackbox.localstack import KafkaBroker, RedisServer, free_port
 from blackbox.service import Service
 from blackbox.settings import Settings
 from tests.integration.conftest import service_env

@@ -12,9 +12,9 @@ import httpx
 import pytest
 import redis
 
+from blackbox.api.pending import SCAN_BUDGET, TOPIC_SAMPLE, Filter, Item, Pending, Position, State
 from blackbox.clock import now_ms
-from blackbox.localstack import RedisCluster, RedisServer
-from blackbox.pending import SCAN_BUDGET, TOPIC_SAMPLE, Filter, Item, Pending, Position, State
+from blackbox.dev.servers import RedisCluster, RedisServer
 from blackbox.schedule import Schedule
 from blackbox.storage import connections
 from blackbox.storage.keys import Layout

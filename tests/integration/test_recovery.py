@@ -11,9 +11,9 @@ import orjson
 import pytest
 import redis
 
+from blackbox.dev.servers import RedisServer, free_port
 from blackbox.intake.incarnations import tag_of
 from blackbox.kafka import clients
-from blackbox.localstack import RedisServer, free_port
 from blackbox.settings import Settings
 from blackbox.storage.keys import Keys
 from tests.integration.conftest import ReaderFactory, ServiceFactory, service_env

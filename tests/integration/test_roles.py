@@ -12,8 +12,8 @@ import redis
 from confluent_kafka.admin import AdminClient
 from structlog.testing import capture_logs
 
+from blackbox.dev.servers import RedisServer, free_port
 from blackbox.kafka import clients
-from blackbox.localstack import RedisServer, free_port
 from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.settings import Settings

@@ -21,10 +21,10 @@ from confluent_kafka import ConsumerGroupState, Producer
 from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from blackbox.dev.servers import KafkaBroker, RedisCluster, RedisServer, free_port
 from blackbox.envelope import CALLER_HEADER
 from blackbox.firing.shares import owned_by
 from blackbox.kafka import clients
-from blackbox.localstack import KafkaBroker, RedisCluster, RedisServer, free_port
 from blackbox.schedule import scoped_id
 from blackbox.settings import Settings
 from blackbox.storage.connections import RedisClient, redis_client

@@ -11,9 +11,9 @@ import pytest
 import redis
 
 from blackbox.clock import now_ms
+from blackbox.dev.servers import RedisServer
 from blackbox.envelope import CALLER_HEADER, Limits, parse
 from blackbox.errors import DeadLetterReason, InvalidEnvelope
-from blackbox.localstack import RedisServer
 from blackbox.recurrence import InvalidRecurrence, Recurrence
 from blackbox.schedule import Schedule, first_occurrence, scoped_id
 from blackbox.storage.keys import Layout

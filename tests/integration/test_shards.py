@@ -11,9 +11,9 @@ import redis
 from structlog.testing import capture_logs
 
 from blackbox.clock import now_ms
+from blackbox.dev.servers import RedisServer
 from blackbox.errors import ShardsChanged
 from blackbox.firing.shares import Share
-from blackbox.localstack import RedisServer
 from blackbox.role import Role
 from blackbox.schedule import Schedule, scoped_id
 from blackbox.service import EXIT_SETTINGS, Service

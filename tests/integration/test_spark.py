@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pyspark.sql import SparkSession
 
-from blackbox import cli
+from blackbox.cli import main as cli
 from blackbox.client import Client
 from blackbox.envelope import CALLER_HEADER
 from blackbox.kafka import clients

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from blackbox import cli
+from blackbox.cli import main as cli
 from blackbox.kafka import clients
 from blackbox.spark.rows import rfc3339
 from tests.integration.conftest import ReaderFactory, ServiceFactory

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from blackbox.clock import now_ms
-from blackbox.localstack import RedisServer
+from blackbox.dev.servers import RedisServer
 from blackbox.schedule import Schedule, scoped_id
 from blackbox.storage.keys import Layout
 from blackbox.storage.store import (

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from fastapi.security import HTTPAuthorizationCredentials
 
-from blackbox.api import Access
+from blackbox.api.app import Access
+from blackbox.api.errors import ApiError
+from blackbox.api.pending import Position, preview
 from blackbox.errors import BadCursor
-from blackbox.httperrors import ApiError
-from blackbox.pending import Position, preview
 
 TOKEN = "unit-token-0123456789"  # noqa: S105 - a test token
 

@@ -12,7 +12,8 @@ import pytest
 from confluent_kafka import Producer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from blackbox import cli, client, envelope
+from blackbox import client, envelope
+from blackbox.cli import main as cli
 from blackbox.client import Repeat
 from blackbox.envelope import CALLER_HEADER, Envelope, Hold, Limits
 from blackbox.errors import InvalidEnvelope

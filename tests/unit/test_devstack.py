@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from blackbox.devstack import DevOptions, DevStack, state_root
+from blackbox.dev.servers import KafkaBroker, RedisServer, TansuBroker, cluster_id, free_port
+from blackbox.dev.stack import DevOptions, DevStack, state_root
 from blackbox.errors import StackError
-from blackbox.localstack import KafkaBroker, RedisServer, TansuBroker, cluster_id, free_port
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Message
 
-from blackbox.guard import BodyGate, OpenHosts
-from blackbox.httperrors import ApiError
+from blackbox.api.errors import ApiError
+from blackbox.api.guard import BodyGate, OpenHosts
 
 LIMIT = 1000
 TOKEN = "Bearer unit-token-0123456789"  # noqa: S105 - a test token

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from blackbox.progress import Progress, render
+from blackbox.cli.progress import Progress, render
 
 
 class Terminal(io.StringIO):

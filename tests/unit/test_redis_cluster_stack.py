@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from blackbox import localstack
+from blackbox.dev import servers
+from blackbox.dev.servers import RedisCluster
 from blackbox.errors import StackError
-from blackbox.localstack import RedisCluster
 
 
 def option(command: list[str], name: str) -> str:
@@ -36,4 +36,4 @@ def test_missing_redis_cli_is_a_stack_error_naming_the_package(
     """Without redis-cli the cluster cannot be formed: the error says what to install."""
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(StackError, match="redis-tools"):
-        localstack.redis_cli()
+        servers.redis_cli()

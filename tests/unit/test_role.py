@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from blackbox import cli
+from blackbox.cli import main as cli
 from blackbox.role import Role
 
 

@@ -9,11 +9,11 @@ from dataclasses import asdict
 import orjson
 
 from blackbox import envelope
+from blackbox.api.pending import Filter, Kind
+from blackbox.api.seriesview import rule_of, series_view, utc_text
 from blackbox.envelope import CALLER_HEADER, Envelope, Limits
-from blackbox.pending import Filter, Kind
 from blackbox.recurrence import Missed, Recurrence
 from blackbox.schedule import Schedule, Series, first_occurrence
-from blackbox.seriesview import rule_of, series_view, utc_text
 
 LIMITS = Limits(max_value_bytes=1_048_576, forbidden_topics=frozenset())
 # 2027-03-26T00:00:00Z: Berlin springs forward (02:00 -> 03:00) on Sunday 2027-03-28.

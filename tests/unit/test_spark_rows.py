@@ -7,7 +7,8 @@ import sys
 import orjson
 import pytest
 
-from blackbox import cli, envelope
+from blackbox import envelope
+from blackbox.cli import main as cli
 from blackbox.envelope import Limits
 from blackbox.intake.policy import CallerPolicy, Rule, open_policy
 from blackbox.spark.rows import DueKind, Judge, MessageKind, jitter_ms, rfc3339, wall_clock_ms

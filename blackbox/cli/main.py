@@ -21,9 +21,11 @@ import orjson
 import structlog
 from confluent_kafka import KafkaException
 
-from blackbox import client, console, envelope, keypair, logs
+from blackbox import client, envelope, logs
 from blackbox.backoff import Backoff
-from blackbox.devstack import BROKERS, DevOptions, DevStack
+from blackbox.cli import api_commands, keypair
+from blackbox.cli.progress import Progress
+from blackbox.dev.stack import BROKERS, DevOptions, DevStack
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import (
     InvalidEnvelope,
@@ -36,7 +38,6 @@ from blackbox.intake.runner import caller_policy_of, limits_of
 from blackbox.kafka import clients
 from blackbox.kafka.answers import Answers
 from blackbox.kafka.events import Outcome
-from blackbox.progress import Progress
 from blackbox.recurrence import Missed
 from blackbox.role import Role
 from blackbox.service import Service
@@ -57,7 +58,7 @@ HOLD_ANSWERS = frozenset(
               Outcome.ALREADY_FIRED, Outcome.NOT_FOUND, Outcome.DEAD_LETTERED)
 )  # fmt: skip
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
-log = structlog.get_logger("blackbox.cli")
+log = structlog.get_logger("blackbox.cli.main")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -123,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_by_id(commands, "pause", "hold a series by its id: its occurrences are passed over",
                cmd_pause)  # fmt: skip
     _add_by_id(commands, "resume", "release a paused series by its id", cmd_resume)
-    console.add_commands(commands)
+    api_commands.add_commands(commands)
     keypair.add_commands(commands)
     spark_command.add_commands(commands)
     return parser

@@ -30,7 +30,7 @@ from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.signing import Parts, Signer
 from blackbox.storage.store import RedisStore
 
-log = structlog.get_logger("blackbox.admin")
+log = structlog.get_logger("blackbox.api.admin")
 SEND_SECONDS = 10.0
 Coordinates = tuple[str, int, int]
 

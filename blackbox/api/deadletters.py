@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
+from blackbox.api.pending import preview
 from blackbox.kafka.clients import read_headers
 from blackbox.kafka.deadletter import DETAIL_HEADER, REASON_HEADER
-from blackbox.pending import preview
 
 PER_PARTITION = 20
 CACHE_SECONDS = 2.0

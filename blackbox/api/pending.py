@@ -28,16 +28,16 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from blackbox.api.seriesview import SeriesView, series_view
 from blackbox.clock import now_ms
 from blackbox.errors import BadCursor, CorruptSchedule
 from blackbox.schedule import Schedule, split_scoped
-from blackbox.seriesview import SeriesView, series_view
 from blackbox.storage import listing
 from blackbox.storage.keys import Keys
 from blackbox.storage.listing import Member
 from blackbox.storage.store import RedisStore
 
-log = structlog.get_logger("blackbox.pending")
+log = structlog.get_logger("blackbox.api.pending")
 
 # The most ids one listing call reads from Redis (a few ms at most at 1,000,000 pending).
 SCAN_BUDGET = 1_000

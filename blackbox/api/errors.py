@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 
 from blackbox.errors import BadCursor, ConcurrentUpdate, CorruptSchedule
 
-log = structlog.get_logger("blackbox.httperrors")
+log = structlog.get_logger("blackbox.api.errors")
 
 
 class ApiError(Exception):

@@ -22,7 +22,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from blackbox.httperrors import ApiError, refusal
+from blackbox.api.errors import ApiError, refusal
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 PROBES = frozenset({"/live", "/ready", "/metrics"})

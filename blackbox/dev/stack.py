@@ -19,8 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from blackbox.errors import StackError
-from blackbox.localstack import (
+from blackbox.dev.servers import (
     LOOPBACK,
     KafkaBroker,
     RedisServer,
@@ -28,6 +27,7 @@ from blackbox.localstack import (
     port_open,
     scratch_dir,
 )
+from blackbox.errors import StackError
 
 BROKERS = ("kafka", "tansu")
 Server = RedisServer | KafkaBroker | TansuBroker

@@ -1,4 +1,4 @@
-"""The service's HTTP server: uvicorn serving the ASGI app of `blackbox.api` on a thread.
+"""The service's HTTP server: uvicorn serving the ASGI app of `blackbox.api.app` on a thread.
 
 The port is BLACKBOX_HTTP_PORT (0 picks a free one, which `Endpoints.port` then tells);
 the socket is bound when the server is built, so a port in use fails at start.
@@ -14,7 +14,7 @@ import structlog
 import uvicorn
 from fastapi import FastAPI
 
-log = structlog.get_logger("blackbox.endpoints")
+log = structlog.get_logger("blackbox.api.server")
 STOP_SECONDS = 5.0
 
 

@@ -25,7 +25,7 @@ import redis
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from blackbox import maven
+from blackbox.dev import maven
 from blackbox.errors import StackError
 
 LOOPBACK = "127.0.0.1"

@@ -33,27 +33,28 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
-from blackbox import envelope, httperrors
-from blackbox.admin import Admin
+from blackbox import envelope
+from blackbox.api import errors
+from blackbox.api.admin import Admin
+from blackbox.api.deadletters import DeadLetterTail, DeadLetterView
+from blackbox.api.errors import ApiError
+from blackbox.api.guard import BodyGate, OpenHosts
+from blackbox.api.pending import Detail, Filter, Kind, Page, Pending, PendingGauges, State, Stats
+from blackbox.api.tokens import DEV_OPEN, OPEN_READS, OPERATOR, Grant, Tokens, tokens_of
 from blackbox.clock import now_ms
-from blackbox.dlqtail import DeadLetterTail, DeadLetterView
 from blackbox.errors import InvalidEnvelope, SettingsError
 from blackbox.firing.shares import Nudge
-from blackbox.guard import BodyGate, OpenHosts
 from blackbox.health import Health
-from blackbox.httperrors import ApiError
 from blackbox.intake.policy import CallerPolicy
 from blackbox.intake.runner import limits_of
 from blackbox.kafka import clients
 from blackbox.kafka.answers import Follower
 from blackbox.kafka.events import Outcome
 from blackbox.metrics import Metrics
-from blackbox.pending import Detail, Filter, Kind, Page, Pending, PendingGauges, State, Stats
 from blackbox.schedule import split_scoped
 from blackbox.settings import Settings
 from blackbox.signing import Signer
 from blackbox.storage.store import RedisStore
-from blackbox.tokens import DEV_OPEN, OPEN_READS, OPERATOR, Grant, Tokens, tokens_of
 
 PREFIX = "/api/v1"
 MAX_LIMIT = 500
@@ -541,7 +542,7 @@ def probes_app(health: Health, metrics: Metrics) -> FastAPI:
 
 def _page_routes(app: FastAPI) -> None:
     """The admin page: plain files shipped in the package, no build step, no CDN."""
-    folder = resources.files("blackbox") / "page"
+    folder = resources.files("blackbox.api") / "page"
     app.add_api_route(
         "/", lambda: FileResponse(str(folder / "index.html")), include_in_schema=False
     )
@@ -553,7 +554,7 @@ def create_app(backend: Backend) -> FastAPI:
                   "see and manage what is pending.", openapi_url="/openapi.json",
                   docs_url=None, redoc_url=None)  # fmt: skip
     app.state.backend = backend
-    httperrors.install(app)
+    errors.install(app)
     app.include_router(router)
     _health_routes(app, backend.health, backend.metrics)
     _page_routes(app)
