@@ -15,13 +15,13 @@ from typing import Any
 
 from blackbox.envelope import ABSOLUTE_MAX_COUNTDOWN_SECONDS
 from blackbox.errors import SettingsError
+from blackbox.storage.connections import MASK, mask_url
 from blackbox.storage.keys import MAX_SHARDS, SHARD_SEPARATOR
 
 KAFKA_PREFIX = "KAFKA_"
 # Properties for one kind of client only (KAFKA_CONSUMER_SESSION_TIMEOUT_MS).
 CLIENT_PREFIXES = ("CONSUMER_", "PRODUCER_")
 _SECRET_WORDS = ("password", "secret", "key", "token")
-_MASK = "********"
 MAX_COUNTDOWN_LIMIT = ABSOLUTE_MAX_COUNTDOWN_SECONDS
 MIN_TIMEOUT = 0.01
 MIN_TOKEN_CHARS = 16
@@ -327,9 +327,9 @@ class Settings:
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in fields(self)}
         shown["redis_url"] = mask_url(self.redis_url)
-        shown["api_token"] = _MASK if self.api_token else ""
+        shown["api_token"] = MASK if self.api_token else ""
         for name in ("kafka", "kafka_consumer", "kafka_producer"):
-            shown[name] = {k: _MASK if _is_secret(k) else v for k, v in shown[name].items()}
+            shown[name] = {k: MASK if _is_secret(k) else v for k, v in shown[name].items()}
         return f"Settings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
 
@@ -409,16 +409,6 @@ def kafka_variable(property_name: str) -> str:
 
 def _is_secret(property_name: str) -> bool:
     return any(word in property_name for word in _SECRET_WORDS)
-
-
-_URL_PASSWORD = re.compile(r"(//[^/@:]*:)[^@/]*@")
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
-
-
-def mask_url(url: str) -> str:
-    """The URL with any password (in the authority or the query) replaced by asterisks."""
-    masked = _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{_MASK}@", url)
-    return _QUERY_PASSWORD.sub(lambda m: f"{m.group(1)}{_MASK}", masked)
 
 
 def describe() -> str:

@@ -9,6 +9,7 @@ Credentials and query options are written as for `redis://`.
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeAlias
 
 import redis
@@ -18,7 +19,6 @@ from redis.connection import parse_url
 from redis.exceptions import RedisClusterException
 
 from blackbox.errors import RedisUnreachable, SettingsError
-from blackbox.settings import mask_url
 
 log = structlog.get_logger("blackbox.storage.connections")
 
@@ -26,6 +26,16 @@ RedisClient: TypeAlias = redis.Redis | RedisCluster
 
 # Each cluster scheme and the single-node scheme redis-py's cluster client reads in its place.
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+MASK = "********"  # what a password is shown as
+_URL_PASSWORD = re.compile(r"(//[^/@:]*:)[^@/]*@")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password (in the authority or the query) replaced by asterisks."""
+    masked = _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{MASK}@", url)
+    return _QUERY_PASSWORD.sub(lambda m: f"{m.group(1)}{MASK}", masked)
 
 
 def is_cluster(url: str) -> bool:

@@ -8,6 +8,7 @@ import redis
 
 from blackbox.errors import RedisUnreachable, SettingsError
 from blackbox.storage import connections
+from blackbox.storage.connections import mask_url
 
 
 @pytest.mark.parametrize(
@@ -90,3 +91,24 @@ def test_an_unreachable_cluster_is_named_with_its_password_masked() -> None:
     with pytest.raises(RedisUnreachable, match=r"127\.0\.0\.1:1") as caught:
         connections.redis_client("redis+cluster://:secret@127.0.0.1:1", connect_timeout=0.5)
     assert "secret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("redis://:pw@cache:6379/0", "redis://:********@cache:6379/0"),
+        ("rediss://user:pw@cache/0", "rediss://user:********@cache/0"),
+        ("redis://user:p%40ss@cache:6379", "redis://user:********@cache:6379"),
+        ("redis://cache:6379/0", "redis://cache:6379/0"),
+        ("redis://user@cache:6379/0", "redis://user@cache:6379/0"),
+    ],
+)
+def test_mask_url(url: str, masked: str) -> None:
+    """mask_url replaces the password of a URL and leaves URLs without one unchanged."""
+    assert mask_url(url) == masked
+
+
+def test_mask_url_masks_a_password_given_as_a_query_parameter() -> None:
+    """redis-py also reads ?password=: it is masked, and the other parameters are kept."""
+    url = "redis://cache:6379/0?db=1&password=hunter2&ssl=true"
+    assert mask_url(url) == "redis://cache:6379/0?db=1&password=********&ssl=true"

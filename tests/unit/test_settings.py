@@ -265,21 +265,6 @@ def test_repr_keeps_the_values_themselves() -> None:
     assert loaded.kafka_producer["sasl.password"] == "hunter2-producer"
 
 
-@pytest.mark.parametrize(
-    ("url", "masked"),
-    [
-        ("redis://:pw@cache:6379/0", "redis://:********@cache:6379/0"),
-        ("rediss://user:pw@cache/0", "rediss://user:********@cache/0"),
-        ("redis://user:p%40ss@cache:6379", "redis://user:********@cache:6379"),
-        ("redis://cache:6379/0", "redis://cache:6379/0"),
-        ("redis://user@cache:6379/0", "redis://user@cache:6379/0"),
-    ],
-)
-def test_mask_url(url: str, masked: str) -> None:
-    """mask_url replaces the password of a URL and leaves URLs without one unchanged."""
-    assert settings.mask_url(url) == masked
-
-
 def test_describe_lists_every_variable() -> None:
     """`blackbox run --help` documents every variable with its default."""
     text = settings.describe()
@@ -351,12 +336,6 @@ def test_one_step_past_each_range_is_refused(name: str, value: str) -> None:
     and its shards'), is refused."""
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: value})
-
-
-def test_mask_url_masks_a_password_given_as_a_query_parameter() -> None:
-    """redis-py also reads ?password=: it is masked, and the other parameters are kept."""
-    url = "redis://cache:6379/0?db=1&password=hunter2&ssl=true"
-    assert settings.mask_url(url) == "redis://cache:6379/0?db=1&password=********&ssl=true"
 
 
 def _service_environment(name: str, ip: str, port: int) -> dict[str, str]:
