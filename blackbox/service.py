@@ -24,6 +24,7 @@ from blackbox.api import app
 from blackbox.api.server import Endpoints
 from blackbox.clock import now_ms
 from blackbox.errors import RedisFull, SettingsError, ShardsChanged
+from blackbox.exits import EXIT_FAILED, EXIT_SETTINGS
 from blackbox.firing import shares
 from blackbox.firing.runner import Firing, Loop
 from blackbox.firing.shares import Announcements
@@ -45,8 +46,6 @@ log = structlog.get_logger("blackbox.service")
 STOP_TIMEOUT_SECONDS = 8.0
 # How often the main thread looks for a signal received (or a crash).
 SIGNAL_POLL_SECONDS = 0.2
-# The process's exit codes (the `blackbox` command documents them).
-EXIT_FAILED, EXIT_SETTINGS = 1, 2
 
 
 class Service:

@@ -17,9 +17,9 @@ from typing import Any
 
 import orjson
 
+from blackbox.exits import EXIT_FAILED, EXIT_OK
 from blackbox.settings import Settings
 
-EXIT_OK, EXIT_FAILED = 0, 1
 TIMEOUT_SECONDS = 15.0
 
 

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from blackbox.errors import SettingsError
+from blackbox.exits import EXIT_OK
 from blackbox.settings import Settings
 from blackbox.signing import Signer, new_key_pair
-
-EXIT_OK, EXIT_USAGE = 0, 2
 
 
 def add_signing_options(parser: argparse.ArgumentParser) -> None:

@@ -34,6 +34,7 @@ from blackbox.errors import (
     SparkMissing,
     StackError,
 )
+from blackbox.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from blackbox.intake.runner import caller_policy_of, limits_of
 from blackbox.kafka import clients
 from blackbox.kafka.answers import Answers
@@ -44,7 +45,6 @@ from blackbox.service import Service
 from blackbox.settings import Settings, describe, service_links
 from blackbox.spark import command as spark_command
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_FINDINGS = 0, 1, 2, 3
 CANCEL_ANSWERS = frozenset(
     o.value
     for o in (Outcome.CANCELLED, Outcome.ALREADY_FIRED, Outcome.NOT_FOUND, Outcome.DEAD_LETTERED)

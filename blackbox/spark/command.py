@@ -16,10 +16,10 @@ from typing import Any
 
 from blackbox import spark
 from blackbox.errors import SettingsError
+from blackbox.exits import EXIT_FINDINGS, EXIT_OK
 from blackbox.settings import Settings
 from blackbox.signing import Signer
 
-EXIT_OK, EXIT_USAGE, EXIT_FINDINGS = 0, 2, 3
 DUE_SOURCES = ("timestamp", "epoch_s", "epoch_ms", "delay", "wall_clock")
 _RAW = argparse.RawDescriptionHelpFormatter
 

@@ -12,7 +12,8 @@ from structlog.testing import capture_logs
 
 from blackbox.dev.servers import RedisServer, free_port
 from blackbox.errors import EvictingRedis
-from blackbox.service import EXIT_SETTINGS, Service
+from blackbox.exits import EXIT_SETTINGS
+from blackbox.service import Service
 from blackbox.settings import Settings
 from blackbox.storage import memory
 from tests.kafkatools import wait_until

@@ -13,10 +13,11 @@ from structlog.testing import capture_logs
 from blackbox.clock import now_ms
 from blackbox.dev.servers import RedisServer
 from blackbox.errors import ShardsChanged
+from blackbox.exits import EXIT_SETTINGS
 from blackbox.firing.shares import Share
 from blackbox.role import Role
 from blackbox.schedule import Schedule, scoped_id
-from blackbox.service import EXIT_SETTINGS, Service
+from blackbox.service import Service
 from blackbox.settings import Settings
 from blackbox.storage import shardcount
 from blackbox.storage.keys import Layout

@@ -24,6 +24,7 @@ from pyspark.sql import SparkSession
 from blackbox.cli import main as cli
 from blackbox.client import Client
 from blackbox.envelope import CALLER_HEADER
+from blackbox.exits import EXIT_FINDINGS, EXIT_OK
 from blackbox.kafka import clients
 from blackbox.metrics import LATENESS_BUCKETS
 from blackbox.schedule import scoped_id
@@ -63,7 +64,7 @@ def schedule(data: Path, out: Path, *extra: str) -> dict[str, Any]:
                      "--topic-column", "topic", "--message", "payload", "--due", "delay_s",
                      "--due-as", "delay", "--jitter", "1", "--rejects", str(out / "rejects"),
                      "--summary", str(summary), *extra])  # fmt: skip
-    assert code == cli.EXIT_OK
+    assert code == EXIT_OK
     result: dict[str, Any] = json.loads(summary.read_text())
     return result
 
@@ -114,7 +115,7 @@ def test_bulk_schedule_is_delivered_once_and_the_audit_agrees_with_the_service(
 
     code, found = audit(tmp_path / "audit", started_ms)
     counts = found["counts"]
-    assert code == cli.EXIT_OK and not found["failed"]
+    assert code == EXIT_OK and not found["failed"]
     assert (counts["scheduled"], counts["delivered"], counts["deliveries"]) == (good,) * 3
     assert (counts["lost"], counts["duplicated"], counts["early"]) == (0, 0, 0)
     assert service.metrics.value(delivered) == good
@@ -166,7 +167,7 @@ def test_audit_counts_lost_and_duplicated_exactly_and_fails(  # noqa: PLR0913, P
 
     code, found = audit(tmp_path / "audit", started_ms)
     counts = found["counts"]
-    assert code == cli.EXIT_FINDINGS and found["failed"]
+    assert code == EXIT_FINDINGS and found["failed"]
     assert (counts["lost"], counts["duplicated"], counts["extra_copies"]) == (
         lost_ids, copies, copies)  # fmt: skip
     lost = spark.read.parquet(str(tmp_path / "audit" / "lost")).select("blackbox_id").collect()
@@ -222,7 +223,7 @@ def test_audit_counts_a_series_by_occurrence(
 
     code, found = audit(tmp_path / "audit", started_ms)
     counts, by_occurrence = found["counts"], found["series"]
-    assert code == cli.EXIT_FINDINGS and found["failed"]
+    assert code == EXIT_FINDINGS and found["failed"]
     assert by_occurrence == {"series": 1, "occurrences": 3, "deliveries": 4, "duplicated": 1,
                              "fired": 4, "lost": 1, "extra_copies": 1}  # fmt: skip
     assert (counts["scheduled"], counts["delivered"], counts["deliveries"]) == (3, 3, 3)
@@ -279,7 +280,7 @@ def test_spark_signs_and_keys_like_the_client_on_six_partitions(  # noqa: PLR091
     code = cli.main(["spark", "schedule", str(rows), "--caller", CALLER, "--id", "user_id",
                      "--topic", target, "--message", "payload", "--countdown", "3600",
                      "--signing-key", str(pem), "--key-id", "bulk-1"])  # fmt: skip
-    assert code == cli.EXIT_OK
+    assert code == EXIT_OK
     stored = "blackbox_intake_records_total"
     wait_until(lambda: service.metrics.value(stored, {"outcome": "scheduled"}) >= len(ids), 60)
     bootstrap = job_env["KAFKA_BOOTSTRAP_SERVERS"]

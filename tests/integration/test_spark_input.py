@@ -24,6 +24,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from blackbox.cli import main as cli
+from blackbox.exits import EXIT_OK
 from blackbox.kafka import clients
 from blackbox.spark.rows import rfc3339
 from tests.integration.conftest import ReaderFactory, ServiceFactory
@@ -168,7 +169,7 @@ def test_csv_from_python_pandas_and_a_spreadsheet_is_delivered_byte_for_byte(
     code = schedule(str(data / "*.csv"), "--topic-column", "topic", "--message", "payload",
                     "--key", "key", "--due", "due_ms", "--due-as", "epoch_ms",
                     "--rejects", str(tmp_path / "rejects"), "--summary", str(summary))  # fmt: skip
-    assert code == cli.EXIT_OK
+    assert code == EXIT_OK
     assert_still_ahead(due)
     counts = json.loads(summary.read_text())
     assert counts["rejected"] == {"malformed_row": len(planted)}
@@ -208,7 +209,7 @@ def test_dry_run_shows_the_records_exactly_as_they_are_then_produced(
             "--due", "local_time", "--zone-column", "zone", "--encoding", "windows-1252",
             "--show", "3"]  # fmt: skip
 
-    assert cli.main(["spark", "schedule", *args, "--dry-run"]) == cli.EXIT_OK
+    assert cli.main(["spark", "schedule", *args, "--dry-run"]) == EXIT_OK
     shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith('{"topic"')]
     assert len(shown) == 3
     for line, row in zip(shown, table[1:], strict=False):
@@ -222,7 +223,7 @@ def test_dry_run_shows_the_records_exactly_as_they_are_then_produced(
     intake_reader = reader(intake)
     assert intake_reader.read_to_end() == [], "a dry run sends nothing"
 
-    assert cli.main(["spark", "schedule", *args]) == cli.EXIT_OK
+    assert cli.main(["spark", "schedule", *args]) == EXIT_OK
     again = [line for line in capsys.readouterr().out.splitlines() if line.startswith('{"topic"')]
     assert again == shown
     produced = {r.key: r for r in intake_reader.wait_count(len(table) - 1)}
@@ -294,7 +295,7 @@ def test_json_lines_and_parquet_are_delivered_as_written(
         assert cli.main(["spark", "schedule", str(path), "--caller", caller, "--id", "user_id",
                          "--topic-column", "topic", "--message", message, "--key", "key",
                          "--due", "due_ms", "--due-as", "epoch_ms",
-                         "--summary", str(summary)]) == cli.EXIT_OK  # fmt: skip
+                         "--summary", str(summary)]) == EXIT_OK  # fmt: skip
         assert_still_ahead(due)
         counts = json.loads(summary.read_text())
         malformed = {"malformed_row": 1} if caller == "jsonl" else {}

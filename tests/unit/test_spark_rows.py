@@ -10,6 +10,7 @@ import pytest
 from blackbox import envelope
 from blackbox.cli import main as cli
 from blackbox.envelope import Limits
+from blackbox.exits import EXIT_USAGE
 from blackbox.intake.policy import CallerPolicy, Rule, open_policy
 from blackbox.spark.rows import DueKind, Judge, MessageKind, jitter_ms, rfc3339, wall_clock_ms
 
@@ -105,5 +106,5 @@ def test_spark_commands_without_pyspark_say_how_to_install_it(
 ) -> None:
     """The extra is optional: without it `blackbox spark ...` exits 2 naming the install."""
     monkeypatch.setitem(sys.modules, "pyspark", None)
-    assert cli.main(["spark", "audit", "--out", "unused"]) == cli.EXIT_USAGE
+    assert cli.main(["spark", "audit", "--out", "unused"]) == EXIT_USAGE
     assert "pip install 'blackbox[spark]'" in capsys.readouterr().err

@@ -1,0 +1,7 @@
+"""The exit codes of `blackbox` and its commands, defined once (the README's list)."""
+
+EXIT_OK = 0  # done
+EXIT_FAILED = 1  # failed at run time: a crashed worker, a refused send, an answer that never came
+EXIT_USAGE = 2  # refused before starting: bad arguments, settings or input
+EXIT_SETTINGS = EXIT_USAGE  # the service's settings (or Redis's) refused at start
+EXIT_FINDINGS = 3  # done, and it found something to act on: the audit's lost or late messages
