@@ -16,8 +16,8 @@ import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from blackbox.clock import now_ms
+from blackbox.envelope import Header
 
-Header = tuple[str, bytes | None]
 log = structlog.get_logger("blackbox.kafka.outbox")
 
 # A report still missing when the wait ended; the message may or may not have landed.
