@@ -47,7 +47,7 @@ from benchmarks.stack import (
 )
 from blackbox.clock import now_ms
 from blackbox.dev.servers import KafkaBroker
-from blackbox.firing.waker import nudge_message
+from blackbox.firing.nudges import nudge_message
 from blackbox.schedule import Schedule, intake_id
 from blackbox.storage.connections import RedisClient, primaries, redis_client
 from blackbox.storage.keys import Layout

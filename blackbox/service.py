@@ -26,9 +26,8 @@ from blackbox.clock import now_ms
 from blackbox.errors import RedisFull, SettingsError, ShardsChanged
 from blackbox.exits import EXIT_FAILED, EXIT_SETTINGS
 from blackbox.firing import shares
+from blackbox.firing.nudges import Publisher
 from blackbox.firing.runner import Firing, Loop
-from blackbox.firing.shares import Announcements
-from blackbox.firing.waker import nudge_message
 from blackbox.health import Health, Probe
 from blackbox.intake.policy import CallerPolicy
 from blackbox.intake.runner import Receiving, caller_policy_of
@@ -71,7 +70,7 @@ class Service:
         )
         self.room = memory.Room(self._probe_client, sharding, self.metrics)
         self._redis_checked = threading.Event()  # eviction policy and shard count found right
-        self._announced = Announcements()
+        self._publisher = Publisher(self.redis, self.store.layout.wake_channel)
         self.firing = self._firing() if role.fires else None
         self.receiving = (
             Receiving(settings, self.store, self.metrics, caller_policy=caller_policy,
@@ -225,13 +224,7 @@ class Service:
         process's waker if it fires that shard, else tell the process that does."""
         if self.firing is not None and self.firing.nudge(shard, due_ms):
             return
-        if not self._announced.worth_publishing(shard, due_ms, now_ms()):
-            return
-        try:
-            self.redis.publish(self.store.layout.wake_channel, nudge_message(shard, due_ms))
-        except redis.RedisError as e:  # the poll interval still fires it elsewhere
-            self._announced.forget(shard)
-            log.info("nudge_not_published", error=str(e))
+        self._publisher.publish(shard, due_ms)
 
     def _beat(self) -> None:
         """A firing tick completed: the liveness clock."""

@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from blackbox import envelope
 from blackbox.clock import now_ms
 from blackbox.envelope import CALLER_HEADER, Header, Limits
-from blackbox.firing.shares import Nudge
+from blackbox.firing.nudges import Nudge
 from blackbox.intake.incarnations import Lookup, tag_of
 from blackbox.intake.loop import OUTCOMES
 from blackbox.intake.policy import CallerPolicy, open_policy

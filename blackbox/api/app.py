@@ -43,7 +43,7 @@ from blackbox.api.pending import Detail, Filter, Kind, Page, Pending, PendingGau
 from blackbox.api.tokens import DEV_OPEN, OPEN_READS, OPERATOR, Grant, Tokens, tokens_of
 from blackbox.clock import now_ms
 from blackbox.errors import InvalidEnvelope, SettingsError
-from blackbox.firing.shares import Nudge
+from blackbox.firing.nudges import Nudge
 from blackbox.health import Health
 from blackbox.intake.policy import CallerPolicy
 from blackbox.intake.runner import limits_of

@@ -23,8 +23,9 @@ from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
 from blackbox.firing import shares
 from blackbox.firing.dispatcher import Dispatcher, RetryPolicy
+from blackbox.firing.nudges import NudgeListener
 from blackbox.firing.shares import Share, sweep_after_ms
-from blackbox.firing.waker import NudgeListener, Waker
+from blackbox.firing.waker import Waker
 from blackbox.kafka import clients
 from blackbox.kafka.outbox import Outbox
 from blackbox.metrics import Metrics

@@ -20,7 +20,7 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -30,10 +30,6 @@ from blackbox.storage.connections import RedisClient
 from blackbox.storage.keys import Layout
 
 log = structlog.get_logger("blackbox.firing.shares")
-
-# Something stored in a shard is due at a time: (shard, due ms). Intake and the API tell
-# the firers through one of these.
-Nudge = Callable[[int, int], None]
 
 # A known next due time meaning "nothing pending as of the last claim".
 EMPTY = 2**62
@@ -142,31 +138,6 @@ class Share:
     def leave(self, client: RedisClient) -> None:
         """Drop this replica's heartbeat, so the others take its shards at their next beat."""
         client.zrem(self.layout.members, self.name)
-
-
-class Announcements:
-    """The due times this process published, per shard: one is published only if it is
-    sooner than the last still ahead. The shard's firer, woken for that one, learns the
-    shard's next due time from its claim, so a steady stream of later messages costs no
-    publish each (and a lost one is found by the safety-net tick)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ahead: dict[int, int] = {}
-
-    def forget(self, shard: int) -> None:
-        """Publishing `shard`'s last due time failed: the next one is published again."""
-        with self._lock:
-            self._ahead.pop(shard, None)
-
-    def worth_publishing(self, shard: int, due_ms: int, now_ms: int) -> bool:
-        """True (and remembered) if `due_ms` must be published for `shard`."""
-        with self._lock:
-            last = self._ahead.get(shard)
-            if last is not None and now_ms < last <= due_ms:
-                return False
-            self._ahead[shard] = due_ms
-            return True
 
 
 def ttl_ms(poll_interval_s: float) -> int:

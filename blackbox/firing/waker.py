@@ -12,15 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-import redis
-import structlog
-
-from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
-from blackbox.firing.shares import Nudge
-from blackbox.storage.connections import RedisClient, refresh_after
-
-log = structlog.get_logger("blackbox.firing.waker")
 
 # fire() returns when to run next (epoch ms).
 Fire = Callable[[], int]
@@ -77,54 +69,3 @@ class Waker:
     def wake(self) -> None:
         """Wake now (shutting down)."""
         self._wake.set()
-
-
-def nudge_message(shard: int, due_ms: int) -> str:
-    """What a nudge publishes: "shard:due ms"."""
-    return f"{shard}:{due_ms}"
-
-
-def parse_nudge(data: bytes) -> tuple[int, int] | None:
-    """(shard, due ms) of a published nudge; None for one not understood (logged)."""
-    shard, _, due = data.partition(b":")
-    try:
-        return int(shard), int(due)
-    except ValueError:
-        log.warning("nudge_unreadable", data=data[:40])
-        return None
-
-
-class NudgeListener:
-    """Relays the due times other processes publish ("shard:due ms") to `on_nudge`."""
-
-    def __init__(
-        self, client: RedisClient, channel: str, on_nudge: Nudge, stop: threading.Event
-    ) -> None:
-        self.client = client
-        self.channel = channel
-        self.on_nudge = on_nudge
-        self.stop = stop
-        self.backoff = Backoff(base=0.5, cap=10.0)
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                self._listen()
-            except redis.RedisError as e:
-                refresh_after(self.client, e)  # a failover: subscribe on a live node
-                delay = self.backoff.next()
-                log.warning("nudges_paused", error=str(e), retry_in_s=delay)
-                self.stop.wait(delay)
-
-    def _listen(self) -> None:
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-        try:
-            pubsub.subscribe(self.channel)
-            self.backoff.reset()
-            while not self.stop.is_set():
-                message = pubsub.get_message(timeout=0.5)
-                nudge = None if message is None else parse_nudge(message["data"])
-                if nudge is not None:
-                    self.on_nudge(*nudge)
-        finally:
-            pubsub.close()

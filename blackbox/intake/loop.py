@@ -30,7 +30,7 @@ from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
 from blackbox.envelope import Cancel, Header, Hold, Limits, Request, Reschedule
 from blackbox.errors import BlackboxError, DeadLetterReason, InvalidEnvelope
-from blackbox.firing.shares import Nudge
+from blackbox.firing.nudges import Nudge
 from blackbox.intake.crashguard import CRASH_LIMIT, CrashGuard
 from blackbox.intake.identity import Identity, Proof
 from blackbox.intake.incarnations import Incarnations

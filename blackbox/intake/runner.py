@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 
 from blackbox.envelope import Limits
 from blackbox.errors import SettingsError
-from blackbox.firing.shares import Nudge
+from blackbox.firing.nudges import Nudge
 from blackbox.intake import policy
 from blackbox.intake.crashguard import CrashGuard
 from blackbox.intake.incarnations import Incarnations, RedisRecord

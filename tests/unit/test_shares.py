@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from blackbox.firing.shares import EMPTY, Announcements, Share, owned_by, sweep_after_ms, ttl_ms
-from blackbox.firing.waker import nudge_message, parse_nudge
+from blackbox.firing.shares import EMPTY, Share, owned_by, sweep_after_ms, ttl_ms
 from blackbox.storage.keys import Layout
 
 
@@ -59,28 +58,10 @@ def test_a_shard_taken_over_is_looked_at_at_once_and_one_given_away_ignored() ->
     assert share.due_by(10) == [0, 2]  # taken back: unknown, so looked at now
 
 
-def test_nudges_travel_as_shard_and_due_time() -> None:
-    """Scale: a published nudge names its shard, so only that shard's firer wakes."""
-    assert parse_nudge(nudge_message(7, 1_234).encode()) == (7, 1_234)
-    assert parse_nudge(b"garbage") is None
-
-
 def test_heartbeats_and_sweeps_scale_with_the_poll_interval() -> None:
     """Scale: a heartbeat outlives a few ticks; a sweep waits past two poll intervals."""
     assert ttl_ms(1.0) == 5_000 and ttl_ms(10.0) == 30_000
     assert sweep_after_ms(0.1) == 2_000 and sweep_after_ms(5.0) == 10_000
-
-
-def test_a_later_due_time_is_not_published_while_a_sooner_one_is_ahead() -> None:
-    """Scale, no herd: an intake process publishes a shard's due time only when it is
-    sooner than the last it published that is still ahead; the firer learns the rest from
-    its claim. Once that time has passed the next one is published again."""
-    announced = Announcements()
-    assert announced.worth_publishing(0, 5_000, now_ms=1_000) is True
-    assert announced.worth_publishing(0, 6_000, now_ms=1_000) is False
-    assert announced.worth_publishing(1, 6_000, now_ms=1_000) is True  # another shard
-    assert announced.worth_publishing(0, 4_000, now_ms=1_000) is True  # sooner
-    assert announced.worth_publishing(0, 9_000, now_ms=4_000) is True  # 4,000 has passed
 
 
 def test_a_nudge_during_a_claim_is_not_overwritten_by_what_the_claim_saw() -> None:
