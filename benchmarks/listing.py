@@ -20,8 +20,9 @@ from blackbox.api.pending import Filter, Pending
 from blackbox.clock import now_ms
 from blackbox.dev.servers import RedisServer, free_port, scratch_dir
 from blackbox.schedule import Schedule
+from blackbox.storage.applying import IntakeSlice
 from blackbox.storage.keys import Layout
-from blackbox.storage.store import IntakeSlice, RedisStore
+from blackbox.storage.store import RedisStore
 
 FILL_CHUNK = 10_000
 

@@ -49,9 +49,10 @@ from blackbox.clock import now_ms
 from blackbox.dev.servers import KafkaBroker
 from blackbox.firing.nudges import nudge_message
 from blackbox.schedule import Schedule, intake_id
+from blackbox.storage.applying import IntakeSlice
 from blackbox.storage.connections import RedisClient, primaries, redis_client
 from blackbox.storage.keys import Layout
-from blackbox.storage.store import IntakeSlice, RedisStore, pending_counts
+from blackbox.storage.store import RedisStore, pending_counts
 
 Result = dict[str, object]
 

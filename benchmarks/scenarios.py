@@ -46,8 +46,9 @@ from benchmarks.stack import (
 from blackbox.clock import now_ms
 from blackbox.kafka import clients
 from blackbox.schedule import Schedule, intake_id
+from blackbox.storage.applying import IntakeSlice
 from blackbox.storage.keys import Keys, Layout
-from blackbox.storage.store import IntakeSlice, RedisStore
+from blackbox.storage.store import RedisStore
 
 Result = dict[str, object]
 

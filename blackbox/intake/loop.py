@@ -44,15 +44,8 @@ from blackbox.kafka.outbox import Outbox, Record, Reports
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.signing import Parts
-from blackbox.storage.store import (
-    Applied,
-    Cancellation,
-    Holding,
-    IntakeSlice,
-    Move,
-    RedisStore,
-    Write,
-)
+from blackbox.storage.applying import Applied, Cancellation, Holding, IntakeSlice, Move, Write
+from blackbox.storage.store import RedisStore
 
 log = structlog.get_logger("blackbox.intake.loop")
 # How long one poll waits for a record; also how soon intake sees a stop.

@@ -18,7 +18,7 @@ from blackbox.kafka import clients
 from blackbox.schedule import Schedule
 from blackbox.service import Service
 from blackbox.settings import Settings
-from blackbox.storage.store import IntakeSlice
+from blackbox.storage.applying import IntakeSlice
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import TopicReader, produce, unique, wait_until
 

@@ -15,8 +15,9 @@ from blackbox.dev.servers import LOOPBACK, RedisCluster
 from blackbox.schedule import Schedule
 from blackbox.settings import Settings
 from blackbox.storage import connections
+from blackbox.storage.applying import Applied, IntakeSlice, Write
 from blackbox.storage.keys import Layout
-from blackbox.storage.store import Applied, IntakeSlice, RedisStore, Write
+from blackbox.storage.store import RedisStore
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import envelope, produce, unique, wait_until
 

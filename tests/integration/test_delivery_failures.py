@@ -19,9 +19,10 @@ from blackbox.intake.incarnations import tag_of
 from blackbox.kafka import clients
 from blackbox.schedule import Schedule
 from blackbox.settings import Settings
+from blackbox.storage.applying import IntakeSlice
 from blackbox.storage.connections import redis_client
 from blackbox.storage.keys import Layout
-from blackbox.storage.store import IntakeSlice, RedisStore
+from blackbox.storage.store import RedisStore
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
 from tests.kafkatools import envelope, produce, unique, wait_until
 

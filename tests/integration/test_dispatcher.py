@@ -19,8 +19,9 @@ from blackbox.firing.shares import Share
 from blackbox.kafka.outbox import Outbox
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule
+from blackbox.storage.applying import IntakeSlice
 from blackbox.storage.keys import Layout
-from blackbox.storage.store import IntakeSlice, RedisStore
+from blackbox.storage.store import RedisStore
 from tests.kafkatools import unique
 
 POLICY = RetryPolicy(batch_limit=100, lease_ms=30_000, max_attempts=3, backoff_ms=100,

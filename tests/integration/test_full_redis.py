@@ -13,9 +13,10 @@ from blackbox.dev.servers import RedisServer, free_port
 from blackbox.errors import RedisFull
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule, intake_id
+from blackbox.storage.applying import Applied, IntakeSlice, Write
 from blackbox.storage.keys import Layout
 from blackbox.storage.memory import Room
-from blackbox.storage.store import Applied, IntakeSlice, RedisStore, Write
+from blackbox.storage.store import RedisStore
 from tests.kafkatools import unique, wait_until
 
 FULL_AT = {"maxmemory": "2mb", "maxmemory-policy": "noeviction"}

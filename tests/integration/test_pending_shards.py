@@ -17,8 +17,9 @@ from blackbox.clock import now_ms
 from blackbox.dev.servers import RedisCluster, RedisServer
 from blackbox.schedule import Schedule
 from blackbox.storage import connections
+from blackbox.storage.applying import IntakeSlice
 from blackbox.storage.keys import Layout
-from blackbox.storage.store import IntakeSlice, RedisStore
+from blackbox.storage.store import RedisStore
 from tests.integration.conftest import ServiceFactory
 from tests.kafkatools import unique
 

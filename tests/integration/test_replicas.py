@@ -14,9 +14,10 @@ from blackbox.kafka import clients
 from blackbox.schedule import Schedule
 from blackbox.settings import Settings
 from blackbox.storage import shardcount
+from blackbox.storage.applying import IntakeSlice
 from blackbox.storage.connections import redis_client
 from blackbox.storage.keys import Layout
-from blackbox.storage.store import IntakeSlice, RedisStore
+from blackbox.storage.store import RedisStore
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import envelope, produce, unique, wait_until
 

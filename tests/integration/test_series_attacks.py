@@ -16,16 +16,9 @@ from blackbox.envelope import CALLER_HEADER, Limits, parse
 from blackbox.errors import DeadLetterReason, InvalidEnvelope
 from blackbox.recurrence import InvalidRecurrence, Recurrence
 from blackbox.schedule import Schedule, first_occurrence, scoped_id
+from blackbox.storage.applying import Applied, Cancellation, Holding, IntakeSlice, Write
 from blackbox.storage.keys import Layout
-from blackbox.storage.store import (
-    Advance,
-    Applied,
-    Cancellation,
-    Holding,
-    IntakeSlice,
-    RedisStore,
-    Write,
-)
+from blackbox.storage.store import Advance, RedisStore
 from tests.kafkatools import unique
 
 LIMITS = Limits(max_value_bytes=1_048_576, forbidden_topics=frozenset())

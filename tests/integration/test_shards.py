@@ -20,9 +20,10 @@ from blackbox.schedule import Schedule, scoped_id
 from blackbox.service import Service
 from blackbox.settings import Settings
 from blackbox.storage import shardcount
+from blackbox.storage.applying import Applied, Cancellation, IntakeSlice, Write
 from blackbox.storage.keys import Layout
 from blackbox.storage.shardcount import Committed
-from blackbox.storage.store import Applied, Cancellation, IntakeSlice, RedisStore, Write
+from blackbox.storage.store import RedisStore
 from tests.kafkatools import unique, wait_until
 
 SHARDS = 4

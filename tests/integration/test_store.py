@@ -11,15 +11,9 @@ import redis
 from blackbox.clock import now_ms
 from blackbox.dev.servers import RedisServer
 from blackbox.schedule import Schedule, scoped_id
+from blackbox.storage.applying import SCRIPT_CHUNK, Applied, Cancellation, IntakeSlice, Write
 from blackbox.storage.keys import Layout
-from blackbox.storage.store import (
-    SCRIPT_CHUNK,
-    Applied,
-    Cancellation,
-    IntakeSlice,
-    RedisStore,
-    Write,
-)
+from blackbox.storage.store import RedisStore
 from tests.kafkatools import unique, wait_until
 
 ID = scoped_id(b"svc", "order-1")
@@ -233,7 +227,7 @@ def test_a_chunk_whose_predecessor_failed_applies_nothing(store: RedisStore) -> 
     (_, _, first_mark), (second, after, mark) = list(whole.chunks(list(enumerate(items))))
     assert after == first_mark == SCRIPT_CHUNK - 1 and mark == SCRIPT_CHUNK + 99
 
-    call = store.intake_call(whole, 0, second, (after, mark), now_ms())
+    call = store.intake.call(whole, 0, second, (after, mark), now_ms())
     with pytest.raises(redis.ResponseError, match="BLACKBOX_GAP"):
         store.client.execute_command("EVALSHA", *call)  # type: ignore[no-untyped-call]
     assert store.counts() == (0, 0)

@@ -11,7 +11,7 @@ from confluent_kafka import Message
 
 from blackbox.intake.incarnations import TAG_LENGTH, Incarnations, LocalRecord, tag_of
 from blackbox.schedule import intake_id
-from blackbox.storage.store import IntakeSlice
+from blackbox.storage.applying import IntakeSlice
 
 
 @dataclass

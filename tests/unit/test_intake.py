@@ -13,7 +13,7 @@ from blackbox.intake.loop import POLL_SECONDS, Intake, IntakeConfig, _Batch
 from blackbox.intake.policy import open_policy
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule
-from blackbox.storage.store import SCRIPT_CHUNK, IntakeSlice
+from blackbox.storage.applying import SCRIPT_CHUNK, IntakeSlice
 
 
 class _Consumer:

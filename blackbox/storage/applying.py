@@ -1,0 +1,338 @@
+"""Applying: the intake's writes to Redis, sent part by part while the intake parses on.
+
+What an intake request becomes in Redis (`Write`: a schedule stored, a cancel, a move, a
+pause or resume), the slice of one partition's requests one part carries, and the session
+(`Applying`) that sends each slice's script calls per shard and reads what each did
+(`Applied`). The store lends a session what it needs (`IntakeScript`); nothing here reads
+or writes Redis otherwise.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import hiredis
+import redis
+
+from blackbox.schedule import SCOPED_PREFIX, Schedule
+from blackbox.storage.keys import Layout
+
+# Bounds the work of one script call so Redis never blocks on one huge batch.
+SCRIPT_CHUNK = 500
+# intake.lua's ops: a new id derived from the record, a caller's id stored or replaced, a
+# cancel of a caller's id, a move of a caller's pending id to another due time, a caller's
+# id stored only if neither pending nor ended lately, a pause and a resume of a series.
+NEW, UPSERT, CANCEL, MOVE, ONCE, PAUSE, RESUME = "n", "u", "c", "m", "o", "p", "r"
+
+
+@dataclass(frozen=True, slots=True)
+class Cancellation:
+    """A request to drop the pending schedule `id` (a caller's id)."""
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A request to move the pending schedule `id` (a caller's id) to `due_ms`, its
+    message kept."""
+
+    id: str
+    caller: bytes | None
+    due_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """A request to pause (`paused`) or resume the series `id` (a caller's id)."""
+
+    id: str
+    caller: bytes | None
+    paused: bool
+
+
+Write = Schedule | Cancellation | Move | Holding
+
+
+class Applied(enum.IntEnum):
+    """What applying one intake request did (the codes the intake script returns)."""
+
+    REPLAYED = 0
+    SCHEDULED = 1
+    UPDATED = 2
+    CANCELLED = 3
+    ALREADY_FIRED = 4
+    NOT_FOUND = 5
+    ALREADY_PENDING = 7  # an if_absent request for an id pending already: nothing changed
+    REREAD_PENDING = 8  # a re-read of a request applied before, its id still there: answered again
+    NOT_RECURRING = 9  # a pause or resume of a one-off schedule: nothing changed
+    PAUSED = 10
+    RESUMED = 11
+    RECURRING = 12  # a reschedule of a series: nothing changed (send the series again)
+
+
+_APPLIED = {int(code): code for code in Applied}
+
+
+@dataclass(frozen=True, slots=True)
+class IntakeSlice:
+    """The requests one part of an intake poll took from one partition, by offset.
+
+    `last_offset` is the highest offset parsed so far in that partition, dead-lettered
+    records included: every record up to it has been handled once this slice is stored.
+    `incarnation` tags the topic's id (see incarnations.py): a topic created again under the
+    same name has a watermark of its own. Empty where the broker gives topics no id.
+    """
+
+    topic: str
+    partition: int
+    last_offset: int
+    items: Sequence[tuple[int, Write]]
+    incarnation: str = ""
+
+    @property
+    def field(self) -> str:
+        """The watermark's field: "topic:partition", then ":tag" of the incarnation."""
+        where = f"{self.topic}:{self.partition}"
+        return f"{where}:{self.incarnation}" if self.incarnation else where
+
+    def chunks(
+        self, items: Sequence[tuple[int, tuple[int, Write]]], previous: int = -1
+    ) -> Iterator[tuple[Sequence[tuple[int, tuple[int, Write]]], int, int]]:
+        """`items` (requests of this slice, each with a position kept for the caller) in
+        bounded chunks in offset order, each with the watermark the chunk before it leaves
+        (for the first, `previous`: -1 sets no condition) and the watermark it may move to:
+        the last chunk moves it past every record of the slice."""
+        parts = list(chunked(items)) or [()]
+        for index, chunk in enumerate(parts):
+            mark = self.last_offset if index == len(parts) - 1 else chunk[-1][1][0]
+            yield chunk, previous, mark
+            previous = mark
+
+
+class IntakeScript:
+    """intake.lua on the store's Redis, and what its calls are built from: where each shard
+    lives and how long a payload is kept (the store's rule)."""
+
+    def __init__(
+        self,
+        script: Any,
+        layout: Layout,
+        pool_of: Callable[[int], Any],
+        ttl: Callable[[int, int], int],
+        ended_retention_seconds: int,
+    ) -> None:
+        self.script = script  # redis-py's Script: its SHA, and its text to load again
+        self.layout = layout
+        self.pool_of = pool_of  # the connection pool of the node serving a shard
+        self.ttl = ttl  # seconds a payload due at (due ms) is kept from (now ms)
+        self.ended_retention_seconds = ended_retention_seconds
+        # Lua measures strings in bytes: the tag's length to cut an id from its payload key.
+        self.tag_bytes = [len(keys.tag.encode("utf-8")) for keys in layout.shards]
+
+    @property
+    def text(self) -> str:
+        """The script's text, to load on a node that lost its script cache."""
+        return str(self.script.script)
+
+    def call(
+        self,
+        part: IntakeSlice,
+        shard: int,
+        chunk: Sequence[tuple[int, tuple[int, Write]]],
+        marks: tuple[int, int],
+        now_ms: int,
+    ) -> list[Any]:
+        """The EVALSHA arguments of one chunk of one shard: the script's keys, then its
+        arguments. `marks`: the watermark the chunk before leaves, and the one this moves to."""
+        after, mark = marks
+        keys_of = self.layout.shards[shard]
+        keys = [keys_of.due, keys_of.in_flight, keys_of.intake_marks, keys_of.attempts]
+        args: list[Any] = [part.field, mark, self.ended_retention_seconds,
+                           self.tag_bytes[shard], after]  # fmt: skip
+        for _, (offset, write) in chunk:
+            request = self._args(offset, write, now_ms)
+            keys.append(keys_of.payload(write.id))
+            if request[1] != NEW:  # only a caller's id has an ended-marker
+                keys.append(keys_of.ended(write.id))
+            args += request
+        return [self.script.sha, len(keys), *keys, *args]
+
+    def _args(self, offset: int, write: Write, now_ms: int) -> tuple[Any, ...]:
+        if isinstance(write, Cancellation):
+            return (offset, CANCEL, 0, 0, b"")
+        if isinstance(write, Holding):
+            return (offset, PAUSE if write.paused else RESUME, 0, 0, b"")
+        if isinstance(write, Move):
+            return (offset, MOVE, write.due_ms, self.ttl(write.due_ms, now_ms), b"")
+        op = UPSERT if write.id.startswith(SCOPED_PREFIX) else NEW
+        if write.if_absent and op == UPSERT:
+            op = ONCE
+        return (offset, op, write.due_ms, self.ttl(write.due_ms, now_ms), write.encode())
+
+
+def chunked(items: Sequence[Any], size: int = SCRIPT_CHUNK) -> Iterator[Sequence[Any]]:
+    """`items` in runs of at most `size`: the most one script call carries."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+@dataclass(slots=True)
+class _Lane:
+    """The script calls sent on one connection (one Redis node), in order, with the
+    positions (in the order sent) of the requests each carries."""
+
+    pool: Any
+    connection: Any = None
+    calls: list[list[Any]] = field(default_factory=list)
+    positions: list[list[int]] = field(default_factory=list)
+    read: int = 0  # replies read so far
+
+    @property
+    def unread(self) -> int:
+        return len(self.calls) - self.read
+
+
+class Applying:
+    """Intake script calls in flight: Redis runs each part while the intake parses the
+    next, and every reply is read at the end. The store's session object: made by
+    `RedisStore.applying`, which owns the connections (one per Redis node: one, unless
+    the store is a Redis Cluster).
+
+    A slice's requests go to the shards their ids belong to, one call per shard and chunk;
+    each shard keeps its own watermark of the partition. One connection per node keeps
+    the calls in the order they were sent, and a shard's first chunk of a partition in a
+    part waits for the watermark its previous part leaves (see intake.lua), so a later
+    call never moves a watermark past one that failed.
+
+    Calls are packed with hiredis directly: redis-py's pipeline checks each argument in
+    Python (six or more per request) and its Script adds a SCRIPT EXISTS round trip. They
+    are sent without redis-py's health check: its PING would read a reply of ours.
+    """
+
+    def __init__(self, script: IntakeScript, now_ms: int) -> None:
+        self._script = script
+        self._now_ms = now_ms
+        self._lanes: dict[int, _Lane] = {}  # by id() of the node's connection pool
+        self._marks: dict[tuple[str, int], int] = {}  # per partition and shard: last mark
+        self._codes: list[Applied | None] = []  # per request sent, once its reply is read
+        # Once a call was refused for memory: per request, its code, or None where its call
+        # was refused (see codes()).
+        self.partial: list[Applied | None] = []
+
+    @property
+    def unread(self) -> int:
+        """Replies not read yet: a connection released with any would answer its next user."""
+        return sum(lane.unread for lane in self._lanes.values())
+
+    def send(self, slices: Sequence[IntakeSlice]) -> None:
+        """Send the slices' script calls; Redis runs them while the caller goes on."""
+        sent: dict[int, tuple[list[list[Any]], list[list[int]]]] = {}
+        for part in slices:
+            for shard, items in self._by_shard(part):
+                lane = self._lane(shard)
+                calls, positions = sent.setdefault(id(lane), ([], []))
+                previous = self._marks.get((part.field, shard), -1)
+                for chunk, after, mark in part.chunks(items, previous):
+                    calls.append(self._script.call(part, shard, chunk, (after, mark), self._now_ms))
+                    positions.append([p for p, _ in chunk])
+                    self._marks[(part.field, shard)] = mark
+        for lane in self._lanes.values():
+            if id(lane) in sent:
+                self._send_calls(lane, *sent[id(lane)])
+
+    def _by_shard(self, part: IntakeSlice) -> list[tuple[int, list[tuple[int, tuple[int, Write]]]]]:
+        """The slice's requests by shard, each with its position in the order sent. With
+        no request at all, shard 0 still moves its watermark past the slice."""
+        groups: dict[int, list[tuple[int, tuple[int, Write]]]] = {}
+        layout = self._script.layout
+        for item in part.items:
+            groups.setdefault(layout.shard_of(item[1].id), []).append((len(self._codes), item))
+            self._codes.append(None)
+        return list(groups.items()) or [(0, [])]
+
+    def _lane(self, shard: int) -> _Lane:
+        pool = self._script.pool_of(shard)
+        lane = self._lanes.get(id(pool))
+        if lane is None:
+            lane = self._lanes[id(pool)] = _Lane(pool, pool.get_connection())
+            lane.connection.check_health()  # while none of ours is unread
+        return lane
+
+    def _send_calls(self, lane: _Lane, calls: list[list[Any]], positions: list[list[int]]) -> None:
+        """Send prepared EVALSHA arguments (script SHA, key count, keys, arguments)."""
+        packed = [hiredis.pack_command(("EVALSHA", *call)) for call in calls]
+        lane.connection.send_packed_command(packed, check_health=False)
+        lane.calls += calls
+        lane.positions += positions
+
+    def codes(self) -> list[Applied]:
+        """What each request sent so far did, in the order sent. If Redis lost its script
+        cache (a restart), the call that met it ran nothing and the chunks after it in its
+        partition refuse to run: the script is loaded again and the calls resent from that
+        one on.
+
+        A Redis over `maxmemory` refuses a call whole (OutOfMemoryError, raised): the calls
+        before it, and those of other partitions and shards, may have run. `partial` then
+        tells each request's code, None for those refused, so what ran can be answered: a
+        re-read would skip it as applied already."""
+        refused: redis.exceptions.OutOfMemoryError | None = None
+        for lane in self._lanes.values():
+            refused = self._read(lane) or refused
+        if refused is not None:
+            self.partial = list(self._codes)
+            raise refused
+        return [code for code in self._codes if code is not None]
+
+    def _read(self, lane: _Lane) -> redis.exceptions.OutOfMemoryError | None:
+        """Read the lane's replies into the codes; the refusal for memory met, if any (the
+        calls after it read as None)."""
+        refused = None
+        while lane.unread:
+            try:
+                reply = lane.connection.read_response()
+            except redis.exceptions.NoScriptError:
+                self._resend(lane)
+                continue
+            except redis.exceptions.OutOfMemoryError as e:
+                refused, reply = e, None
+            except redis.ResponseError:
+                if refused is None:  # not a gap left by a refused call: a real error
+                    raise
+                reply = None
+            self._take(lane, reply)
+        return refused
+
+    def _take(self, lane: _Lane, reply: list[int] | None) -> None:
+        """Record one call's reply (None: refused) for the requests it carried."""
+        positions = lane.positions[lane.read]
+        codes: list[Applied | None] = (
+            [None] * len(positions) if reply is None else [_APPLIED[code] for code in reply]
+        )
+        for position, code in zip(positions, codes, strict=True):
+            self._codes[position] = code
+        lane.read += 1
+
+    def _resend(self, lane: _Lane) -> None:
+        """Load the intake script on the lane's node again and resend its calls from the
+        one that met NOSCRIPT, on a fresh connection (the replies after it are dropped)."""
+        lane.connection.disconnect()
+        lane.pool.release(lane.connection)
+        left, left_positions = lane.calls[lane.read :], lane.positions[lane.read :]
+        lane.calls, lane.positions = lane.calls[: lane.read], lane.positions[: lane.read]
+        lane.connection = lane.pool.get_connection()
+        lane.connection.send_command("SCRIPT", "LOAD", self._script.text)
+        if lane.connection.read_response() is None:
+            raise redis.ResponseError("SCRIPT LOAD answered nothing")
+        self._send_calls(lane, left, left_positions)
+
+    def release(self, failed: bool) -> None:
+        """Give the connections back; one with replies left unread, or after a failure, is
+        closed first (its replies would answer its next user)."""
+        for lane in self._lanes.values():
+            if failed or lane.unread:
+                lane.connection.disconnect()
+            lane.pool.release(lane.connection)
