@@ -155,6 +155,33 @@ def test_the_installed_package_is_the_whole_package(image: BuildStage) -> None:
     assert helped.returncode == 0 and "run the service" in helped.stdout, helped.stderr
 
 
+# Run by the installed interpreter: every Lua script through the loader the store uses, and
+# the admin page through the API's own app (its folder is found when the app is built).
+RESOURCES = """
+from pathlib import Path
+from fastapi import FastAPI
+from blackbox.api.app import _page_routes
+from blackbox.storage import scripts
+names = ["claim", "intake", "pending", "ack", "advance", "room", "shards", "incarnation"]
+print(sum(len(scripts.source(name)) for name in names))
+app = FastAPI()
+_page_routes(app)  # its StaticFiles refuses a folder that is not there
+index = next(r for r in app.routes if getattr(r, "path", "") == "/").endpoint()
+print(Path(index.path).read_text().count("<html"))
+"""
+
+
+def test_the_installed_package_finds_its_lua_scripts_and_page(image: BuildStage) -> None:
+    """Guarantee 9: the regrouped package's resources (storage/lua/, api/page/) are read
+    from the installed wheel by the code that reads them in the service."""
+    python = _venv(image) / "bin" / "python"
+    ran = subprocess.run([str(python), "-c", RESOURCES], cwd=image.root, env=image.env,
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    lua_chars, pages = (int(line) for line in ran.stdout.split())
+    assert lua_chars > 1_000 and pages == 1, ran.stdout
+
+
 def test_spark_without_the_extra_says_how_to_install_it(image: BuildStage) -> None:
     """Guarantee 9: the image has no PySpark; `blackbox spark --help` still answers, and a
     Spark job says how to install the extra and exits 2, never with a traceback."""
