@@ -21,6 +21,7 @@ import structlog
 from confluent_kafka import Producer
 
 from blackbox.api import app
+from blackbox.api.backend import backend_of
 from blackbox.api.server import Endpoints
 from blackbox.clock import now_ms
 from blackbox.errors import RedisFull, SettingsError, ShardsChanged
@@ -128,8 +129,8 @@ class Service:
 
     def _endpoints(self, settings: Settings, caller_policy: CallerPolicy) -> Endpoints:
         """The HTTP server: health, metrics, the API and its page."""
-        backend = app.backend_of(settings, self.store, self.health, self.metrics,
-                                 self._scheduled, caller_policy=caller_policy)  # fmt: skip
+        backend = backend_of(settings, self.store, self.health, self.metrics,
+                             self._scheduled, caller_policy=caller_policy)  # fmt: skip
         try:
             return Endpoints(settings.http_host, settings.http_port or 0,
                              app.create_app(backend), backend.close)  # fmt: skip

@@ -60,7 +60,7 @@ def _batch(text: str) -> int:
 
 
 def _shards(text: str) -> int | None:
-    if not text:  # unset: the namespace's recorded count, or DEFAULT_SHARDS (layout.py)
+    if not text:  # unset: the namespace's recorded count, or DEFAULT_SHARDS (shardcount.py)
         return None
     value = _positive_int(text)
     if value > MAX_SHARDS:

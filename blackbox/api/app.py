@@ -1,13 +1,13 @@
 """The HTTP API (/api/v1) and the admin page (/), beside /live, /ready and /metrics.
 
-A FastAPI app: the OpenAPI document (/openapi.json) is generated from the typed
-models below and in `pending`. Every bad request is answered 4xx with a JSON body (see
-`httperrors`); Redis or the broker away is 503, never a 500.
+A FastAPI app: the OpenAPI document (/openapi.json) is generated from the typed models in
+`views`. Every bad request is answered 4xx with a JSON body (see `errors`); Redis or the
+broker away is 503, never a 500.
 
-A token acts for the callers it was given (tokens.py). A change to a caller's id (cancel,
-reschedule, pause, resume) travels through the intake topic keyed by the id, as the
-caller's own records do, so it is applied in their order; the API answers with what the
-intake answered.
+A token acts for the callers it was given (tokens.py; checked in access.py). A change to
+a caller's id (cancel, reschedule, pause, resume) travels through the intake topic keyed by
+the id, as the caller's own records do, so it is applied in their order; the API answers
+with what the intake answered.
 
 A recurring schedule (a series) is one pending id, like a one-off schedule: `GET
 /schedules` lists both (each item's `series` tells them apart; `kind=one_off` or
@@ -16,53 +16,54 @@ A recurring schedule (a series) is one pending id, like a one-off schedule: `GET
 
 from __future__ import annotations
 
-import hmac
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from fastapi.security.utils import get_authorization_scheme_param
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from blackbox import envelope
 from blackbox.api import errors
-from blackbox.api.admin import Admin
-from blackbox.api.deadletters import DeadLetterTail, DeadLetterView
+from blackbox.api.backend import Backend
+from blackbox.api.deadletters import DeadLetters
 from blackbox.api.errors import ApiError
 from blackbox.api.guard import BodyGate, OpenHosts
-from blackbox.api.pending import Detail, Filter, Kind, Page, Pending, PendingGauges, State, Stats
-from blackbox.api.tokens import DEV_OPEN, OPEN_READS, OPERATOR, Grant, Tokens, tokens_of
+from blackbox.api.pending import Filter
+from blackbox.api.tokens import Grant
+from blackbox.api.views import (
+    Answer,
+    Created,
+    Detail,
+    ErrorBody,
+    Kind,
+    Lateness,
+    LatenessBucket,
+    NewSchedule,
+    Page,
+    State,
+    Stats,
+    When,
+)
 from blackbox.clock import now_ms
-from blackbox.errors import InvalidEnvelope, SettingsError
-from blackbox.firing.nudges import Nudge
+from blackbox.errors import InvalidEnvelope
 from blackbox.health import Health
-from blackbox.intake.policy import CallerPolicy
-from blackbox.intake.runner import limits_of
-from blackbox.kafka import clients
-from blackbox.kafka.answers import Follower
 from blackbox.kafka.events import Outcome
 from blackbox.metrics import Metrics
 from blackbox.schedule import split_scoped
-from blackbox.settings import Settings
-from blackbox.signing import Signer
-from blackbox.storage.store import RedisStore
 
 PREFIX = "/api/v1"
 MAX_LIMIT = 500
 MAX_ID_CHARS = 1024
 # A caller's own id, as intake reads it.
 MAX_OWN_ID_CHARS = envelope.MAX_ID_CHARS
-# Bodies are envelopes: the largest message, base64-encoded, plus room for the rest.
-BODY_OVERHEAD_BYTES = 65_536
 _STATUS = {
     Outcome.CANCELLED: 200, Outcome.UPDATED: 200, Outcome.ALREADY_FIRED: 409,
     Outcome.NOT_FOUND: 404, Outcome.DEAD_LETTERED: 422, Outcome.PAUSED: 200,
@@ -70,77 +71,6 @@ _STATUS = {
 }  # fmt: skip
 # A pause or resume of a series cancelled before changes nothing: a conflict, not a success.
 _HOLD_STATUS = {**_STATUS, Outcome.CANCELLED: 409}
-
-
-@dataclass(frozen=True, slots=True)
-class Access:
-    """Who may call what: the bearer token, whether reads need it, the local-dev bypass, and
-    the Host names answered besides the local ones while some call needs no token."""
-
-    token: str  # the operator's: every caller, reads and writes
-    reads_open: bool
-    dev_open: bool
-    hosts: tuple[str, ...] = ()
-    tokens: Tokens = field(default_factory=lambda: Tokens({}))  # acting for some callers
-
-    def __repr__(self) -> str:
-        return f"Access(token={'********' if self.token else ''!r}, reads_open={self.reads_open})"
-
-    @property
-    def open(self) -> bool:
-        """Whether some call needs no token (then only the Host names served are answered)."""
-        return self.reads_open or (self.dev_open and not self.token and not self.tokens)
-
-    def check(self, credentials: HTTPAuthorizationCredentials | None, *, read: bool) -> Grant:
-        """What the call's token may do; ApiError when it may not make this call."""
-        given = "" if credentials is None else credentials.credentials
-        if read and self.reads_open and not given:
-            return OPEN_READS
-        if not self.token and not self.tokens:
-            if self.dev_open:
-                return DEV_OPEN
-            raise ApiError(403, "disabled", "set BLACKBOX_API_TOKEN to use this endpoint")
-        grant = self._grant(given)
-        if grant is None:
-            raise ApiError(401, "unauthorized", "send Authorization: Bearer <token>")
-        if not (grant.read if read else grant.write):
-            raise ApiError(403, "forbidden", f"token {grant.name!r} may not "
-                           f"{'read' if read else 'change'} schedules")  # fmt: skip
-        return grant
-
-    def _grant(self, given: str) -> Grant | None:
-        if self.token and hmac.compare_digest(given.encode(), self.token.encode()):
-            return OPERATOR
-        return self.tokens.grant_for(given)
-
-    def check_write(self, authorization: str | None) -> None:
-        """`check` for a call that changes something, from its Authorization header alone."""
-        scheme, given = get_authorization_scheme_param(authorization)
-        bearer = scheme.lower() == "bearer" and bool(given)
-        credentials = HTTPAuthorizationCredentials(scheme=scheme, credentials=given)
-        self.check(credentials if bearer else None, read=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Backend:
-    """What the routes act on."""
-
-    pending: Pending
-    admin: Admin
-    dead_letters: DeadLetterTail
-    health: Health
-    metrics: Metrics
-    access: Access
-    max_countdown_ms: int
-    max_body_bytes: int
-    answers: Follower | None = None  # None: changes are not waited for (tests of access)
-    answer_seconds: float = 10.0
-
-    def close(self) -> None:
-        self.admin.producer.flush(1.0)
-        self.dead_letters.close()
-        if self.answers is not None:
-            self.answers.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,68 +100,6 @@ class Call:
     def check_every_caller(self) -> None:
         if self.grant.callers is not None:
             raise ApiError(403, "forbidden", "totals across callers need a token for every caller")
-
-
-class ErrorBody(BaseModel):
-    error: str
-    reason: str
-
-
-class Answer(BaseModel):
-    """What became of a cancel, a reschedule, a pause or a resume, as the events topic
-    tells it."""
-
-    outcome: str
-    blackbox_id: str
-    due_ms: int | None = None
-
-
-class When(BaseModel):
-    """A new due time: exactly one of `deliver_at` (RFC 3339 with an offset, or epoch
-    seconds) and `countdown` (seconds from now)."""
-
-    model_config = ConfigDict(extra="forbid")
-    deliver_at: str | float | None = None
-    countdown: float | None = None
-
-
-class NewSchedule(BaseModel):
-    """An intake envelope (as producers send it) and the CALLER_SERVICE to send it as.
-
-    A one-off schedule: `topic`, `message` (or `message_base64`), `countdown` or
-    `deliver_at`, optional `id`, `key`, `headers`. A series: an `id`, `topic`, `message`,
-    and `cron` or `every` (seconds) instead of a due time, with optional `timezone` (IANA,
-    default UTC), `start` and `end` (RFC 3339 or epoch seconds), `limit` (runs), `jitter`
-    (seconds), `missed` (skip, once or all) and `grace` (seconds). Checked as the intake
-    checks it."""
-
-    model_config = ConfigDict(extra="forbid")
-    caller: str | None = Field(default=None, min_length=1, max_length=255)
-    envelope: dict[str, Any] = Field(examples=[
-        {"topic": "invoices", "message": {"invoice": 42}, "countdown": 3600, "id": "inv-42"},
-        {"id": "daily-report", "topic": "reports", "message": "run", "cron": "0 9 * * 1-5",
-         "timezone": "Europe/Berlin", "missed": "once"},
-    ])  # fmt: skip
-
-
-class Created(BaseModel):
-    """The id the schedule will have; its answer arrives on the events topic."""
-
-    blackbox_id: str
-    intake_topic: str
-
-
-class LatenessBucket(BaseModel):
-    le: str
-    count: float
-
-
-class Lateness(BaseModel):
-    buckets: list[LatenessBucket]
-
-
-class DeadLetters(BaseModel):
-    items: list[DeadLetterView]
 
 
 _bearer = HTTPBearer(auto_error=False)
@@ -564,41 +432,3 @@ def create_app(backend: Backend) -> FastAPI:
     app.add_middleware(BodyGate, authorize=backend.access.check_write,
                        limit=backend.max_body_bytes)  # fmt: skip
     return app
-
-
-def _api_signer(settings: Settings) -> Signer | None:
-    """The API's own signing key, where the settings name one."""
-    if not settings.api_signing_key_file:
-        return None
-    try:
-        pem = Path(settings.api_signing_key_file).read_bytes()
-        return Signer.from_pem(pem, settings.api_key_id)
-    except (OSError, ValueError) as e:
-        raise SettingsError(f"BLACKBOX_API_SIGNING_KEY_FILE: {e}") from e
-
-
-def backend_of(  # noqa: PLR0913 - the service's parts the API acts on
-    settings: Settings, store: RedisStore, health: Health, metrics: Metrics,
-    on_scheduled: Nudge, *, caller_policy: CallerPolicy,
-) -> Backend:  # fmt: skip
-    """The API's parts for one service; the pending gauges join its metrics."""
-    pending = Pending(store)
-    metrics.registry.register(PendingGauges(pending))
-    admin = Admin(store, clients.new_producer(settings), settings.intake_topic,
-                  settings.events_topic, limits_of(settings, caller_policy),
-                  clients.topic_id_lookup(settings.kafka), on_scheduled,
-                  policy=caller_policy, send_seconds=settings.delivery_timeout,
-                  signer=_api_signer(settings))  # fmt: skip
-    answers = Follower(settings.kafka, settings.events_topic)
-    answers.start()
-    return Backend(
-        pending=pending, admin=admin,
-        dead_letters=DeadLetterTail(clients.consumer_config(settings), settings.dlq_topic),
-        health=health, metrics=metrics,
-        access=Access(settings.api_token, settings.api_reads == "open", settings.api_dev_open,
-                      settings.api_allowed_hosts,
-                      tokens_of("", settings.api_tokens_file)),
-        max_countdown_ms=int(settings.max_countdown * 1000),
-        max_body_bytes=settings.max_message_bytes * 2 + BODY_OVERHEAD_BYTES,
-        answers=answers, answer_seconds=settings.delivery_timeout * 2,
-    )  # fmt: skip

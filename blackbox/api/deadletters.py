@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Message, TopicPartition
+from pydantic import BaseModel
 
-from blackbox.api.pending import preview
+from blackbox.api.views import preview
 from blackbox.kafka.clients import read_headers
 from blackbox.kafka.deadletter import DETAIL_HEADER, REASON_HEADER
 
@@ -36,6 +37,10 @@ class DeadLetterView:
     blackbox_id: str | None
     target_topic: str | None
     preview: str
+
+
+class DeadLetters(BaseModel):
+    items: list[DeadLetterView]
 
 
 class DeadLetterTail:

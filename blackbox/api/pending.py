@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import enum
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,10 +27,10 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from blackbox.api.seriesview import SeriesView, series_view
+from blackbox.api.views import Bucket, Detail, Item, Kind, Page, State, Stats, detail_of, item_of
 from blackbox.clock import now_ms
 from blackbox.errors import BadCursor, CorruptSchedule
-from blackbox.schedule import Schedule, split_scoped
+from blackbox.schedule import Schedule
 from blackbox.storage import listing
 from blackbox.storage.keys import Keys
 from blackbox.storage.listing import Member
@@ -45,7 +44,6 @@ SCAN_BUDGET = 1_000
 SCAN_STEP = 200
 # The fewest ids a page reads of each shard at first (more: a share of the page).
 FIRST_READ = 8
-PREVIEW_CHARS = 80
 # What a listing reads of each payload: its fields and the start of its message.
 HEAD_BYTES = 2_048
 # Stats: how many of the next due schedules are read to count them per target topic.
@@ -54,21 +52,6 @@ TOPICS_SHOWN = 20
 MINUTE_MS, HOUR_MS, DAY_MS = 60_000, 3_600_000, 86_400_000
 # Buckets ahead for the page's timeline: (width, how many).
 BUCKETS = (("minute", MINUTE_MS, 60), ("hour", HOUR_MS, 48), ("day", DAY_MS, 30))
-
-
-class State(enum.StrEnum):
-    """Where a pending id is: waiting for its due time, or being produced right now."""
-
-    PENDING = "pending"
-    IN_FLIGHT = "in_flight"
-
-
-class Kind(enum.StrEnum):
-    """Which pending ids a listing keeps: every one, one-off schedules, or series."""
-
-    ALL = "all"
-    ONE_OFF = "one_off"
-    SERIES = "series"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,126 +103,12 @@ class Position:
 
 
 @dataclass(frozen=True, slots=True)
-class Item:
-    """One schedule in a listing; `series` is set for a recurring one."""
-
-    blackbox_id: str
-    caller: str | None
-    id: str | None
-    topic: str
-    key: str | None
-    due_ms: int
-    attempt: int
-    state: State
-    size: int
-    preview: str
-    series: SeriesView | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class HeaderView:
-    """A header of the message to deliver: `value` when UTF-8 text, else `value_base64`."""
-
-    name: str
-    value: str | None
-    value_base64: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Detail:
-    """One schedule with its whole message."""
-
-    item: Item
-    value: str | None
-    value_base64: str | None
-    headers: list[HeaderView]
-
-
-@dataclass(frozen=True, slots=True)
-class Page:
-    """A listing call's answer; `cursor` continues it (None at the end). A page may hold
-    fewer items than asked while `cursor` is set: the call reached its read budget."""
-
-    items: list[Item]
-    cursor: str | None
-    scanned: int
-
-
-@dataclass(frozen=True, slots=True)
-class Bucket:
-    """How many pending ids fall due in [start_ms, start_ms + width)."""
-
-    start_ms: int
-    count: int
-
-
-@dataclass(frozen=True, slots=True)
-class Stats:
-    """Counts for the page's charts and the gauges."""
-
-    pending: int
-    in_flight: int
-    overdue: int
-    earliest_due_ms: int | None
-    at_ms: int
-    per_minute: list[Bucket]
-    per_hour: list[Bucket]
-    per_day: list[Bucket]
-    per_topic: dict[str, int]
-    topic_sample: int
-
-
-def _text(raw: bytes) -> str | None:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
-def preview(value: bytes) -> str:
-    """The start of a message as text; binary shows as its size."""
-    text = _text(value[: PREVIEW_CHARS * 4])
-    if text is None:
-        text = _text(value[: PREVIEW_CHARS * 4 - 3]) or f"<{len(value)} bytes binary>"
-    return text[:PREVIEW_CHARS]
-
-
-@dataclass(frozen=True, slots=True)
 class Head:
     """A stored schedule read up to HEAD_BYTES (its value maybe cut short), and the size of
     its whole message."""
 
     schedule: Schedule
     size: int
-
-
-def item_of(schedule: Schedule, state: State, attempt: int, size: int | None = None) -> Item:
-    scoped = split_scoped(schedule.id)
-    caller = None if schedule.caller is None else schedule.caller.decode("utf-8", "replace")
-    key = None if schedule.key is None else schedule.key.decode("utf-8", "replace")
-    series = None if schedule.series is None else series_view(schedule.id, schedule.series)
-    return Item(
-        blackbox_id=schedule.id, caller=caller, id=None if scoped is None else scoped[1],
-        topic=schedule.topic, key=key, due_ms=schedule.due_ms, attempt=attempt, state=state,
-        size=len(schedule.value) if size is None else size, preview=preview(schedule.value),
-        series=series,
-    )  # fmt: skip
-
-
-def detail_of(schedule: Schedule, state: State, attempt: int) -> Detail:
-    text = _text(schedule.value)
-    return Detail(
-        item=item_of(schedule, state, attempt),
-        value=text,
-        value_base64=None if text is not None else base64.b64encode(schedule.value).decode(),
-        headers=[_header(name, value) for name, value in schedule.headers],
-    )
-
-
-def _header(name: str, value: bytes | None) -> HeaderView:
-    text = None if value is None else _text(value)
-    binary = None if value is None or text is not None else base64.b64encode(value).decode()
-    return HeaderView(name, text, binary)
 
 
 class Pending:

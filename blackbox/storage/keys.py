@@ -140,7 +140,7 @@ class Layout:
 
     @property
     def shard_count(self) -> str:
-        """String: the shard count the namespace's data was written with (see layout.py)."""
+        """String: the shard count the namespace's data was written with (see shardcount.py)."""
         return f"{self.tag}:shards"
 
     @property
@@ -164,7 +164,7 @@ class Layout:
     @property
     def processes(self) -> str:
         """Sorted set: process name -> expiry (epoch ms) of its last heartbeat, among every
-        process running with the namespace's shard count, whatever its role (layout.py)."""
+        process running with the namespace's shard count, whatever its role (shardcount.py)."""
         return f"{self.tag}:procs"
 
     @property

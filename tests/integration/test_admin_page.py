@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from blackbox.api.seriesview import utc_text
+from blackbox.api.views import utc_text
 from blackbox.clock import now_ms
 from blackbox.recurrence import Recurrence
 from blackbox.schedule import Schedule, first_occurrence

@@ -12,7 +12,8 @@ import httpx
 import pytest
 import redis
 
-from blackbox.api.pending import SCAN_BUDGET, TOPIC_SAMPLE, Filter, Item, Pending, Position, State
+from blackbox.api.pending import SCAN_BUDGET, TOPIC_SAMPLE, Filter, Pending, Position
+from blackbox.api.views import Item, State
 from blackbox.clock import now_ms
 from blackbox.dev.servers import RedisCluster, RedisServer
 from blackbox.schedule import Schedule

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from fastapi.security import HTTPAuthorizationCredentials
 
-from blackbox.api.app import Access
+from blackbox.api.access import Access
 from blackbox.api.errors import ApiError
-from blackbox.api.pending import Position, preview
+from blackbox.api.pending import Position
+from blackbox.api.views import preview
 from blackbox.errors import BadCursor
 
 TOKEN = "unit-token-0123456789"  # noqa: S105 - a test token

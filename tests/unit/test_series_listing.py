@@ -9,8 +9,8 @@ from dataclasses import asdict
 import orjson
 
 from blackbox import envelope
-from blackbox.api.pending import Filter, Kind
-from blackbox.api.seriesview import rule_of, series_view, utc_text
+from blackbox.api.pending import Filter
+from blackbox.api.views import Kind, rule_of, series_view, utc_text
 from blackbox.envelope import CALLER_HEADER, Envelope, Limits
 from blackbox.recurrence import Missed, Recurrence
 from blackbox.schedule import Schedule, Series, first_occurrence
