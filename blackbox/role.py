@@ -8,7 +8,11 @@ endpoints and probes the dependencies it uses.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
+
+# The body of one of a part's threads (intake's consumer, firing's waker, ...).
+Loop = Callable[[], None]
 
 
 class Role(StrEnum):

@@ -28,13 +28,13 @@ from blackbox.errors import RedisFull, SettingsError, ShardsChanged
 from blackbox.exits import EXIT_FAILED, EXIT_SETTINGS
 from blackbox.firing import shares
 from blackbox.firing.nudges import Publisher
-from blackbox.firing.runner import Firing, Loop
+from blackbox.firing.runner import Firing
 from blackbox.health import Health, Probe
 from blackbox.intake.policy import CallerPolicy
 from blackbox.intake.runner import Receiving, caller_policy_of
 from blackbox.kafka import clients
 from blackbox.metrics import Metrics
-from blackbox.role import Role
+from blackbox.role import Loop, Role
 from blackbox.settings import Settings
 from blackbox.storage import memory, shardcount
 from blackbox.storage.connections import redis_client

@@ -29,13 +29,13 @@ from blackbox.firing.waker import Waker
 from blackbox.kafka import clients
 from blackbox.kafka.outbox import Outbox
 from blackbox.metrics import Metrics
+from blackbox.role import Loop
 from blackbox.settings import REPORT_GRACE_SECONDS, Settings
 from blackbox.storage.connections import RedisClient
 from blackbox.storage.store import RedisStore
 
 log = structlog.get_logger("blackbox.firing.runner")
 
-Loop = Callable[[], None]
 # Wraps a thread's loop (or the tick) so that a crash stops the process with a failure.
 Guard = Callable[[Loop], Loop]
 

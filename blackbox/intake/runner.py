@@ -9,7 +9,6 @@ memory probe.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 from confluent_kafka import Producer
 
@@ -25,11 +24,10 @@ from blackbox.intake.policy import CallerPolicy
 from blackbox.kafka import clients
 from blackbox.kafka.outbox import Outbox
 from blackbox.metrics import Metrics
+from blackbox.role import Loop
 from blackbox.settings import Settings
 from blackbox.storage.memory import Room
 from blackbox.storage.store import RedisStore
-
-Loop = Callable[[], None]
 
 
 def limits_of(settings: Settings, caller_policy: CallerPolicy | None = None) -> Limits:
