@@ -1,11 +1,19 @@
-"""The floor under S3: the least work intake must do per record, done in a plain loop.
+"""The floors under S3 and S1: the least work intake must do per record, and firing per
+message, each done in a plain loop.
 
-Consume the intake topic, decode each value, store it as the design card does (the payload
-with SET NX EX, the id in a sorted set with ZADD NX; commands packed with hiredis and sent
-once per poll), and produce one answer per record (idempotent producer, failures reported
-only). No envelope checks, no watermark, no callers' ids, no dead letters: whatever
-blackbox spends beyond this loop is its own cost. Measured on the same stack and records
-as S3, right after it, so a slow spell of the machine shows in both.
+Intake (`intake_floor`): consume the intake topic, decode each value, store it as the
+design card does (the payload with SET NX EX, the id in a sorted set with ZADD NX; commands
+packed with hiredis and sent once per poll), and produce one answer per record (idempotent
+producer, failures reported only). No envelope checks, no watermark, no callers' ids, no
+dead letters: whatever blackbox spends beyond this loop is its own cost. Measured on the
+same stack and records as S3, right after it, so a slow spell of the machine shows in both.
+
+Firing (`firing_floor`): as many ids, all due, claimed 500 at a time by a Lua script that
+moves them to an in-flight set and returns their payloads; each produced to its topic with
+its id as key and as a header (idempotent producer, acks=all, no linger); a delivery report
+awaited for each; then the reported ids acknowledged by a second script (ZREM, DEL). No
+leases, shards, attempts, retries, series or metrics: what S1 spends beyond this loop is
+blackbox's own cost.
 """
 
 from __future__ import annotations
@@ -104,6 +112,93 @@ class _Loop:
         self.client.connection_pool.release(self.connection)
         self.client.close()
         self.consumer.close()
+
+
+CLAIM = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+local out = {}
+for _, id in ipairs(ids) do
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('ZADD', KEYS[2], ARGV[1], id)
+  out[#out + 1] = id
+  out[#out + 1] = redis.call('GET', KEYS[3] .. id)
+end
+return out
+"""
+ACK = """
+for _, id in ipairs(ARGV) do
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('DEL', KEYS[2] .. id)
+end
+return #ARGV
+"""
+IN_FLIGHT = "{floor}:fly"
+
+
+def firing_floor(stack: Stack, topic: str, count: int, value: bytes) -> dict[str, float]:
+    """Messages/s of the plain firing loop over `count` ids due now, each delivering `value`
+    to `topic` (created already), and the CPU it and Redis spent per message."""
+    client = redis.Redis.from_url(stack.redis.url)
+    producer = Producer({"bootstrap.servers": stack.broker.bootstrap, "linger.ms": 0,
+                         "enable.idempotence": True, "acks": "all"})  # fmt: skip
+    try:
+        return _FiringLoop(client, producer, topic).run(count, value)
+    finally:
+        producer.flush(10)
+        client.close()
+
+
+class _FiringLoop:
+    def __init__(self, client: redis.Redis, producer: Producer, topic: str) -> None:
+        self.client, self.producer, self.topic = client, producer, topic
+        self.claim = client.register_script(CLAIM)
+        self.ack = client.register_script(ACK)
+        self.acked: list[bytes] = []
+        self.reported = 0
+
+    def run(self, count: int, value: bytes) -> dict[str, float]:
+        now = time.time_ns() // 1_000_000
+        pipe = self.client.pipeline(transaction=False)
+        for n in range(count):
+            pipe.set(f"{PAYLOAD}f{n}", value, ex=TTL_S)
+            pipe.zadd(DUE, {f"f{n}": now})
+        pipe.execute()
+        gc.freeze()
+        started, cpu = time.monotonic(), time.process_time()
+        redis_cpu = redis_cpu_seconds(self.client)
+        fired = 0
+        while fired < count:
+            fired += self._fire(now)
+        elapsed = time.monotonic() - started
+        redis_cpu = redis_cpu_seconds(self.client) - redis_cpu
+        return {
+            "fired_per_s": round(fired / elapsed),
+            "cpu_us_per_message": round((time.process_time() - cpu) / fired * 1e6, 1),
+            "redis_cpu_us_per_message": round(redis_cpu / fired * 1e6, 1),
+        }
+
+    def _fire(self, now: int) -> int:
+        claimed: list[bytes] = self.claim(keys=[DUE, IN_FLIGHT, PAYLOAD], args=[now, POLL])
+        ids, payloads = claimed[0::2], claimed[1::2]
+        for schedule_id, payload in zip(ids, payloads, strict=True):
+            self.producer.produce(
+                self.topic,
+                payload,
+                schedule_id,
+                headers=[("blackbox-id", schedule_id)],
+                on_delivery=self._report,
+            )
+        while self.reported < len(ids):
+            self.producer.poll(0.05)
+        acked, self.acked, self.reported = self.acked, [], 0
+        if acked:
+            self.ack(keys=[IN_FLIGHT, PAYLOAD], args=acked)
+        return len(acked)
+
+    def _report(self, error: object, message: Message) -> None:
+        self.reported += 1
+        if error is None:
+            self.acked.append(message.key() or b"")
 
 
 def _records(messages: list[Message]) -> list[Message]:

@@ -3,7 +3,7 @@
     python -m benchmarks.scenarios            # all four
     python -m benchmarks.scenarios s1 s4      # some
 
-S1 burst: 20,000 messages due at one instant 10 s ahead.
+S1 burst: 20,000 messages due at one instant 10 s ahead (beside the firing floor).
 S2 steady: 1,000 messages/s for 20 s, countdowns uniform in 2-10 s.
 S3 intake: 100,000 messages due in an hour, sent as fast as possible: records/s stored.
 S4 capacity: 1,000,000 pending 100-byte messages: Redis bytes per message, claim time.
@@ -32,7 +32,7 @@ from benchmarks.collect import (
     probe,
     summary,
 )
-from benchmarks.floor import intake_floor
+from benchmarks.floor import firing_floor, intake_floor
 from benchmarks.histograms import between, scrape
 from benchmarks.stack import (
     Stack,
@@ -95,24 +95,28 @@ def service_lateness(stack: Stack) -> dict[str, dict[str, float | None]]:
 
 
 def s1_burst(count: int = 20_000, ahead_s: float = 10.0) -> Result:
-    with local_stack() as stack, service_process(stack) as process:
-        producer = new_producer(stack)
-        warm_up(stack, producer)
-        target = f"s1-{uuid.uuid4().hex[:8]}"
-        collector = collector_for(stack, target, count, ahead_s + 60)
-        due = now_ms() + int(ahead_s * 1000)
-        for n in range(count):
-            send(producer, stack.settings.intake_topic, target, n, (due - now_ms()) / 1000)
-        producer.flush(30)
-        client = redis.Redis.from_url(stack.redis.url)
-        # CPU from the due instant to the last delivery: the firing alone.
-        time.sleep(max(0.0, (due - now_ms()) / 1000))
-        cpu_due, redis_due = cpu_seconds(process.pid), redis_cpu_seconds(client)
-        got = collector.result(timeout=ahead_s + 70)
-        cpu = cpu_seconds(process.pid) - cpu_due
-        redis_cpu = redis_cpu_seconds(client) - redis_due
-        client.close()
-        service = service_lateness(stack)
+    with local_stack() as stack:
+        with service_process(stack) as process:
+            producer = new_producer(stack)
+            warm_up(stack, producer)
+            target = f"s1-{uuid.uuid4().hex[:8]}"
+            collector = collector_for(stack, target, count, ahead_s + 60)
+            due = now_ms() + int(ahead_s * 1000)
+            for n in range(count):
+                send(producer, stack.settings.intake_topic, target, n, (due - now_ms()) / 1000)
+            producer.flush(30)
+            client = redis.Redis.from_url(stack.redis.url)
+            # CPU from the due instant to the last delivery: the firing alone.
+            time.sleep(max(0.0, (due - now_ms()) / 1000))
+            cpu_due, redis_due = cpu_seconds(process.pid), redis_cpu_seconds(client)
+            got = collector.result(timeout=ahead_s + 70)
+            cpu = cpu_seconds(process.pid) - cpu_due
+            redis_cpu = redis_cpu_seconds(client) - redis_due
+            client.close()
+            service = service_lateness(stack)
+        floor_topic = f"s1-floor-{uuid.uuid4().hex[:8]}"
+        clients.ensure_topics(stack.settings.kafka, [floor_topic])
+        floor = firing_floor(stack, floor_topic, count, orjson.dumps(count - 1))
     arrivals = [arrived for arrived, _ in got.first_copies()]
     instant = min((d for _, d in got.first_copies()), default=due)
     span_s = (max(arrivals) - min(arrivals)) / 1000 if arrivals else 0
@@ -125,6 +129,8 @@ def s1_burst(count: int = 20_000, ahead_s: float = 10.0) -> Result:
         "service_send_lateness_ms": service["send"], "service_ack_lateness_ms": service["ack"],
         "service_cpu_us_per_fired": round(cpu / count * 1e6, 1),
         "redis_cpu_us_per_fired": round(redis_cpu / count * 1e6, 1),
+        "floor": floor,
+        "service_cpu_over_floor": round(cpu / count * 1e6 / floor["cpu_us_per_message"], 2),
     }  # fmt: skip
 
 
