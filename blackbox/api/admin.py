@@ -22,8 +22,8 @@ from blackbox import envelope
 from blackbox.clock import now_ms
 from blackbox.envelope import CALLER_HEADER, Header, Limits
 from blackbox.firing.nudges import Nudge
+from blackbox.intake.answering import OUTCOMES
 from blackbox.intake.incarnations import Lookup, tag_of
-from blackbox.intake.loop import OUTCOMES
 from blackbox.intake.policy import CallerPolicy, open_policy
 from blackbox.kafka.events import Event, Outcome
 from blackbox.schedule import Schedule, intake_id, scoped_id

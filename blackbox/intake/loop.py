@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import redis
 import structlog
@@ -31,6 +31,8 @@ from blackbox.clock import now_ms
 from blackbox.envelope import Cancel, Header, Hold, Limits, Request, Reschedule
 from blackbox.errors import BlackboxError, DeadLetterReason, InvalidEnvelope
 from blackbox.firing.nudges import Nudge
+from blackbox.intake import answering
+from blackbox.intake.batch import Batch, Signed
 from blackbox.intake.crashguard import CRASH_LIMIT, CrashGuard
 from blackbox.intake.identity import Identity, Proof
 from blackbox.intake.incarnations import Incarnations
@@ -39,12 +41,12 @@ from blackbox.intake.policy import CallerPolicy
 from blackbox.kafka import deadletter
 from blackbox.kafka.clients import lasting_reason, read_headers
 from blackbox.kafka.deadletter import DeadLetter
-from blackbox.kafka.events import Coordinates, Event, Outcome
+from blackbox.kafka.events import Coordinates
 from blackbox.kafka.outbox import Outbox, Record, Reports
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.signing import Parts
-from blackbox.storage.applying import Applied, Cancellation, Holding, IntakeSlice, Move, Write
+from blackbox.storage.applying import Applied, Cancellation, Holding, Move, Write
 from blackbox.storage.store import RedisStore
 
 log = structlog.get_logger("blackbox.intake.loop")
@@ -55,108 +57,11 @@ FINAL_ANSWER_SECONDS = 3.0
 # Records parsed before their part is sent to Redis: small enough that Redis applies one
 # part while the next is parsed, large enough that a script call carries many.
 PART_RECORDS = 100
-# A record key longer than an id can be is not taken for one in a refusal's answer.
-MAX_KEY_AS_ID_BYTES = 1024
 UNREADABLE_HEADERS = "a header name is not UTF-8; the record's headers could not be read"
-
-OUTCOMES = {
-    Applied.SCHEDULED: Outcome.SCHEDULED,
-    Applied.UPDATED: Outcome.UPDATED,
-    Applied.CANCELLED: Outcome.CANCELLED,
-    Applied.ALREADY_FIRED: Outcome.ALREADY_FIRED,
-    Applied.NOT_FOUND: Outcome.NOT_FOUND,
-    Applied.ALREADY_PENDING: Outcome.ALREADY_PENDING,
-    Applied.NOT_RECURRING: Outcome.NOT_RECURRING,
-    Applied.PAUSED: Outcome.PAUSED,
-    Applied.RESUMED: Outcome.RESUMED,
-    Applied.RECURRING: Outcome.RECURRING,
-}
 
 
 class DeadLetterUnavailable(BlackboxError):
     """The dead-letter topic did not acknowledge a record; the batch must be retried."""
-
-
-@dataclass(slots=True)
-class _Batch:
-    """The records of one poll, parsed part by part: the requests not yet sent to Redis (by
-    partition) and those sent (in order), dead letters with the refusal answering each
-    (the first `landed` acknowledged by the dead-letter topic), last offsets."""
-
-    tags: dict[str, str] = field(default_factory=dict)  # topic -> its incarnation's tag
-    unsent: dict[tuple[str, int], list[tuple[int, Write]]] = field(default_factory=dict)
-    sent: list[tuple[Coordinates, Write]] = field(default_factory=list)
-    last_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
-    dead: list[DeadLetter] = field(default_factory=list)
-    refusals: list[Event] = field(default_factory=list)
-    landed: int = 0
-    # Records whose handling died CRASH_LIMIT times (topic, partition, offset): not read.
-    poisoned: set[tuple[str, int, int]] = field(default_factory=set)
-    # Signed records parsed since their nonces were last checked against replays.
-    signed: list[_Signed] = field(default_factory=list)
-
-    def take_signed(self) -> list[_Signed]:
-        signed, self.signed = self.signed, []
-        return signed
-
-    def unsend(self, where: tuple[str, int, int]) -> None:
-        """Take back the parsed request of one record (not yet sent to Redis)."""
-        items = self.unsent[where[:2]]
-        items[:] = [(offset, write) for offset, write in items if offset != where[2]]
-
-    def saw(self, topic: str, partition: int, offset: int) -> None:
-        self.unsent.setdefault((topic, partition), [])
-        self.last_offsets[(topic, partition)] = offset
-
-    def refuse(self, letter: DeadLetter, refusal: Event) -> None:
-        self.dead.append(letter)
-        self.refusals.append(refusal)
-
-    def unlanded(self) -> list[DeadLetter]:
-        """The dead letters the dead-letter topic has not acknowledged yet."""
-        return self.dead[self.landed :]
-
-    def all_landed(self) -> None:
-        self.landed = len(self.dead)
-
-    def take_slices(self) -> list[IntakeSlice]:
-        """The requests parsed since the last call, by partition, each slice moving its
-        partition's watermark past every record parsed so far (refused ones too)."""
-        slices = [
-            IntakeSlice(
-                topic, partition, self.last_offsets[(topic, partition)], items, self.tags[topic]
-            )
-            for (topic, partition), items in self.unsent.items()
-        ]
-        self.sent += [
-            (Coordinates(part.topic, part.partition, offset), write)
-            for part in slices
-            for offset, write in part.items
-        ]
-        self.unsent = {}
-        return slices
-
-    def next_offsets(self) -> list[TopicPartition]:
-        """Per partition, the offset to commit: one past the last record handled."""
-        return [TopicPartition(t, p, last + 1) for (t, p), last in self.last_offsets.items()]
-
-    def applied(
-        self, codes: Sequence[Applied | None]
-    ) -> Iterator[tuple[Coordinates, Write, Applied | None]]:
-        """Each request with where it came from and what applying it did."""
-        for (coordinates, write), code in zip(self.sent, codes, strict=True):
-            yield coordinates, write, code
-
-
-@dataclass(frozen=True, slots=True)
-class _Signed:
-    """A signed record whose request is parsed; its nonce is checked before it is sent."""
-
-    proof: Proof
-    origin: str
-    message: Message
-    where: tuple[str, int, int]
-    headers: list[Header]
 
 
 def received_ms(message: Message, now: int) -> int:
@@ -285,13 +190,13 @@ class Intake:
     def handle(self, records: Sequence[Message], stop: threading.Event) -> None:
         """Dead-letter bad records, apply the rest, answer each, then store the offsets."""
         now = now_ms()
-        batch = _Batch(self.incarnations.tags({m.topic() or "" for m in records}))
+        batch = Batch(self.incarnations.tags({m.topic() or "" for m in records}))
         batch.poisoned = self.guard.note(records)
         codes = self._apply_in_parts(records, now, batch, stop)
         self._answer(batch, codes, now, stop, batch.next_offsets())
 
     def _apply_in_parts(
-        self, records: Sequence[Message], now: int, batch: _Batch, stop: threading.Event
+        self, records: Sequence[Message], now: int, batch: Batch, stop: threading.Event
     ) -> list[Applied]:
         """Parse the records and send them to Redis part by part: Redis applies one part
         while the next is parsed. A part's dead letters go first: its Redis write moves
@@ -321,7 +226,7 @@ class Intake:
                 raise
 
     def _answer(
-        self, batch: _Batch, codes: Sequence[Applied | None], now: int, stop: threading.Event,
+        self, batch: Batch, codes: Sequence[Applied | None], now: int, stop: threading.Event,
         offsets: list[TopicPartition],
     ) -> None:  # fmt: skip
         """Count what applying did, wake the dispatcher for the soonest due time, and answer
@@ -332,12 +237,12 @@ class Intake:
         for coordinates, write, code in batch.applied(codes):
             if code is None or code is Applied.REPLAYED:
                 continue
-            events.append(_event(coordinates, write, code))
-            if isinstance(write, Schedule | Move) and code in _STORED:
+            events.append(answering.event_of(coordinates, write, code))
+            if isinstance(write, Schedule | Move) and code in answering.STORED:
                 shard = shard_of(write.id)
                 earliest[shard] = min(earliest.get(shard, write.due_ms), write.due_ms)
         for code, count in Counter(c for c in codes if c is not None).items():
-            self.metrics.intake_records.labels(outcome=_label(code)).inc(count)
+            self.metrics.intake_records.labels(outcome=answering.label(code)).inc(count)
         self.metrics.intake_records.labels(outcome="dead_lettered").inc(batch.landed)
         for shard, due_ms in earliest.items():  # before waiting for the last poll's answers
             self.on_scheduled(shard, due_ms)
@@ -345,7 +250,7 @@ class Intake:
         answers = [e.record(self.config.events_topic, now) for e in events]
         self._answering = _Answering(self.outbox.submit(answers), answers, offsets)
 
-    def _sort(self, message: Message, now: int, batch: _Batch) -> None:
+    def _sort(self, message: Message, now: int, batch: Batch) -> None:
         """Parse one record into a write, or refuse it with a dead letter. Nothing a record
         holds may escape as an exception: one that no check foresaw is dead-lettered as
         `unreadable`, with the error logged."""
@@ -366,7 +271,7 @@ class Intake:
             origin = intake_id(*where, batch.tags[where[0]])
             write = self._write(request, message, now, origin)
             if proof is not None:
-                batch.signed.append(_Signed(proof, origin, message, where, headers))
+                batch.signed.append(Signed(proof, origin, message, where, headers))
         except InvalidEnvelope as e:
             self._refuse(batch, message, where, headers=headers, request=request, error=e)
             return
@@ -388,7 +293,7 @@ class Intake:
         parts = Parts(message.topic() or "", message.key(), message.value(), headers)
         return self.identity.establish(parts, _record_ms(message, now), _age_base(message, now))
 
-    def _refuse_replays(self, batch: _Batch) -> None:
+    def _refuse_replays(self, batch: Batch) -> None:
         """Refuse the signed records whose nonce another record used first."""
         signed = batch.take_signed()
         firsts = self.nonces.first_uses([(s.proof, s.origin) for s in signed])
@@ -403,12 +308,12 @@ class Intake:
                          request=None, error=error)  # fmt: skip
 
     def _refuse(  # noqa: PLR0913 - the record, what could be read of it, and why
-        self, batch: _Batch, message: Message, where: tuple[str, int, int], *,
+        self, batch: Batch, message: Message, where: tuple[str, int, int], *,
         headers: list[Header] | None, request: Request | None, error: InvalidEnvelope,
     ) -> None:  # fmt: skip
         batch.refuse(
             deadletter.from_intake(message, headers, error.reason, error.detail),
-            _refusal(Coordinates(*where), headers or [], request, error, message.key()),
+            answering.refusal_of(Coordinates(*where), headers or [], request, error, message.key()),
         )
         log.warning("dead_lettered", reason=error.reason.value, detail=error.detail,
                     topic=where[0], partition=where[1], offset=where[2])  # fmt: skip
@@ -525,16 +430,6 @@ class Intake:
         log.info("intake_revoked", partitions=sorted(p.partition for p in partitions))
 
 
-def _key_text(key: bytes | None) -> str | None:
-    """A record key as an id, when it reads as one (short UTF-8 text)."""
-    if key is None or len(key) > MAX_KEY_AS_ID_BYTES:
-        return None
-    try:
-        return key.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
 def _record_ms(message: Message, now: int) -> int:
     """The record's own timestamp (now where it has none)."""
     kind, stamp = message.timestamp()
@@ -566,58 +461,3 @@ class IntakeConfig:
     events_topic: str
     limits: Limits
     policy: CallerPolicy
-
-
-# Codes after which a schedule's due time is in Redis (a re-read's too: the replica that
-# stored it may have died before it woke the dispatchers).
-_STORED = (Applied.SCHEDULED, Applied.UPDATED, Applied.REREAD_PENDING)
-
-
-def _label(code: Applied) -> str:
-    if code in (Applied.REPLAYED, Applied.REREAD_PENDING):
-        return "duplicate"
-    return code.name.lower()
-
-
-def _event(coordinates: Coordinates, write: Write, code: Applied) -> Event:
-    if isinstance(write, Cancellation):
-        return Event.of_stored(OUTCOMES[code], write.id, None, intake=coordinates)
-    if isinstance(write, Holding):
-        if code is Applied.REREAD_PENDING:
-            code = Applied.PAUSED if write.paused else Applied.RESUMED
-        return Event.of_stored(OUTCOMES[code], write.id, write.caller, intake=coordinates)
-    if code is Applied.REREAD_PENDING:  # answered again, as it was the first time
-        code = Applied.UPDATED if isinstance(write, Move) else Applied.SCHEDULED
-    if isinstance(write, Move):
-        due_ms = write.due_ms if code is Applied.UPDATED else None
-        return Event.of_stored(OUTCOMES[code], write.id, write.caller, due_ms=due_ms,
-                               intake=coordinates)  # fmt: skip
-    if code not in (Applied.SCHEDULED, Applied.UPDATED):  # an if_absent request changed nothing
-        return Event.of_stored(OUTCOMES[code], write.id, write.caller, intake=coordinates)
-    return Event.of_stored(
-        OUTCOMES[code], write.id, write.caller,
-        due_ms=write.due_ms, topic=write.topic, intake=coordinates,
-    )  # fmt: skip
-
-
-def _refusal(
-    coordinates: Coordinates, headers: Sequence[tuple[str, bytes | None]],
-    request: Request | None, error: InvalidEnvelope, key: bytes | None,
-) -> Event:  # fmt: skip
-    """The dead_lettered answer to a refused record, with whatever of it could be read: where
-    no id could be read, its record key stands for it (a request about an id is keyed by it),
-    so the answer goes with that id's other answers."""
-    try:
-        caller = envelope.caller_of(headers)
-    except InvalidEnvelope:
-        caller = None
-    schedule_id = error.schedule_id if request is None else request.schedule_id
-    return Event(
-        Outcome.DEAD_LETTERED,
-        caller,
-        schedule_id=schedule_id or _key_text(key),
-        topic=request.topic if isinstance(request, envelope.Envelope) else error.topic,
-        intake=coordinates,
-        reason=error.reason,
-        detail=error.detail,
-    )

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from blackbox import envelope as envelope_module
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import DeadLetterReason
-from blackbox.intake import loop as intake_module
+from blackbox.intake.batch import Batch
 from blackbox.intake.crashguard import CRASH_LIMIT
 from blackbox.intake.loop import Intake
 from blackbox.kafka import clients
@@ -164,7 +164,7 @@ def crashing_on_poison(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     apply = Intake._apply_in_parts
 
     def dying(
-        self: Intake, records: Sequence[Message], now: int, batch: intake_module._Batch,
+        self: Intake, records: Sequence[Message], now: int, batch: Batch,
         stop: object,
     ) -> object:  # fmt: skip
         for m in records:

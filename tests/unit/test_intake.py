@@ -8,8 +8,9 @@ from typing import Any, cast
 from confluent_kafka import Consumer
 
 from blackbox.envelope import Limits
+from blackbox.intake.batch import Batch
 from blackbox.intake.incarnations import Incarnations
-from blackbox.intake.loop import POLL_SECONDS, Intake, IntakeConfig, _Batch
+from blackbox.intake.loop import POLL_SECONDS, Intake, IntakeConfig
 from blackbox.intake.policy import open_policy
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule
@@ -79,7 +80,7 @@ def _schedule(offset: int) -> Schedule:
 def test_each_part_moves_the_watermark_past_every_record_parsed_refused_ones_too() -> None:
     """Guarantee 1: a part's slice carries the last offset parsed, even a refused record's,
     so a re-read skips it; the requests sent keep their order across parts."""
-    batch = _Batch({"in": "EhQ/z1Nx"})
+    batch = Batch({"in": "EhQ/z1Nx"})
     for offset in range(5):
         batch.saw("in", 0, offset)
         if offset not in (2, 4):  # 2 and 4 were refused (dead-lettered)
