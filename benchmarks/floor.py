@@ -63,8 +63,7 @@ class _Loop:
     def run(self, count: int) -> dict[str, float]:
         gc.freeze()  # as the service does once started
         messages = self._first_poll()
-        started, cpu = time.monotonic(), time.process_time()
-        redis_cpu = redis_cpu_seconds(self.client)
+        meter = _Meter(self.client)
         stored = 0
         while stored < count and messages:
             self._store(messages)
@@ -72,13 +71,7 @@ class _Loop:
             stored += len(messages)
             messages = _records(self.consumer.consume(min(POLL, count - stored), timeout=5.0))
         self.answers.flush(30)
-        elapsed = time.monotonic() - started
-        redis_cpu = redis_cpu_seconds(self.client) - redis_cpu
-        return {
-            "records_per_s": round(stored / elapsed),
-            "cpu_us_per_record": round((time.process_time() - cpu) / stored * 1e6, 1),
-            "redis_cpu_us_per_record": round(redis_cpu / stored * 1e6, 1),
-        }
+        return meter.figures(stored, "record")
 
     def _first_poll(self) -> list[Message]:
         deadline = time.monotonic() + 30
@@ -133,6 +126,29 @@ end
 return #ARGV
 """
 IN_FLIGHT = "{floor}:fly"
+# How long the firing loop waits for one claim's delivery reports.
+REPORT_SECONDS = 30.0
+
+
+class _Meter:
+    """Both floors' figures, measured one way: wall time, this process's CPU (librdkafka's
+    threads included) and Redis's, from its making to `figures`."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.started, self.cpu = time.monotonic(), time.process_time()
+        self.redis_cpu = redis_cpu_seconds(client)
+
+    def figures(self, count: int, unit: str) -> dict[str, float]:
+        """`<unit>s_per_s`, `cpu_us_per_<unit>` and `redis_cpu_us_per_<unit>` over `count`."""
+        elapsed = time.monotonic() - self.started
+        cpu = time.process_time() - self.cpu
+        redis_cpu = redis_cpu_seconds(self.client) - self.redis_cpu
+        return {
+            f"{unit}s_per_s": round(count / elapsed),
+            f"cpu_us_per_{unit}": round(cpu / count * 1e6, 1),
+            f"redis_cpu_us_per_{unit}": round(redis_cpu / count * 1e6, 1),
+        }
 
 
 def firing_floor(stack: Stack, topic: str, count: int, value: bytes) -> dict[str, float]:
@@ -164,18 +180,11 @@ class _FiringLoop:
             pipe.zadd(DUE, {f"f{n}": now})
         pipe.execute()
         gc.freeze()
-        started, cpu = time.monotonic(), time.process_time()
-        redis_cpu = redis_cpu_seconds(self.client)
+        meter = _Meter(self.client)
         fired = 0
         while fired < count:
             fired += self._fire(now)
-        elapsed = time.monotonic() - started
-        redis_cpu = redis_cpu_seconds(self.client) - redis_cpu
-        return {
-            "fired_per_s": round(fired / elapsed),
-            "cpu_us_per_message": round((time.process_time() - cpu) / fired * 1e6, 1),
-            "redis_cpu_us_per_message": round(redis_cpu / fired * 1e6, 1),
-        }
+        return meter.figures(fired, "message")
 
     def _fire(self, now: int) -> int:
         claimed: list[bytes] = self.claim(keys=[DUE, IN_FLIGHT, PAYLOAD], args=[now, POLL])
@@ -188,7 +197,10 @@ class _FiringLoop:
                 headers=[("blackbox-id", schedule_id)],
                 on_delivery=self._report,
             )
+        deadline = time.monotonic() + REPORT_SECONDS
         while self.reported < len(ids):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(ids) - self.reported} delivery reports never came")
             self.producer.poll(0.05)
         acked, self.acked, self.reported = self.acked, [], 0
         if acked:
