@@ -42,6 +42,9 @@ class Health:
         self.states = dict.fromkeys(self.probes, DOWN)
         self.errors: dict[str, str] = {}
         self.crashed = False
+        # Conditions that keep the replica from being ready although every probe answers
+        # (intake partitions stopped for lost data), by name, with what they say.
+        self.holds: dict[str, str] = {}
         self._up_gauge = Gauge("blackbox_up", "1 while a dependency answers its probe.",
                                ["dependency"], registry=metrics.registry)  # fmt: skip
         self._ready_gauge = Gauge("blackbox_ready", "1 while this replica is ready to work.",
@@ -49,7 +52,7 @@ class Health:
 
     @property
     def ready(self) -> bool:
-        return all(state == UP for state in self.states.values()) and self.live
+        return all(state == UP for state in self.states.values()) and self.live and not self.holds
 
     @property
     def live(self) -> bool:
@@ -72,6 +75,7 @@ class Health:
             "ready": self.ready,
             "live": self.live,
             "clock": self._clock(),
+            **({"held": dict(self.holds)} if self.holds else {}),
             "dependencies": {
                 name: self.errors.get(name, DOWN) if state == DOWN else state
                 for name, state in self.states.items()
@@ -98,6 +102,14 @@ class Health:
         self._ready_gauge.set(1 if self.ready else 0)
         if self.ready != was_ready:
             log.info("ready" if self.ready else "not_ready", **self.report())
+
+    def hold(self, name: str, reason: str | None) -> None:
+        """Keep the replica unready for `reason` (None: no longer)."""
+        if reason is None:
+            self.holds.pop(name, None)
+        else:
+            self.holds[name] = reason
+        self._ready_gauge.set(1 if self.ready else 0)
 
     def mark_crashed(self) -> None:
         self.crashed = True

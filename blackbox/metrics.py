@@ -107,6 +107,32 @@ class Metrics:
             "firers than shards, and this one only sweeps (raise BLACKBOX_SHARDS).",
             registry=self.registry,
         )
+        self.redis_gaps = Counter(
+            "blackbox_redis_gaps",
+            "Intake partitions found with data Redis lost beyond a failover's lag, by kind "
+            "(far_behind: a gap over BLACKBOX_REREAD_LIMIT; no_watermark: Redis holds no "
+            "trace of committed offsets).",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.reread_records = Counter(
+            "blackbox_intake_reread_records",
+            "Intake records read again because Redis held less than the group committed "
+            "(a failover's lag, a restart's margin): at most, the gaps' sizes.",
+            registry=self.registry,
+        )
+        self.given_up_records = Counter(
+            "blackbox_intake_given_up_records",
+            "Intake records whose schedules Redis lost and the operator chose to give up "
+            "(BLACKBOX_REDIS_LOSS=skip).",
+            registry=self.registry,
+        )
+        self.stopped_partitions = Gauge(
+            "blackbox_intake_stopped_partitions",
+            "Intake partitions not read because Redis lost their data (BLACKBOX_REDIS_LOSS="
+            "stop): rebuild Redis from Kafka, or choose reread or skip.",
+            registry=self.registry,
+        )
         self.role = Info(
             "blackbox_role",
             "The role this process runs (all, intake or dispatch), as the label of a 1.",
@@ -114,6 +140,8 @@ class Metrics:
         )
         for reason in DeadLetterReason:
             self.dead_letters.labels(reason=reason.value)
+        for kind in ("far_behind", "no_watermark"):
+            self.redis_gaps.labels(kind=kind)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """A sample's current value (0 when never set), for tests and the admin page."""

@@ -13,7 +13,7 @@ import gc
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 import redis
@@ -76,7 +76,7 @@ class Service:
         self.receiving = (
             Receiving(settings, self.store, self.metrics, caller_policy=caller_policy,
                       room=self.room, stopping=self.stopping, announce=self._scheduled,
-                      redis_checked=self._redis_checked)
+                      redis_checked=self._redis_checked, on_stopped=self._intake_stopped)
             if role.takes_intake else None
         )  # fmt: skip
         self.health = Health(self._probes(), self.metrics, self._stall_seconds())
@@ -87,6 +87,13 @@ class Service:
             threading.Thread(target=self._guard(loop), name=name, daemon=True)
             for name, loop in self._loops().items()
         ]
+
+    def _intake_stopped(self, partitions: Sequence[tuple[str, int]]) -> None:
+        """Intake partitions stopped because Redis lost their data keep the replica unready."""
+        self.metrics.stopped_partitions.set(len(partitions))
+        named = ", ".join(f"{topic}:{partition}" for topic, partition in partitions)
+        reason = f"Redis lost the data of intake partitions {named}: see the log" if named else None
+        self.health.hold("intake", reason)
 
     @property
     def failed(self) -> bool:

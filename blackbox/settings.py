@@ -165,6 +165,12 @@ VARIABLES: tuple[Var, ...] = (
         "shards the pending messages are spread over (each its own Redis Cluster slot), at "
         "least the firing replicas; empty: the count the namespace was written with, or 16 "
         "for a new one; keep it fixed while any are pending"),
+    Var("BLACKBOX_REREAD_LIMIT", "reread_limit", _positive_int, "100000",
+        "the most intake records of one partition read again by themselves when Redis holds "
+        "less than the group committed (a failover's lag); a larger gap is lost data"),
+    Var("BLACKBOX_REDIS_LOSS", "redis_loss", _choice("stop", "reread", "skip"), "stop",
+        "when Redis lost a partition's data (a gap over BLACKBOX_REREAD_LIMIT, or no "
+        "watermark under committed offsets): stop reading it, read it all again, or skip it"),
     Var("BLACKBOX_INTAKE_TOPIC", "intake_topic", _topic, "blackbox", "topic schedules arrive on"),
     Var("BLACKBOX_GROUP_ID", "group_id", str, "blackbox", "consumer group of the intake"),
     Var("BLACKBOX_DLQ_TOPIC", "dlq_topic", _topic, "blackbox.dlq", "dead-letter topic"),
@@ -234,6 +240,8 @@ class Settings:
     accept_eviction: bool
     namespace: str
     shards: int | None  # None: unset (see layout.adopt)
+    reread_limit: int
+    redis_loss: str
     intake_topic: str
     group_id: str
     dlq_topic: str

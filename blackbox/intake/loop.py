@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 import structlog
@@ -34,6 +34,7 @@ from blackbox.firing.nudges import Nudge
 from blackbox.intake import answering
 from blackbox.intake.batch import Batch, Signed
 from blackbox.intake.crashguard import CRASH_LIMIT, CrashGuard
+from blackbox.intake.gaps import GapCheck, GapConfig, Partition
 from blackbox.intake.identity import Identity, Proof
 from blackbox.intake.incarnations import Incarnations
 from blackbox.intake.nonces import Nonces
@@ -48,6 +49,7 @@ from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.signing import Parts
 from blackbox.storage.applying import Applied, Cancellation, Holding, Move, Write
 from blackbox.storage.store import RedisStore
+from blackbox.storage.watermarks import Watermarks
 
 log = structlog.get_logger("blackbox.intake.loop")
 # How long one poll waits for a record; also how soon intake sees a stop.
@@ -102,7 +104,9 @@ class Intake:
         nonces: Nonces,
         on_scheduled: Nudge = lambda _shard, _due_ms: None,
         on_refused_for_memory: Callable[[bool], None] = lambda _refused: None,
+        on_stopped: Callable[[Sequence[Partition]], None] = lambda _partitions: None,
     ) -> None:
+        """`on_stopped` is told the partitions whose Redis lost data, whenever they change."""
         self.on_scheduled = on_scheduled
         self.incarnations = incarnations
         self.guard = guard
@@ -116,6 +120,11 @@ class Intake:
         self.metrics = metrics
         self.backoff = Backoff(base=0.2, cap=10.0)
         self._answering: _Answering | None = None
+        self.known = Watermarks()
+        self.gaps = GapCheck(
+            consumer, store, self.known, config.gaps, metrics, seek=self._seek,
+            tag=lambda topic: self.incarnations.tags([topic])[topic], on_stopped=on_stopped,
+        )  # fmt: skip
 
     def run(self, stop: threading.Event) -> None:
         """Consume until `stop` is set, then close the consumer (committing what was stored)."""
@@ -140,7 +149,8 @@ class Intake:
 
     def poll_once(self, stop: threading.Event) -> None:
         """Consume one batch and handle it, backing off and rewinding if a dependency fails."""
-        records = self._admitted([m for m in self._consume() if self._is_record(m)])
+        self.gaps.run()
+        records = self._unheld(self._admitted([m for m in self._consume() if self._is_record(m)]))
         if not records:
             self._settle(stop)
             return
@@ -154,6 +164,8 @@ class Intake:
             self.on_refused_for_memory(isinstance(e, redis.exceptions.OutOfMemoryError))
             dependency = "redis" if isinstance(e, redis.RedisError) else "kafka"
             self.metrics.dependency_errors.labels(dependency=dependency).inc()
+            if dependency == "redis":  # it may have failed over: check what it still holds
+                self.gaps.suspect()
             delay = self.backoff.next()
             log.warning("intake_paused", dependency=dependency, error=str(e), retry_in_s=delay)
             self.guard.interrupted(records)
@@ -187,6 +199,15 @@ class Intake:
             self._rewind(records[count:])
         return records[:count]
 
+    def _unheld(self, records: list[Message]) -> list[Message]:
+        """The records of partitions checked for gaps and not stopped; the rest are read
+        again once their partition may be read (gaps.py)."""
+        held = [m for m in records if self.gaps.held((m.topic() or "", m.partition() or 0))]
+        if held:
+            self._rewind(held)
+            return [m for m in records if not self.gaps.held((m.topic() or "", m.partition() or 0))]
+        return records
+
     def handle(self, records: Sequence[Message], stop: threading.Event) -> None:
         """Dead-letter bad records, apply the rest, answer each, then store the offsets."""
         now = now_ms()
@@ -206,7 +227,7 @@ class Intake:
         applied before are answered before the error goes up: re-read after the rewind,
         they are skipped as applied already.
         """
-        with self.store.applying(now) as applying:
+        with self.store.applying(now, self.known) as applying:
             for start in range(0, len(records), PART_RECORDS):
                 for message in records[start : start + PART_RECORDS]:
                     self._sort(message, now, batch)
@@ -311,6 +332,8 @@ class Intake:
         self, batch: Batch, message: Message, where: tuple[str, int, int], *,
         headers: list[Header] | None, request: Request | None, error: InvalidEnvelope,
     ) -> None:  # fmt: skip
+        if self.gaps.handled_before(*where):  # refused, dead-lettered and answered before
+            return
         batch.refuse(
             deadletter.from_intake(message, headers, error.reason, error.detail),
             answering.refusal_of(Coordinates(*where), headers or [], request, error, message.key()),
@@ -410,23 +433,29 @@ class Intake:
             tp = (m.topic() or "", m.partition() or 0)
             first[tp] = min(first.get(tp, m.offset() or 0), m.offset() or 0)
         for (topic, partition), offset in first.items():
-            self.incarnations.rewound(topic, partition, offset)
             try:
-                self.consumer.seek(TopicPartition(topic, partition, offset))
+                self._seek(topic, partition, offset)
             except (
                 KafkaException
             ) as e:  # the partition was revoked meanwhile: its new owner reads it
                 log.info("intake_rewind_skipped", topic=topic, partition=partition, error=str(e))
+
+    def _seek(self, topic: str, partition: int, offset: int) -> None:
+        """Move the consumer to `offset` of the partition (KafkaException if it cannot)."""
+        self.incarnations.rewound(topic, partition, offset)
+        self.consumer.seek(TopicPartition(topic, partition, offset))
 
     def _assigned(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """New partitions: their topic may have been created again since intake last read
         it, and their last owner may have died on a record (crashguard.py)."""
         self.incarnations.forget((p.topic, p.partition) for p in partitions)
         self.guard.assigned((p.topic, p.partition) for p in partitions)
+        self.gaps.assign((p.topic, p.partition) for p in partitions)
         log.info("intake_assigned", partitions=sorted(p.partition for p in partitions))
 
     def _revoked(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.guard.revoked((p.topic, p.partition) for p in partitions)
+        self.gaps.revoke((p.topic, p.partition) for p in partitions)
         log.info("intake_revoked", partitions=sorted(p.partition for p in partitions))
 
 
@@ -461,3 +490,4 @@ class IntakeConfig:
     events_topic: str
     limits: Limits
     policy: CallerPolicy
+    gaps: GapConfig = field(default_factory=GapConfig)

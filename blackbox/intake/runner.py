@@ -9,6 +9,7 @@ memory probe.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 
 from confluent_kafka import Producer
 
@@ -17,6 +18,7 @@ from blackbox.errors import SettingsError
 from blackbox.firing.nudges import Nudge
 from blackbox.intake import policy
 from blackbox.intake.crashguard import CrashGuard
+from blackbox.intake.gaps import GapConfig, Loss, Partition
 from blackbox.intake.incarnations import Incarnations, RedisRecord
 from blackbox.intake.loop import POLL_SECONDS, Intake, IntakeConfig
 from blackbox.intake.nonces import Nonces
@@ -62,6 +64,7 @@ def intake_config_of(settings: Settings, caller_policy: CallerPolicy) -> IntakeC
         events_topic=settings.events_topic,
         limits=limits_of(settings, caller_policy),
         policy=caller_policy,
+        gaps=GapConfig(reread_limit=settings.reread_limit, loss=Loss(settings.redis_loss)),
     )
 
 
@@ -82,10 +85,12 @@ class Receiving:
         self, settings: Settings, store: RedisStore, metrics: Metrics, *,
         caller_policy: CallerPolicy, room: Room, stopping: threading.Event,
         announce: Nudge, redis_checked: threading.Event,
+        on_stopped: Callable[[Sequence[Partition]], None] = lambda _partitions: None,
     ) -> None:  # fmt: skip
         """`announce(shard, due_ms)` is called with the earliest due time of each shard
         written to, once per batch. Intake starts once `redis_checked` is set: Redis's
-        eviction policy and the namespace's shard count were found right."""
+        eviction policy and the namespace's shard count were found right. `on_stopped` is
+        told the intake partitions stopped because Redis lost their data (gaps.py)."""
         self.stopping = stopping
         self.redis_checked = redis_checked
         self.outbox = answers_outbox(settings)
@@ -97,6 +102,7 @@ class Receiving:
             guard=CrashGuard(store.client, store.layout.intake_handling),
             nonces=Nonces(store.client, store.layout),
             on_scheduled=announce, on_refused_for_memory=room.intake_refused,
+            on_stopped=on_stopped,
         )  # fmt: skip
 
     def loops(self) -> dict[str, Loop]:

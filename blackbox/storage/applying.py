@@ -19,6 +19,7 @@ import redis
 
 from blackbox.schedule import SCOPED_PREFIX, Schedule
 from blackbox.storage.keys import Layout
+from blackbox.storage.watermarks import Watermarks
 
 # Bounds the work of one script call so Redis never blocks on one huge batch.
 SCRIPT_CHUNK = 500
@@ -213,9 +214,12 @@ class Applying:
     are sent without redis-py's health check: its PING would read a reply of ours.
     """
 
-    def __init__(self, script: IntakeScript, now_ms: int) -> None:
+    def __init__(self, script: IntakeScript, now_ms: int, known: Watermarks | None = None) -> None:
+        """`known`: the marks this process saw confirmed; shards lagging in it are moved
+        along with the slices (watermarks.py), and what this session applies confirms more."""
         self._script = script
         self._now_ms = now_ms
+        self._known = known
         self._lanes: dict[int, _Lane] = {}  # by id() of the node's connection pool
         self._marks: dict[tuple[str, int], int] = {}  # per partition and shard: last mark
         self._codes: list[Applied | None] = []  # per request sent, once its reply is read
@@ -246,12 +250,16 @@ class Applying:
 
     def _by_shard(self, part: IntakeSlice) -> list[tuple[int, list[tuple[int, tuple[int, Write]]]]]:
         """The slice's requests by shard, each with its position in the order sent. With
-        no request at all, shard 0 still moves its watermark past the slice."""
+        no request at all, shard 0 still moves its watermark past the slice, and so does
+        every shard whose mark lags (a call applying nothing)."""
         groups: dict[int, list[tuple[int, tuple[int, Write]]]] = {}
         layout = self._script.layout
         for item in part.items:
             groups.setdefault(layout.shard_of(item[1].id), []).append((len(self._codes), item))
             self._codes.append(None)
+        if self._known is not None:
+            for shard in self._known.lagging(part.field, part.last_offset, layout.count):
+                groups.setdefault(shard, [])
         return list(groups.items()) or [(0, [])]
 
     def _lane(self, shard: int) -> _Lane:
@@ -285,6 +293,8 @@ class Applying:
         if refused is not None:
             self.partial = list(self._codes)
             raise refused
+        if self._known is not None:
+            self._known.confirm(self._marks)
         return [code for code in self._codes if code is not None]
 
     def _read(self, lane: _Lane) -> redis.exceptions.OutOfMemoryError | None:

@@ -103,6 +103,12 @@ class Guard:
         """Renew this process's heartbeat; raise ShardsChanged if another process recorded
         another shard count since `settle`: this one would write where no one looks."""
         outcome, recorded, _ = self._call(now_ms, "keep")
+        if outcome != "ok" and recorded is None:
+            raise ShardsChanged(
+                f"Redis no longer holds namespace {self.layout.namespace!r}'s shard count: it "
+                "was flushed, restarted without persistence or restored from an older snapshot. "
+                "Stopping; started again, intake checks what Redis lost (BLACKBOX_REDIS_LOSS)."
+            )
         if outcome != "ok":
             raise ShardsChanged(
                 f"BLACKBOX_SHARDS={self.layout.count}, but another process changed namespace "

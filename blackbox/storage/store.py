@@ -21,6 +21,7 @@ from blackbox.storage import scripts
 from blackbox.storage.applying import Applied, Applying, IntakeScript, IntakeSlice, chunked
 from blackbox.storage.connections import RedisClient, refresh_after
 from blackbox.storage.keys import Layout
+from blackbox.storage.watermarks import Watermarks
 
 # Tries of a reschedule whose payload an intake update replaced between read and write.
 RESCHEDULE_TRIES = 3
@@ -135,10 +136,10 @@ class RedisStore:
             return applying.codes()
 
     @contextmanager
-    def applying(self, now_ms: int = 0) -> Iterator[Applying]:
+    def applying(self, now_ms: int = 0, known: Watermarks | None = None) -> Iterator[Applying]:
         """Intake slices sent part by part, their codes read at the end (`now_ms` sets the
-        payloads' TTLs)."""
-        applying = Applying(self.intake, now_ms)
+        payloads' TTLs; `known`: the marks this process saw confirmed, see watermarks.py)."""
+        applying = Applying(self.intake, now_ms, known)
         failed = True
         try:
             yield applying

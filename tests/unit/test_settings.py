@@ -17,6 +17,8 @@ def test_defaults_from_an_empty_environment() -> None:
         accept_eviction=False,
         namespace="bb",
         shards=None,
+        reread_limit=100_000,
+        redis_loss="stop",
         intake_topic="blackbox",
         group_id="blackbox",
         dlq_topic="blackbox.dlq",

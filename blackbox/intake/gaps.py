@@ -1,0 +1,289 @@
+"""Gaps: intake partitions whose records Redis no longer holds, found and read again.
+
+The intake commits a record's offset once Redis applied it, but Redis may lose that write
+afterwards: a primary fails over to a replica that had not received it yet (replication is
+asynchronous), an operator restores an older snapshot, a Redis comes back empty. Kafka
+still holds every record; Redis holds, per shard, the watermark of each partition
+(watermarks.py). A partition whose marks are below what its group committed, or below
+what this process saw Redis confirm, has a gap: the records past the lowest mark are read
+again (re-reads are idempotent: what Redis still holds is skipped).
+
+A gap too large to be a failover's lag (`BLACKBOX_REREAD_LIMIT` records), or a partition
+with committed offsets and no watermark at all, is lost data, not lag: reading hours of
+requests again would deliver again much that fired since. The intake then stops reading
+that partition and says so (`BLACKBOX_REDIS_LOSS=stop`, the default) until the operator
+rebuilds Redis or chooses: `reread` reads the whole gap again (duplicates of what fired
+since, under the same ids), `skip` goes on from the committed offsets (the gap's schedules
+given up, counted).
+
+Partitions are checked when assigned (against the group's commits), after any Redis
+failure the intake meets, and every CHECK_SECONDS against what this process saw confirmed.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import redis
+import structlog
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from blackbox.metrics import Metrics
+from blackbox.storage import watermarks
+from blackbox.storage.store import RedisStore
+from blackbox.storage.watermarks import Marks, Watermarks
+
+log = structlog.get_logger("blackbox.intake.gaps")
+
+# How often partitions are checked against what this process saw Redis confirm, seconds:
+# one HMGET per shard, so a failover met while intake is idle is found within this.
+CHECK_SECONDS = 5.0
+# How often a stopped partition is checked again (an operator may have rebuilt Redis).
+STOPPED_CHECK_SECONDS = 30.0
+# How long the group's committed offsets are asked for, seconds.
+COMMITTED_TIMEOUT = 10.0
+
+Partition = tuple[str, int]
+
+
+class Loss(enum.StrEnum):
+    """What intake does with a partition whose Redis lost data (BLACKBOX_REDIS_LOSS)."""
+
+    STOP = "stop"  # stop reading it and say so (the default)
+    REREAD = "reread"  # read the whole gap again: what fired since is delivered again
+    SKIP = "skip"  # go on from the committed offsets: the gap's schedules are given up
+
+
+class Kind(enum.StrEnum):
+    """What a check found in one partition."""
+
+    FINE = "fine"
+    LAG = "lag"  # a gap within the re-read limit: read again
+    FAR_BEHIND = "far_behind"  # a gap over the limit: lost data
+    NO_WATERMARK = "no_watermark"  # committed offsets, and no mark at all: lost data
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A check's finding: the gap's first offset, and the offset below which every record
+    was handled before (both 0 where fine)."""
+
+    kind: Kind
+    start: int = 0
+    end: int = 0
+
+    @property
+    def records(self) -> int:
+        """How many records the gap holds at most."""
+        return max(0, self.end - self.start)
+
+    @property
+    def lost(self) -> bool:
+        return self.kind in (Kind.FAR_BEHIND, Kind.NO_WATERMARK)
+
+
+FINE = Verdict(Kind.FINE)
+
+
+def verdict(marks: Marks, known: Marks, committed: int | None, limit: int) -> Verdict:
+    """Judge one partition from every shard's mark in Redis (`marks`), the marks this
+    process saw confirmed (`known`) and the group's committed offset (None: not asked, or
+    none). A shard without a mark counts as -1 where this process saw it hold one, and is
+    left out where it never did (it may have received no record of the partition)."""
+    floor = [_floor(m, k) for m, k in zip(marks, known, strict=True)]
+    present = [m for m in floor if m is not None]
+    if not present:
+        if committed:  # offsets past 0 were committed, and Redis has no trace of them
+            return Verdict(Kind.NO_WATERMARK, 0, committed)
+        return FINE
+    starts = [
+        m + 1
+        for m, k in zip(floor, known, strict=True)
+        if m is not None and k is not None and m < k
+    ]
+    if committed is not None and min(present) + 1 < committed:
+        starts.append(min(present) + 1)
+    if not starts:
+        return FINE
+    start = min(starts)
+    end = max([committed or 0, *(k + 1 for k in known if k is not None)])
+    return Verdict(Kind.LAG if end - start <= limit else Kind.FAR_BEHIND, start, end)
+
+
+def _floor(mark: int | None, known: int | None) -> int | None:
+    """A shard's mark as judged: -1 for a mark Redis lost, None for one it never had."""
+    if mark is not None:
+        return mark
+    return -1 if known is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class GapConfig:
+    """How large a gap is read again by itself, and what is done with a larger one."""
+
+    reread_limit: int = 100_000  # BLACKBOX_REREAD_LIMIT's default
+    loss: Loss = Loss.STOP
+
+
+class GapCheck:
+    """Finds the gaps of the intake's partitions and has them read again, or stops them.
+
+    `seek(topic, partition, offset)` moves the consumer (the intake's rewind, which also
+    tells its incarnations); `tag(topic)` names a topic's incarnation; `on_stopped` is told
+    the partitions stopped for lost data whenever they change (health, /ready).
+    """
+
+    def __init__(  # noqa: PLR0913 - its collaborators, each injected
+        self, consumer: Consumer, store: RedisStore, known: Watermarks, config: GapConfig,
+        metrics: Metrics, *, seek: Callable[[str, int, int], None],
+        tag: Callable[[str], str], on_stopped: Callable[[Sequence[Partition]], None],
+    ) -> None:  # fmt: skip
+        self.consumer = consumer
+        self.store = store
+        self.known = known
+        self.config = config
+        self.metrics = metrics
+        self.seek = seek
+        self.tag = tag
+        self.on_stopped = on_stopped
+        self.assigned: set[Partition] = set()
+        self.unchecked: set[Partition] = set()  # asked against the group's commits
+        self.stopped: dict[Partition, Verdict] = {}
+        # Per partition read again: the offset below which every record was handled before.
+        self.rereading: dict[Partition, int] = {}
+        self._next_check = time.monotonic() + CHECK_SECONDS
+        self._next_stopped_check = 0.0
+
+    def assign(self, partitions: Iterable[Partition]) -> None:
+        """Newly assigned partitions: none is read before it is checked."""
+        partitions = set(partitions)
+        self.assigned |= partitions
+        self.unchecked |= partitions
+        self.known.forget(partitions)
+
+    def revoke(self, partitions: Iterable[Partition]) -> None:
+        partitions = set(partitions)
+        self.assigned -= partitions
+        self.unchecked -= partitions
+        for partition in partitions:
+            self.rereading.pop(partition, None)
+        for partition in partitions & set(self.stopped):
+            del self.stopped[partition]
+        self.on_stopped(sorted(self.stopped))
+
+    def suspect(self) -> None:
+        """Redis failed under the intake: check every partition against the commits too."""
+        self.unchecked |= self.assigned - set(self.stopped)
+
+    def held(self, partition: Partition) -> bool:
+        """Whether the partition's records must not be handled now (unchecked or stopped)."""
+        return partition in self.unchecked or partition in self.stopped
+
+    def handled_before(self, topic: str, partition: int, offset: int) -> bool:
+        """Whether the record was handled before a gap made intake read it again: its dead
+        letter and answer were sent then (a refusal needs no Redis), so they are not again."""
+        return offset < self.rereading.get((topic, partition), -1)
+
+    def _field(self, partition: Partition) -> str:
+        topic, number = partition
+        tag = self.tag(topic)
+        return f"{topic}:{number}:{tag}" if tag else f"{topic}:{number}"
+
+    def run(self) -> None:
+        """Check what is due for a check; a Redis or Kafka failure leaves it for next time."""
+        now = time.monotonic()
+        routine = now >= self._next_check
+        again = bool(self.stopped) and now >= self._next_stopped_check
+        if not (self.unchecked or routine or again):
+            return
+        asked = set(self.unchecked)
+        if again:
+            asked |= set(self.stopped)
+            self._next_stopped_check = now + STOPPED_CHECK_SECONDS
+        plain = self.assigned - asked - set(self.stopped) if routine else set()
+        try:
+            self._check(sorted(asked), sorted(plain))
+        except (redis.RedisError, KafkaException) as e:
+            log.warning("intake_gap_check_failed", error=str(e))
+            return
+        if routine:
+            self._next_check = now + CHECK_SECONDS
+
+    def _check(self, asked: list[Partition], plain: list[Partition]) -> None:
+        """Judge `asked` against the group's commits and `plain` against what this process
+        saw confirmed, then act on each verdict."""
+        committed = self._committed(asked)
+        partitions = asked + plain
+        fields = [self._field(p) for p in partitions]
+        marks = watermarks.read(self.store.client, self.store.layout, fields)
+        for partition, field in zip(partitions, fields, strict=True):
+            known = self.known.known(field, self.store.layout.count)
+            found = verdict(marks[field], known, committed.get(partition), self.config.reread_limit)
+            self._act(partition, field, found, committed.get(partition))
+        self.on_stopped(sorted(self.stopped))
+
+    def _committed(self, partitions: list[Partition]) -> dict[Partition, int | None]:
+        if not partitions:
+            return {}
+        asked = [TopicPartition(t, p) for t, p in partitions]
+        found = self.consumer.committed(asked, timeout=COMMITTED_TIMEOUT)
+        return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else None for tp in found}
+
+    def _act(self, partition: Partition, field: str, found: Verdict, committed: int | None) -> None:
+        if not found.lost:
+            self._resume(partition)
+            if found.kind is Kind.LAG:
+                self._reread(partition, found, "lag")
+            self.unchecked.discard(partition)
+            return
+        self.metrics.redis_gaps.labels(kind=found.kind.value).inc()
+        if self.config.loss is Loss.REREAD:
+            self._resume(partition)
+            self._reread(partition, found, "operator")
+        elif self.config.loss is Loss.SKIP:
+            self._resume(partition)
+            self._skip(partition, field, found, committed)
+        else:
+            self._stop(partition, found)
+        self.unchecked.discard(partition)
+
+    def _reread(self, partition: Partition, found: Verdict, why: str) -> None:
+        """Read the partition again from the verdict's start."""
+        self.seek(partition[0], partition[1], found.start)
+        self.rereading[partition] = max(self.rereading.get(partition, -1), found.end)
+        self.metrics.reread_records.inc(found.records)
+        level = log.info if why == "lag" else log.warning
+        level("intake_reread", topic=partition[0], partition=partition[1], kind=found.kind.value,
+              start=found.start, records=found.records, why=why)  # fmt: skip
+
+    def _skip(
+        self, partition: Partition, field: str, found: Verdict, committed: int | None
+    ) -> None:
+        """Give the gap up: Redis's marks move to the committed offset, intake goes on."""
+        if committed is not None:
+            watermarks.raise_to(self.store.client, self.store.layout, field, committed - 1)
+        self.metrics.given_up_records.inc(found.records)
+        log.error("intake_gap_given_up", topic=partition[0], partition=partition[1],
+                  kind=found.kind.value, records=found.records, committed=committed)  # fmt: skip
+
+    def _stop(self, partition: Partition, found: Verdict) -> None:
+        if partition not in self.stopped:
+            log.error(
+                "intake_stopped_redis_lost_data", topic=partition[0], partition=partition[1],
+                kind=found.kind.value, records=found.records, start=found.start,
+                action="rebuild Redis from Kafka (blackbox rebuild), or restart with "
+                "BLACKBOX_REDIS_LOSS=reread (deliver the gap again) or =skip (give it up)",
+            )  # fmt: skip
+        self.stopped[partition] = found
+        self._pause([partition])
+
+    def _resume(self, partition: Partition) -> None:
+        if self.stopped.pop(partition, None) is not None:
+            log.info("intake_partition_resumed", topic=partition[0], partition=partition[1])
+            self.consumer.resume([TopicPartition(*partition)])
+
+    def _pause(self, partitions: list[Partition]) -> None:
+        self.consumer.pause([TopicPartition(t, p) for t, p in partitions])

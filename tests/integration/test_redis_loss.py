@@ -1,0 +1,116 @@
+"""Redis losing what intake applied: a gap within the re-read limit is read again from Kafka
+by itself; a Redis wiped under committed offsets stops intake, says so, and is never run on
+silently (gaps.py). The failover itself, on real processes, is test_failover.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import orjson
+import redis
+
+from blackbox.service import Service
+from tests.integration.conftest import ReaderFactory, ServiceFactory
+from tests.kafkatools import envelope, produce, unique, wait_until
+
+
+def _wipe(client: redis.Redis, namespace: str, *, schedules_only: bool = False) -> int:
+    """Delete every key of the namespace, as FLUSHALL or a restore without them would; with
+    `schedules_only`, its schedules and watermarks, as a failover to a replica that lagged
+    behind them would (the namespace's shard count and heartbeats, older, stay)."""
+    keys = list(client.scan_iter(match="{" + namespace + "*", count=1000))
+    if schedules_only:
+        kept = (b":shards", b":procs", b":firers")
+        keys = [k for k in keys if not k.endswith(kept)]
+    if keys:
+        client.delete(*keys)
+    return len(keys)
+
+
+def _schedule(service: Service, target: str, count: int, countdown: float, bad: int = 0) -> None:
+    bootstrap = service.settings.kafka["bootstrap.servers"]
+    values = [envelope(target, {"n": n}, countdown) for n in range(count)]
+    values += [b"not json %d" % n for n in range(bad)]
+    produce(bootstrap, service.settings.intake_topic, values)
+
+
+def _stored(service: Service, count: int) -> None:
+    wait_until(lambda: sum(service.store.counts()) == count, what=f"{count} stored")
+
+
+def test_redis_emptied_under_a_running_intake_is_read_again_from_kafka(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """Guarantee 1: Redis went back below what it confirmed to intake (its data lost while
+    the service runs, as a failover to a lagging replica does): the records are read again
+    from Kafka and every schedule is delivered once; refused records are not dead-lettered
+    a second time."""
+    service = start_service()
+    target = unique("regained")
+    _schedule(service, target, 30, countdown=4, bad=5)
+    _stored(service, 30)
+    dlq = reader(service.settings.dlq_topic)
+    dlq.wait_count(5)
+    assert _wipe(redis_client, service.settings.namespace, schedules_only=True) > 0
+
+    delivered = reader(target).wait_count(30, timeout=40)
+    bodies = Counter(orjson.loads(r.value or b"")["n"] for r in delivered)
+    assert sorted(bodies) == list(range(30))
+    assert service.metrics.value("blackbox_intake_reread_records_total") >= 30
+    assert len(dlq.read_to_end()) == 5  # the refusals were dead-lettered once only
+    assert service.health.ready or not service.health.holds
+
+
+def test_a_wiped_redis_under_committed_offsets_stops_intake_and_says_so(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """Guarantee 1 (issue: a wiped Redis is never run on silently): a service started on a
+    Redis that lost everything while the group has committed offsets does not read on: the
+    partition is stopped, /ready holds it, the metrics count it. Started again with
+    BLACKBOX_REDIS_LOSS=reread, it reads the requests again and delivers every one."""
+    first = start_service()
+    target = unique("wiped")
+    _schedule(first, target, 20, countdown=3)
+    _stored(first, 20)
+    first.stop()
+    _wipe(redis_client, first.settings.namespace)
+
+    stopped = start_service()
+    wait_until(lambda: stopped.metrics.value("blackbox_intake_stopped_partitions") == 1,
+               what="the intake partition stopped")  # fmt: skip
+    assert stopped.metrics.value("blackbox_redis_gaps_total", {"kind": "no_watermark"}) >= 1
+    assert not stopped.health.ready
+    assert "intake" in stopped.health.report()["held"]  # type: ignore[operator]
+    assert stopped.store.counts() == (0, 0)  # nothing read on as if nothing happened
+    stopped.stop()
+
+    again = start_service(BLACKBOX_REDIS_LOSS="reread")
+    delivered = reader(target).wait_count(20, timeout=40)
+    assert sorted(orjson.loads(r.value or b"")["n"] for r in delivered) == list(range(20))
+    assert again.metrics.value("blackbox_intake_stopped_partitions") == 0
+
+
+def test_skip_gives_the_lost_schedules_up_and_counts_them(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """Going on after lost data is the operator's explicit choice: with
+    BLACKBOX_REDIS_LOSS=skip intake goes on from the committed offsets, counts what it gave
+    up, and a later start does not stop again on the same gap."""
+    first = start_service()
+    target = unique("skipped")
+    _schedule(first, target, 10, countdown=600)
+    _stored(first, 10)
+    first.stop()
+    _wipe(redis_client, first.settings.namespace)
+
+    skipping = start_service(BLACKBOX_REDIS_LOSS="skip")
+    wait_until(lambda: skipping.metrics.value("blackbox_intake_given_up_records_total") == 10,
+               what="10 records given up")  # fmt: skip
+    _schedule(skipping, target, 1, countdown=0)
+    assert len(reader(target).wait_count(1)) == 1  # intake goes on
+    skipping.stop()
+
+    after = start_service()
+    _schedule(after, target, 1, countdown=0)
+    wait_until(lambda: after.metrics.value("blackbox_delivered_total") == 1, what="delivered")
+    assert after.metrics.value("blackbox_intake_stopped_partitions") == 0

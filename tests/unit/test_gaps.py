@@ -1,0 +1,99 @@
+"""The judgement of an intake partition's gap (gaps.verdict) and the marks intake keeps of
+what Redis confirmed (watermarks.Watermarks): pure logic, no process."""
+
+from __future__ import annotations
+
+from blackbox.intake.gaps import Kind, Verdict, verdict
+from blackbox.storage.watermarks import REFRESH_OFFSETS, Watermarks
+
+LIMIT = 1000
+
+
+def test_marks_at_the_commit_are_fine() -> None:
+    """Guarantee 1: every shard's mark at the last committed record: nothing to read again."""
+    assert verdict([9, 9, 9], [None] * 3, 10, LIMIT) == Verdict(Kind.FINE)
+
+
+def test_a_new_partition_is_fine() -> None:
+    """No commit and no mark: a partition never read, not a loss."""
+    assert verdict([None, None], [None, None], None, LIMIT).kind is Kind.FINE
+
+
+def test_a_lagging_shard_is_read_again_from_its_mark() -> None:
+    """Guarantee 1: a failover lost the newest writes of one shard: the partition is read
+    again from just after the lowest mark up to the commit."""
+    found = verdict([40, 25, 40], [None] * 3, 41, LIMIT)
+    assert found == Verdict(Kind.LAG, 26, 41)
+    assert found.records == 15
+
+
+def test_shards_without_a_mark_that_never_had_one_are_left_out() -> None:
+    """A shard that never received a record of the partition has no mark: not a gap."""
+    assert verdict([None, 40], [None, None], 41, LIMIT).kind is Kind.FINE
+
+
+def test_a_mark_lost_below_what_this_process_saw_confirmed_is_a_gap() -> None:
+    """Guarantee 1: Redis went back below a mark it confirmed to this process (found
+    without asking the group): read again from the mark Redis still holds."""
+    assert verdict([50, 30], [50, 45], None, LIMIT) == Verdict(Kind.LAG, 31, 51)
+
+
+def test_a_mark_this_process_saw_that_redis_no_longer_has_counts_as_minus_one() -> None:
+    """A shard's whole mark lost: everything of the partition is read again."""
+    assert verdict([50, None], [50, 20], None, LIMIT) == Verdict(Kind.LAG, 0, 51)
+
+
+def test_committed_offsets_without_any_mark_are_lost_data() -> None:
+    """Guarantee 1 (a flushed Redis): the group committed, Redis holds no trace: lost data,
+    never run on silently."""
+    found = verdict([None, None], [None, None], 500, LIMIT)
+    assert found == Verdict(Kind.NO_WATERMARK, 0, 500)
+    assert found.lost
+
+
+def test_a_gap_over_the_limit_is_lost_data_not_lag() -> None:
+    """A Redis restored from an old snapshot: more records than the limit behind is lost
+    data (read again, they would deliver again what fired since)."""
+    found = verdict([10, 10], [None, None], 10 + LIMIT + 2, LIMIT)
+    assert found.kind is Kind.FAR_BEHIND
+    assert found.start == 11
+    assert found.lost
+    assert verdict([10, 10], [None, None], 11 + LIMIT, LIMIT).kind is Kind.LAG
+
+
+def test_marks_ahead_of_the_commit_are_fine() -> None:
+    """Redis applied records whose offsets were not committed yet (a crash before the
+    commit): they are read again anyway, and skipped as replays."""
+    assert verdict([80, 90], [None, None], 50, LIMIT).kind is Kind.FINE
+
+
+def test_unknown_shards_lag_until_confirmed() -> None:
+    """Guarantee 1: a partition this process has not marked yet has every shard moved
+    along with its first slice, so the lowest mark soon follows the newest."""
+    marks = Watermarks()
+    assert marks.lagging("t:0", 5, 4) == [0, 1, 2, 3]
+    marks.confirm({("t:0", 0): 5, ("t:0", 1): 5, ("t:0", 2): 5, ("t:0", 3): 5})
+    assert marks.lagging("t:0", 5, 4) == []
+    assert marks.lagging("t:0", 5 + REFRESH_OFFSETS, 4) == []
+    marks.confirm({("t:0", 2): 5 + REFRESH_OFFSETS + 1})
+    assert marks.lagging("t:0", 6 + REFRESH_OFFSETS, 4) == [0, 1, 3]
+
+
+def test_confirmed_marks_never_go_back() -> None:
+    """A late confirmation of a lower mark keeps the higher one."""
+    marks = Watermarks()
+    marks.confirm({("t:0", 1): 70})
+    marks.confirm({("t:0", 1): 60})
+    assert marks.known("t:0", 2) == [None, 70]
+
+
+def test_forgetting_a_partition_forgets_every_incarnation_of_it() -> None:
+    """After a rebalance another process may have moved the marks: every field of the
+    partition ("topic:partition[:tag]") is forgotten, others kept."""
+    marks = Watermarks()
+    marks.confirm({("t:0", 0): 1, ("t:0:abc", 0): 2, ("t:1", 0): 3, ("t:10", 0): 4})
+    marks.forget([("t", 0)])
+    assert marks.known("t:0", 1) == [None]
+    assert marks.known("t:0:abc", 1) == [None]
+    assert marks.known("t:1", 1) == [3]
+    assert marks.known("t:10", 1) == [4]
