@@ -434,7 +434,7 @@ def test_alerts_use_metrics_the_service_exports() -> None:
     assert {r["alert"] for r in rules} == {
         "BlackboxDispatcherStalled", "BlackboxDependencyDown", "BlackboxLatenessHigh",
         "BlackboxOverdueBacklogGrowing", "BlackboxDeadLettersRising", "BlackboxTargetDown",
-        "BlackboxRedisMemoryHigh", "BlackboxRedisFull",
+        "BlackboxRedisMemoryHigh", "BlackboxRedisFull", "BlackboxRedisLostData",
     }  # fmt: skip
     known = _metric_names()
     for rule in rules:

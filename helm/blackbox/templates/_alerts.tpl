@@ -16,6 +16,8 @@ groups:
           (min by (job, instance) (blackbox_up) == 1)
             unless on (job, instance)
           (blackbox_redis_full == 1)
+            unless on (job, instance)
+          (blackbox_intake_stopped_partitions > 0)
         for: {{ $a.stalledFor }}
         labels:
           severity: critical
@@ -30,6 +32,14 @@ groups:
         annotations:
           summary: "blackbox {{ "{{" }} $labels.instance {{ "}}" }} cannot reach {{ "{{" }} $labels.dependency {{ "}}" }}"
           description: "Intake is paused and firing backs off until {{ "{{" }} $labels.dependency {{ "}}" }} answers again; nothing is lost, due messages fire late."
+      - alert: BlackboxRedisLostData
+        expr: max by (job, instance) (blackbox_intake_stopped_partitions) > 0
+        for: {{ $a.redisLostDataFor }}
+        labels:
+          severity: critical
+        annotations:
+          summary: "blackbox {{ "{{" }} $labels.instance {{ "}}" }} stopped reading {{ "{{" }} $value {{ "}}" }} intake partition(s): Redis lost their data"
+          description: "Redis holds less than the intake group committed, by more than a failover's lag (BLACKBOX_REREAD_LIMIT), or nothing at all: flushed, restarted empty or restored from an old snapshot. Its log line intake_stopped_redis_lost_data names the partitions. Rebuild Redis from Kafka, or restart with BLACKBOX_REDIS_LOSS=reread (deliver the gap again) or skip (give it up)."
       - alert: BlackboxRedisMemoryHigh
         expr: |
           max by (job) (
