@@ -36,7 +36,7 @@ from blackbox.errors import (
 )
 from blackbox.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from blackbox.intake.runner import caller_policy_of, limits_of
-from blackbox.kafka import clients
+from blackbox.kafka import clients, retention
 from blackbox.kafka.answers import Answers
 from blackbox.kafka.events import Outcome
 from blackbox.recurrence import Missed
@@ -213,9 +213,15 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_create_topics(args: argparse.Namespace, settings: Settings) -> int:
-    names = [*settings.own_topics, *sorted(caller_policy_of(settings).bound_topics)]
+    policy = caller_policy_of(settings)
+    names = [*settings.own_topics, *sorted(policy.bound_topics)]
     clients.ensure_topics(settings.kafka, names, partitions=args.partitions)
-    log.info("topics_ready", topics=names)
+    intake = [settings.intake_topic, *sorted(policy.bound_topics)]
+    needed = retention.needed_ms(policy.longest_horizon_seconds, settings.grace_seconds)
+    raised = retention.raise_to(settings.kafka, intake, needed)
+    for topic, before in raised.items():
+        log.info("intake_retention_raised", topic=topic, before_ms=before, retention_ms=needed)
+    log.info("topics_ready", topics=names, intake_retention_ms=needed)
     return EXIT_OK
 
 

@@ -84,6 +84,11 @@ class CallerPolicy:
         return {t: name for name, rule in self.callers.items() for t in rule.intake_topics}
 
     @property
+    def longest_horizon_seconds(self) -> float:
+        """The furthest ahead any caller may schedule."""
+        return max(r.max_horizon_seconds for r in (self.default, *self.callers.values()))
+
+    @property
     def verifies(self) -> bool:
         """Whether any rule asks for identity: a signature, keys or a bound topic."""
         rules = [self.default, *self.callers.values()]

@@ -23,7 +23,7 @@ from blackbox.intake.incarnations import Incarnations, RedisRecord
 from blackbox.intake.loop import POLL_SECONDS, Intake, IntakeConfig
 from blackbox.intake.nonces import Nonces
 from blackbox.intake.policy import CallerPolicy
-from blackbox.kafka import clients
+from blackbox.kafka import clients, retention
 from blackbox.kafka.outbox import Outbox
 from blackbox.metrics import Metrics
 from blackbox.role import Loop
@@ -93,6 +93,10 @@ class Receiving:
         told the intake partitions stopped because Redis lost their data (gaps.py)."""
         self.stopping = stopping
         self.redis_checked = redis_checked
+        self.kafka = settings.kafka
+        self.retention_needed = retention.needed_ms(
+            caller_policy.longest_horizon_seconds, settings.grace_seconds
+        )
         self.outbox = answers_outbox(settings)
         self.intake = Intake(
             clients.new_consumer(settings), store, self.outbox,
@@ -114,6 +118,7 @@ class Receiving:
             if self.stopping.is_set():
                 self.intake.consumer.close()
                 return
+        retention.warn_if_short(self.kafka, self.intake.config.topics, self.retention_needed)
         self.intake.run(self.stopping)
 
     def stop(self) -> int:

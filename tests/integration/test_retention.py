@@ -1,0 +1,73 @@
+"""The intake topics keep every request as long as it can be pending: `blackbox create-topics`
+sets their retention from the longest horizon, and the service warns when a topic keeps less
+(what Redis loses is read again or rebuilt from them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from blackbox.kafka import retention
+from tests.process import BlackboxProcess
+
+HOUR_MS = 3_600_000
+
+
+def _create(bootstrap: dict[str, str], topics: list[NewTopic]) -> None:
+    admin = AdminClient(bootstrap)  # kept until every topic is created
+    for future in admin.create_topics(topics).values():
+        future.result(15)
+
+
+def test_create_topics_sets_the_intake_retention_from_the_longest_horizon(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Guarantee 1: the intake topic keeps a request for the longest horizon any caller may
+    use plus the grace (a caller's policy horizon counts), and a topic that keeps less is
+    raised, never lowered; the dead-letter and events topics are left as Kafka makes them."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("callers:\n  billing:\n    max_horizon_seconds: 7200\n")
+    run_env = {**env, "BLACKBOX_POLICY_FILE": str(policy), "BLACKBOX_MAX_COUNTDOWN": "3600",
+               "BLACKBOX_GRACE_SECONDS": "600"}  # fmt: skip
+    bootstrap = {"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}
+    short = NewTopic(env["BLACKBOX_INTAKE_TOPIC"], 1, config={retention.RETENTION: str(HOUR_MS)})
+    _create(bootstrap, [short])
+
+    created = BlackboxProcess(run_env, tmp_path / "create.log", "create-topics")
+    assert created.wait(60) == 0, created.output()
+
+    found = retention.current_ms(
+        bootstrap, [env["BLACKBOX_INTAKE_TOPIC"], env["BLACKBOX_DLQ_TOPIC"]]
+    )
+    assert found[env["BLACKBOX_INTAKE_TOPIC"]] == (7200 + 600) * 1000
+    assert found[env["BLACKBOX_DLQ_TOPIC"]] != (7200 + 600) * 1000
+    assert "intake_retention_raised" in created.output()
+
+
+def test_a_topic_that_keeps_records_forever_is_left_alone(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """retention.ms=-1 (keep forever) is never lowered to the needed retention."""
+    bootstrap = {"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}
+    forever = NewTopic(env["BLACKBOX_INTAKE_TOPIC"], 1, config={retention.RETENTION: "-1"})
+    _create(bootstrap, [forever])
+    created = BlackboxProcess(env, tmp_path / "create.log", "create-topics")
+    assert created.wait(60) == 0, created.output()
+    assert retention.current_ms(bootstrap, [forever.topic]) == {forever.topic: -1}
+
+
+def test_the_service_warns_when_the_intake_topic_keeps_less_than_needed(
+    env: dict[str, str],
+) -> None:
+    """The check the service runs at start names an intake topic that would delete
+    requests before they can fire, and passes over one that keeps them long enough."""
+    bootstrap = {"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}
+    topics = [
+        NewTopic(env["BLACKBOX_INTAKE_TOPIC"], 1, config={retention.RETENTION: str(HOUR_MS)}),
+        NewTopic(env["BLACKBOX_EVENTS_TOPIC"], 1, config={retention.RETENTION: "-1"}),
+    ]
+    _create(bootstrap, topics)
+    names = [t.topic for t in topics]
+    assert retention.warn_if_short(bootstrap, names, 2 * HOUR_MS) == [names[0]]
+    assert retention.warn_if_short(bootstrap, names, HOUR_MS) == []
