@@ -4,7 +4,9 @@ sets their retention from the longest horizon, and the service warns when a topi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
@@ -14,8 +16,8 @@ from tests.process import BlackboxProcess
 HOUR_MS = 3_600_000
 
 
-def _create(bootstrap: dict[str, str], topics: list[NewTopic]) -> None:
-    admin = AdminClient(bootstrap)  # kept until every topic is created
+def _create(bootstrap: Mapping[str, Any], topics: list[NewTopic]) -> None:
+    admin = AdminClient(dict(bootstrap))  # kept until every topic is created
     for future in admin.create_topics(topics).values():
         future.result(15)
 
