@@ -1,0 +1,170 @@
+"""A Redis failover with a lagging replica (issue 37): a primary and its replica behind a
+moving endpoint (tests/replication.py), the replication link partitioned for real, the
+primary killed, the replica promoted, and the real `blackbox run` process following it."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from confluent_kafka import Consumer, TopicPartition
+
+from blackbox.dev.servers import KafkaBroker, free_port
+from blackbox.kafka import clients
+from blackbox.settings import Settings
+from blackbox.storage.keys import Layout
+from tests.integration.conftest import ReaderFactory, service_env
+from tests.kafkatools import TopicReader, envelope, produce_to, unique, wait_until
+from tests.process import BlackboxProcess
+from tests.replication import ReplicatedRedis
+
+PARTITIONS = 3  # of the intake topic: the lost records are spread over several
+BEFORE = 200  # schedules replicated before the partition
+DURING = 200  # schedules intake applies and commits while the replica lags
+COUNTDOWN = 15.0  # seconds: long enough that nothing fires before the failover
+DELIVERY_DEADLINE = 60.0  # seconds after the last due time
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[ReplicatedRedis]:
+    with ReplicatedRedis(tmp_path / "redis") as replicated:
+        yield replicated
+
+
+def test_a_held_replication_link_loses_what_the_primary_applied_meanwhile(
+    pair: ReplicatedRedis,
+) -> None:
+    """The harness behind guarantee 1's failover test: writes the primary applied (and
+    fsynced) while the link was held are missing from the promoted replica, those from
+    before are all there, and the endpoint then serves the promoted replica."""
+    with pair.client(pair.primary) as primary:
+        primary.mset({f"before:{n}": n for n in range(1000)})
+        pair.wait_in_sync()
+        pair.partition()
+        with primary.pipeline(transaction=False) as pipe:
+            for n in range(1000):
+                pipe.set(f"during:{n}", n)
+            assert all(pipe.execute())
+    pair.fail_over()
+
+    with pair.client(pair.replica) as promoted:
+        assert promoted.exists(*(f"before:{n}" for n in range(1000))) == 1000
+        assert promoted.exists(*(f"during:{n}" for n in range(1000))) == 0
+    with redis.Redis.from_url(pair.url) as through_endpoint:
+        assert through_endpoint.set("after", 1)
+
+
+def test_a_failover_to_a_lagging_replica_loses_no_schedule_intake_accepted(
+    broker: KafkaBroker, reader: ReaderFactory, pair: ReplicatedRedis, tmp_path: Path
+) -> None:
+    """Guarantee 1, no silent loss whatever happens to Redis: schedules intake applied and
+    committed while the replica lagged are delivered after the primary dies and the replica
+    is promoted, like those replicated before; a copy delivered twice keeps its
+    `blackbox-id`; the process follows the moved endpoint with no restart and /ready
+    answers 200 again."""
+    port = free_port()
+    env = service_env(pair.url, broker.bootstrap, BLACKBOX_HTTP_PORT=str(port))
+    settings = Settings.from_env(env)
+    target = unique("failover")
+    clients.ensure_topics(settings.kafka, [settings.intake_topic], PARTITIONS)
+    clients.ensure_topics(settings.kafka, [*settings.own_topics, target])
+    service = BlackboxProcess(env, tmp_path / "service.log")
+    try:
+        wait_until(lambda: ready(port), 60, "/ready answering 200")
+        last_due = _lose_the_lag(pair, settings, target)
+        wait_until(lambda: ready(port), 30, "/ready answering 200 after the switch")
+        delivered = _read_until_all(reader(target), last_due + DELIVERY_DEADLINE)
+        assert service.process.poll() is None, "the service exited"
+    finally:
+        service.terminate()
+
+    before = len(delivered.keys() & set(_bodies("before", BEFORE)))
+    during = len(delivered.keys() & set(_bodies("during", DURING)))
+    assert (before, during) == (BEFORE, DURING), (
+        f"delivered {before} of {BEFORE} schedules replicated before the partition and "
+        f"{during} of {DURING} applied during it"
+    )
+    under_two_ids = {body: sorted(ids) for body, ids in delivered.items() if len(ids) > 1}
+    assert under_two_ids == {}
+
+
+def _lose_the_lag(pair: ReplicatedRedis, settings: Settings, target: str) -> float:
+    """Schedule BEFORE messages and let them replicate, partition the link, schedule DURING
+    more and wait until intake committed them, then fail over; the monotonic time by which
+    every message is due."""
+    bootstrap = settings.kafka["bootstrap.servers"]
+    with pair.client(pair.primary) as primary, pair.client(pair.replica) as replica:
+        _schedule(bootstrap, settings.intake_topic, target, "before", BEFORE)
+        wait_until(lambda: _pending(replica, settings.namespace) == BEFORE, 30,
+                   "the first schedules on the replica")  # fmt: skip
+        pair.partition()
+        sent = time.monotonic()
+        _schedule(bootstrap, settings.intake_topic, target, "during", DURING)
+        wait_until(lambda: _pending(primary, settings.namespace) == BEFORE + DURING, 30,
+                   "the later schedules on the primary")  # fmt: skip
+        wait_until(lambda: _committed_to_end(settings), 30, "intake committing every record")
+        assert _pending(replica, settings.namespace) == BEFORE, "the held link let writes by"
+    pair.fail_over()
+    return sent + COUNTDOWN
+
+
+def _schedule(bootstrap: str, intake: str, target: str, kind: str, count: int) -> None:
+    """`count` schedules spread evenly over the intake partitions, each message unique."""
+    produce_to(bootstrap, intake, [(n % PARTITIONS, None, envelope(target, body, COUNTDOWN))
+                                   for n, body in enumerate(_bodies(kind, count))])  # fmt: skip
+
+
+def _bodies(kind: str, count: int) -> list[str]:
+    return [f"{kind}-{n}" for n in range(count)]
+
+
+def _pending(client: redis.Redis, namespace: str) -> int:
+    """Schedules due or in flight in `namespace`, over all its shards."""
+    recorded = client.get(Layout(namespace).shard_count)
+    layout = Layout(namespace, int(recorded) if recorded is not None else 1)
+    return sum(client.zcard(k.due) + client.zcard(k.in_flight) for k in layout.shards)
+
+
+def _committed_to_end(settings: Settings) -> bool:
+    """Whether the group's committed offset reached the end of every intake partition."""
+    consumer = Consumer({**settings.kafka, "group.id": settings.group_id})
+    try:
+        partitions = [TopicPartition(settings.intake_topic, p) for p in range(PARTITIONS)]
+        committed = consumer.committed(partitions, timeout=5)
+        ends = [consumer.get_watermark_offsets(p, timeout=5)[1] for p in partitions]
+        return all(c.offset == end for c, end in zip(committed, ends, strict=True))
+    finally:
+        consumer.close()
+
+
+def _read_until_all(target: TopicReader, deadline: float) -> dict[str, set[str]]:
+    """Each message body read from `target` until every one scheduled arrived or the
+    (monotonic) deadline passed, with the `blackbox-id`s it came under."""
+    expected = set(_bodies("before", BEFORE)) | set(_bodies("during", DURING))
+    delivered: dict[str, set[str]] = defaultdict(set)
+    while time.monotonic() < deadline and not expected <= delivered.keys():
+        target.poll()
+        _collect(target, delivered)
+    target.read_to_end()  # a second copy written after the last first one is read too
+    _collect(target, delivered)
+    return delivered
+
+
+def _collect(target: TopicReader, delivered: dict[str, set[str]]) -> None:
+    for record in target.records:
+        delivered[(record.value or b"").decode()].add(record.header("blackbox-id"))
+
+
+def ready(port: int) -> bool:
+    """Whether the service's /ready answers 200."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:  # HTTPError (a 503) included
+        return False
