@@ -178,6 +178,11 @@ class GapCheck:
         """Redis failed under the intake: check every partition against the commits too."""
         self.unchecked |= self.assigned - set(self.stopped)
 
+    @property
+    def holding(self) -> bool:
+        """Whether any partition's records must not be handled now."""
+        return bool(self.unchecked or self.stopped)
+
     def held(self, partition: Partition) -> bool:
         """Whether the partition's records must not be handled now (unchecked or stopped)."""
         return partition in self.unchecked or partition in self.stopped
@@ -222,6 +227,8 @@ class GapCheck:
         for partition, field in zip(partitions, fields, strict=True):
             known = self.known.known(field, self.store.layout.count)
             found = verdict(marks[field], known, committed.get(partition), self.config.reread_limit)
+            if found.kind is not Kind.FINE:  # the marks to write on from (see watermarks.py)
+                self.known.reset(field, marks[field])
             self._act(partition, field, found, committed.get(partition))
         self.on_stopped(sorted(self.stopped))
 

@@ -201,6 +201,8 @@ class Intake:
 
     def _unheld(self, records: list[Message]) -> list[Message]:
         """The records of partitions checked for gaps and not stopped; the rest are read
+        if not self.gaps.holding:
+            return records
         again once their partition may be read (gaps.py)."""
         held = [m for m in records if self.gaps.held((m.topic() or "", m.partition() or 0))]
         if held:

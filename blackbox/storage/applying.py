@@ -239,7 +239,7 @@ class Applying:
             for shard, items in self._by_shard(part):
                 lane = self._lane(shard)
                 calls, positions = sent.setdefault(id(lane), ([], []))
-                previous = self._marks.get((part.field, shard), -1)
+                previous = self._previous(part.field, shard)
                 for chunk, after, mark in part.chunks(items, previous):
                     calls.append(self._script.call(part, shard, chunk, (after, mark), self._now_ms))
                     positions.append([p for p, _ in chunk])
@@ -247,6 +247,16 @@ class Applying:
         for lane in self._lanes.values():
             if id(lane) in sent:
                 self._send_calls(lane, *sent[id(lane)])
+
+    def _previous(self, field: str, shard: int) -> int:
+        """The mark a shard's first call of a partition must find: the one this session
+        left, else the one Redis last confirmed to this process, else none (-1). A Redis
+        found below it lost writes (a failover): the call refuses to run (BLACKBOX_GAP),
+        rather than move the mark past requests it no longer holds."""
+        mark = self._marks.get((field, shard))
+        if mark is None and self._known is not None:
+            mark = self._known.mark(field, shard)
+        return -1 if mark is None else mark
 
     def _by_shard(self, part: IntakeSlice) -> list[tuple[int, list[tuple[int, tuple[int, Write]]]]]:
         """The slice's requests by shard, each with its position in the order sent. With

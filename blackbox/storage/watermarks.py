@@ -9,8 +9,10 @@ has already committed past them; the intake then reads again from the lowest mar
 So that the lowest mark stays close to the newest, intake keeps in `Watermarks` the mark
 each shard was last confirmed at by this process, and moves along (with a call that
 applies nothing) a shard whose mark of a partition fell `REFRESH_OFFSETS` behind, or that
-this process has not marked yet. The same record tells, later, whether Redis went back
-below what it once confirmed.
+this process has not marked yet. The same record tells whether Redis went back below what
+it once confirmed: intake's next call to such a shard refuses to run (intake.lua's
+BLACKBOX_GAP: a newer request applied on top of the lost ones would move the mark past
+them), and a periodic check compares the two while intake is idle.
 """
 
 from __future__ import annotations
@@ -40,6 +42,15 @@ class Watermarks:
         (None: none)."""
         known = self._confirmed.get(field, {})
         return [known.get(shard) for shard in range(shards)]
+
+    def mark(self, field: str, shard: int) -> int | None:
+        """The last mark of `field` in `shard` Redis confirmed to this process, if any."""
+        return self._confirmed.get(field, {}).get(shard)
+
+    def reset(self, field: str, marks: Marks) -> None:
+        """Take Redis's marks of `field` as they are now (found below what was confirmed:
+        the records past them are read again)."""
+        self._confirmed[field] = {s: mark for s, mark in enumerate(marks) if mark is not None}
 
     def lagging(self, field: str, last_offset: int, shards: int) -> list[int]:
         """The shards of `shards` whose mark of `field` this process has not confirmed, or
