@@ -156,7 +156,8 @@ class Var:
 
 VARIABLES: tuple[Var, ...] = (
     Var("REDIS_URL", "redis_url", str, "redis://localhost:6379/0",
-        "Redis to keep schedules in; redis+cluster://host:port (any node) for Redis Cluster"),
+        "Redis to keep schedules in; redis+sentinel://host:26379,host2:26379/mymaster/0 for the "
+        "master Sentinel names; redis+cluster://host:port (any node) for Redis Cluster"),
     Var("BLACKBOX_ACCEPT_EVICTION", "accept_eviction", _flag, "false",
         "true: start on a Redis whose maxmemory-policy evicts keys (it may delete schedules)"),
     Var("BLACKBOX_NAMESPACE", "namespace", _namespace, "bb",

@@ -1,22 +1,38 @@
-"""Connections to Redis: one client for a single Redis or a Redis Cluster, chosen by the
-scheme of REDIS_URL, and the plain clients of a cluster's masters for work each node does.
+"""Connections to Redis: one client for a single Redis, the master Redis Sentinel names, or a
+Redis Cluster, chosen by the scheme of REDIS_URL, and the plain clients of a cluster's
+masters for work each node does.
 
-`redis://`, `rediss://` and `unix://` name one Redis. `redis+cluster://host:port` (or
-`rediss+cluster://` for TLS) names any node of a Redis Cluster: redis-py's cluster client
-learns the other nodes from it and sends each command to the master holding its keys' slot.
-Credentials and query options are written as for `redis://`.
+`redis://`, `rediss://` and `unix://` name one Redis. A Sentinel URL,
+`redis+sentinel://host1:26379,host2:26379/mymaster/0` (or `rediss+sentinel://` for TLS to
+the Redis nodes), names the Sentinels watching service `mymaster`: redis-py's Sentinel client
+asks them for the master on each new connection and so follows a failover.
+`redis+cluster://host:port` (or `rediss+cluster://` for TLS) names any node of a Redis
+Cluster: redis-py's cluster client learns the other nodes from it and sends each command to
+the master holding its keys' slot. Credentials and query options are written as for
+`redis://`.
+
+The rule for a single Redis and a Sentinel master: a connection that met a failover (reset,
+`READONLY` from a demoted primary, `LOADING` from a Redis still loading) is closed and the
+command fails as a RedisError, not retried here: the caller's own backoff tries again, and
+its next command connects afresh.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeAlias
+from urllib.parse import unquote, urlsplit
 
 import redis
 import structlog
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.connection import parse_url
-from redis.exceptions import RedisClusterException
+from redis.exceptions import ReadOnlyError, RedisClusterException
+from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from blackbox.errors import RedisUnreachable, SettingsError
 
@@ -27,9 +43,18 @@ RedisClient: TypeAlias = redis.Redis | RedisCluster
 # Each cluster scheme and the single-node scheme redis-py's cluster client reads in its place.
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
+# Each Sentinel scheme and the single-node scheme its master's connections are read as.
+SENTINEL_SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
+SENTINEL_PORT = 26379  # a Sentinel's port when its host is written without one
+# Query options for the Sentinels themselves, and the connection argument each becomes;
+# every other option is for the master's connections.
+SENTINEL_OPTIONS = {"sentinel_username": "username", "sentinel_password": "password"}
+
 MASK = "********"  # what a password is shown as
-_URL_PASSWORD = re.compile(r"(//[^/@:]*:)[^@/]*@")
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
+# The authority's password runs to its last "@" (a Sentinel URL lists several hosts after it).
+_URL_PASSWORD = re.compile(r"(//[^/?#@:]*:)[^/?#]*@")
+# password=, sentinel_password=, ssl_password=: every secret redis-py reads from the query.
+_QUERY_PASSWORD = re.compile(r"([?&]\w*password=)[^&#]*", re.IGNORECASE)
 
 
 def mask_url(url: str) -> str:
@@ -42,6 +67,12 @@ def is_cluster(url: str) -> bool:
     """Whether `url` names a Redis Cluster (`redis+cluster://` or `rediss+cluster://`)."""
     scheme, separator, _ = url.partition("://")
     return bool(separator) and scheme in CLUSTER_SCHEMES
+
+
+def is_sentinel(url: str) -> bool:
+    """Whether `url` names Sentinels (`redis+sentinel://` or `rediss+sentinel://`)."""
+    scheme, separator, _ = url.partition("://")
+    return bool(separator) and scheme in SENTINEL_SCHEMES
 
 
 def node_url(url: str) -> str:
@@ -58,13 +89,14 @@ def redis_client(
     connect_timeout: float = 2.0,
     health_check_interval: int = 10,
 ) -> RedisClient:
-    """A client for the Redis or Redis Cluster that `url` names, failing fast when Redis is
-    away so callers can back off; SettingsError naming REDIS_URL if the URL is malformed.
+    """A client for the Redis, the Sentinels' master or the Redis Cluster that `url` names,
+    failing fast when Redis is away so callers can back off; SettingsError naming REDIS_URL
+    if the URL is malformed.
 
-    A single Redis's client connects on first use. The cluster client asks the node for the
-    slot map at once: an unreachable cluster raises RedisUnreachable here. redis-py does not
-    hand `health_check_interval` (nor unknown query options) to a cluster's node
-    connections: it reconnects through its own retries instead.
+    A single Redis's client and a Sentinel master's connect on first use. The cluster
+    client asks the node for the slot map at once: an unreachable cluster raises
+    RedisUnreachable here. redis-py does not hand `health_check_interval` (nor unknown query
+    options) to a cluster's node connections: it reconnects through its own retries instead.
     """
     options: dict[str, Any] = {
         "socket_timeout": socket_timeout,
@@ -78,10 +110,23 @@ def redis_client(
             return RedisCluster(**{**options, **cluster_options(url)})
         except RedisClusterException as e:
             raise RedisUnreachable(f"Redis Cluster at {mask_url(url)}: {e}") from e
+    if is_sentinel(url):
+        return sentinel_client(sentinel_target(url), options)
     try:
-        return redis.Redis.from_url(url, **options)
+        return redis.Redis.from_url(url, **options, **drop_on_readonly())
     except ValueError as e:
         raise bad_url(url, e) from e
+
+
+def drop_on_readonly() -> dict[str, Any]:
+    """The retry arguments that make a single Redis's client close a connection answered
+    `READONLY`, so the next command connects again (to the new primary, behind an endpoint
+    that moved) instead of asking the demoted one forever.
+
+    redis-py raises READONLY as a reply and keeps the connection; an error its retry
+    handles closes the connection first. Zero retries: the caller's backoff tries again.
+    """
+    return {"retry": Retry(NoBackoff(), 0), "retry_on_error": [ReadOnlyError]}
 
 
 def cluster_options(url: str) -> dict[str, Any]:
@@ -98,6 +143,94 @@ def cluster_options(url: str) -> dict[str, Any]:
         raise bad_url(url, "a Redis Cluster has only database 0")
     options.pop("connection_class", None)  # rediss: the cluster client takes ssl=True instead
     return {**options, "ssl": url.startswith("rediss+")}
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """What a Sentinel URL names: the Sentinels to ask, the service they watch, and the
+    arguments of the connections to its master and of those to the Sentinels."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service_name: str
+    master: Mapping[str, Any]
+    sentinel: Mapping[str, Any]
+
+
+def sentinel_target(url: str) -> SentinelTarget:
+    """The Sentinels, service, database, credentials and options written in the Sentinel URL
+    `url`, read as redis-py reads a `redis://` URL; SettingsError naming REDIS_URL if the URL
+    is malformed, before any connection is tried."""
+    try:
+        parts = urlsplit(url)
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        sentinels = tuple(sentinel_address(host) for host in hosts.split(","))
+        service_name, db = service_and_db(parts.path)
+        master = master_options(SENTINEL_SCHEMES[parts.scheme], userinfo, parts.query)
+    except ValueError as e:
+        raise bad_url(url, e) from e
+    sentinel = {SENTINEL_OPTIONS[name]: master.pop(name) for name in SENTINEL_OPTIONS
+                if name in master}  # fmt: skip
+    return SentinelTarget(sentinels, service_name, {"db": db, **master}, sentinel)
+
+
+def sentinel_address(written: str) -> tuple[str, int]:
+    """(host, port) of one Sentinel written `host[:port]` in the URL; ValueError if it is
+    no address."""
+    parts = urlsplit(f"//{written}")
+    if not parts.hostname:
+        raise ValueError("a Sentinel URL names each Sentinel as host:port, comma-separated")
+    return parts.hostname, SENTINEL_PORT if parts.port is None else parts.port
+
+
+def service_and_db(path: str) -> tuple[str, int]:
+    """The monitored service and the database written as a Sentinel URL's path
+    (`/mymaster/0`; the database is 0 when left out)."""
+    name, _, db = path.removeprefix("/").partition("/")
+    if not name:
+        raise ValueError("a Sentinel URL names the service the Sentinels watch: /mymaster/0")
+    db = db.removesuffix("/")
+    if db and not (db.isascii() and db.isdigit()):
+        raise ValueError(f"the database {db!r} after the service name is not a number")
+    return unquote(name), int(db or 0)
+
+
+def master_options(scheme: str, userinfo: str, query: str) -> dict[str, Any]:
+    """The master's credentials and query options (the Sentinels' too, still under their
+    query names), read by redis-py's own parser; TLS as the `ssl` the Sentinel pool takes."""
+    credentials = f"{userinfo}@" if userinfo else ""
+    # parse_url wants a host: a placeholder, dropped, since the Sentinels name the master.
+    options: dict[str, Any] = parse_url(f"{scheme}://{credentials}master?{query}")  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+    for name in ("host", "port", "connection_class"):
+        options.pop(name, None)
+    return {**options, "ssl": scheme == "rediss"}
+
+
+class SentinelMaster(redis.Redis):
+    """The client of the master the Sentinels name (redis-py's `master_for`): each new
+    connection asks them for the master, and a connection answered `READONLY` is closed.
+    Closing this client also closes its connections to the Sentinels."""
+
+    def close(self) -> None:
+        super().close()
+        pool = self.connection_pool
+        if isinstance(pool, SentinelConnectionPool):
+            pool.sentinel_manager.close()
+
+
+def sentinel_client(target: SentinelTarget, options: Mapping[str, Any]) -> redis.Redis:
+    """The client of the master of `target`, with `options` (the service's timeouts) unless
+    the URL sets them; the Sentinels are asked with the same socket timeouts, once each."""
+    master = {**options, **target.master}
+    sockets = {name: value for name, value in master.items() if name.startswith("socket_")}
+    # Without it redis-py tries a Sentinel that is away 11 times with backoff (4 s when
+    # refused, measured; 11 connect timeouts more when unanswered) before the next one.
+    once = {"retry": Retry(NoBackoff(), 0)}
+    asked = {**sockets, **once, **target.sentinel}
+    sentinels = Sentinel(list(target.sentinels), sentinel_kwargs=asked)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]  # unannotated
+        target.service_name, redis_class=SentinelMaster, **master
+    )
+    return client
 
 
 def bad_url(url: str, reason: object) -> SettingsError:
