@@ -29,8 +29,9 @@ class Batch:
     dead: list[DeadLetter] = field(default_factory=list)
     refusals: list[Event] = field(default_factory=list)
     landed: int = 0
-    # Records whose handling died CRASH_LIMIT times (topic, partition, offset): not read.
-    poisoned: set[tuple[str, int, int]] = field(default_factory=set)
+    # Records whose handling died CRASH_LIMIT times alone (topic, partition, offset): not
+    # parsed; each with whether its headers may be read (crashguard.py).
+    poisoned: dict[tuple[str, int, int], bool] = field(default_factory=dict)
     # Signed records parsed since their nonces were last checked against replays.
     signed: list[Signed] = field(default_factory=list)
 

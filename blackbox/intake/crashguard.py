@@ -1,23 +1,31 @@
 """The intake's guard against a record that kills the process, so that one record can never
-become a loop of crashes across the consumer group.
+become a loop of crashes across the consumer group, and no record is ever set aside for a
+death it did not cause.
 
 Records are handled inside handlers (a bad record is dead-lettered, an unexpected error in
 handling one is dead-lettered as `unreadable`), but a crash in native code, or a thread
 that dies, leaves the offset uncommitted: every replica given the partition would read the
 record again and die again. So, before handling a poll, intake notes in Redis, for each
-partition in it, the offsets it is about to handle and how many attempts at the first one
-began ("first last attempts"). A clean stop or a revoke deletes the notes; a note found
-when a partition is assigned means its last owner died while handling those offsets.
+partition in it, the offsets it is about to handle ("first last attempts"). A clean stop or
+a revoke deletes the notes; a note found when a partition is assigned means its last owner
+died while handling those offsets: they are suspect.
 
-The new owner then takes the noted offsets one record at a time, noting each before
-handling it. A record whose handling began `CRASH_LIMIT` times without ending is not
-handled again: it is dead-lettered as `unreadable` (its value and key, not its headers)
-and intake moves on. Costs one Redis call per poll.
+A death is charged to a record only when that record was handled alone. A poll of many
+records notes them uncharged (attempts 0): which of them killed is unknown. The new owner
+then handles each suspect record alone (one record in the poll, whatever the partitions:
+any other record in the same poll could be the killer), noting it with one attempt more
+before and clearing the charge once its handling ended; records not suspect are handled
+together, in polls without a suspect record. So `attempts` counts only deaths while that
+record was the only one in hand. A record charged `CRASH_LIMIT` deaths is not handled
+again: it is dead-lettered as `unreadable`, its headers kept (unless setting it aside died
+too: reading them may be what kills) and intake moves on.
+
+Costs one Redis call per poll, and one more per suspect record.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -25,17 +33,18 @@ import structlog
 from confluent_kafka import Message
 
 log = structlog.get_logger("blackbox.intake.crashguard")
-# Attempts at one record that died before it is dead-lettered unread: the first crash may
-# come from anything in its poll, the next ones from the record taken alone.
+# Deaths while handling one record alone before it is set aside unread: more than one, as a
+# pod may also be killed for reasons of its own (out of memory, a node drained).
 CRASH_LIMIT = 3
 
 Partition = tuple[str, int]
+Where = tuple[str, int, int]  # topic, partition, offset
 
 
 @dataclass(frozen=True, slots=True)
 class Suspect:
-    """Offsets of a partition whose handling died: from `offset` (begun `attempts` times
-    without ending) to `last`."""
+    """Offsets of a partition whose handling died: from `offset` (charged `attempts` deaths
+    while handled alone) to `last`."""
 
     offset: int
     last: int
@@ -53,6 +62,28 @@ class Suspect:
         offset, last, attempts = (int(p) for p in parts)
         return cls(offset, last, attempts)
 
+    def holds(self, offset: int) -> bool:
+        """Whether the record at `offset` is suspect (read past the offsets handled before)."""
+        return self.offset <= offset <= self.last
+
+    def at(self, offset: int) -> Suspect:
+        """The suspect from `offset` on: records past the one charged are not charged."""
+        return Suspect(offset, self.last, self.attempts if offset == self.offset else 0)
+
+    def after(self, offset: int) -> Suspect | None:
+        """What stays suspect once the record at `offset` was handled to its end."""
+        return None if offset >= self.last else Suspect(offset + 1, self.last, 0)
+
+    @property
+    def poisoned(self) -> bool:
+        """Charged `CRASH_LIMIT` deaths alone: set aside, never handled again."""
+        return self.attempts >= CRASH_LIMIT
+
+    @property
+    def headers_readable(self) -> bool:
+        """A poisoned record's headers are read unless setting it aside died before."""
+        return self.attempts == CRASH_LIMIT
+
 
 def _field(partition: Partition) -> str:
     return f"{partition[0]}:{partition[1]}"
@@ -60,6 +91,52 @@ def _field(partition: Partition) -> str:
 
 def _partition(message: Message) -> Partition:
     return (message.topic() or "", message.partition() or 0)
+
+
+def _firsts(records: Sequence[Message]) -> dict[Partition, Message]:
+    """The first record of each partition in the poll, in the poll's order."""
+    firsts: dict[Partition, Message] = {}
+    for message in records:
+        firsts.setdefault(_partition(message), message)
+    return firsts
+
+
+def _is_suspect(message: Message, suspects: Mapping[Partition, Suspect]) -> bool:
+    suspect = suspects.get(_partition(message))
+    return suspect is not None and suspect.holds(message.offset() or 0)
+
+
+def split(
+    records: Sequence[Message], suspects: Mapping[Partition, Suspect]
+) -> tuple[list[Message], list[Message]]:
+    """The records to handle now, and those to read again later. A suspect record first of
+    its partition in the poll is handled alone; else every record before its partition's
+    first suspect one is handled (partitions keep their order: nothing is taken past a
+    record read again)."""
+    for first in _firsts(records).values():
+        if _is_suspect(first, suspects):
+            return [first], [m for m in records if m is not first]
+    now: list[Message] = []
+    later: list[Message] = []
+    closed: set[Partition] = set()
+    for message in records:
+        partition = _partition(message)
+        if partition in closed or _is_suspect(message, suspects):
+            closed.add(partition)
+            later.append(message)
+        else:
+            now.append(message)
+    return now, later
+
+
+def _spans(records: Sequence[Message]) -> dict[Partition, tuple[int, int]]:
+    """The first and last offset of each partition in the records."""
+    spans: dict[Partition, tuple[int, int]] = {}
+    for message in records:
+        partition, offset = _partition(message), message.offset() or 0
+        first, _ = spans.get(partition, (offset, offset))
+        spans[partition] = (first, offset)
+    return spans
 
 
 class CrashGuard:
@@ -92,8 +169,8 @@ class CrashGuard:
         """Handling these records ended in a caught failure (Redis or the broker away), not
         a death: their notes go back to what they said before, so an outage that outlasts a
         few restarts is never taken for a record that kills. Best effort: with Redis away
-        the notes stay, and only make the next owner careful."""
-        partitions = {_partition(m) for m in records}
+        the notes stay, and only make the next owner careful. (Notes not read yet stay.)"""
+        partitions = {_partition(m) for m in records} - self._unchecked
         restored = {_field(p): s.encode() for p, s in self._suspects.items() if p in partitions}
         cleared = [_field(p) for p in partitions if p not in self._suspects]
         try:
@@ -114,64 +191,58 @@ class CrashGuard:
         self._owned.clear()
 
     def careful(self, records: Sequence[Message]) -> tuple[list[Message], list[Message]]:
-        """The records to handle now, and those to read again later. Of a partition whose
-        last owner died, the records before the one it died on are handled as usual (the
-        owner had handled them), and each record from there to the end of the noted
-        offsets is handled alone. Raises redis.RedisError when the notes of new partitions
-        cannot be read."""
+        """The records to handle now, and those to read again later (see `split`): a record
+        whose last owner died handling it is handled alone. Raises redis.RedisError when the
+        notes of new partitions cannot be read."""
         self._read_notes({_partition(m) for m in records} & self._unchecked)
-        now: list[Message] = []
-        later: list[Message] = []
-        taken: set[Partition] = set()
-        closed: set[Partition] = set()
-        for message in records:
-            partition = _partition(message)
-            if partition in closed:
-                later.append(message)
-                continue
-            suspect = self._suspect_at(partition, message.offset() or 0)
-            if suspect is not None and (message.offset() or 0) >= suspect.offset:
-                closed.add(partition)
-                if partition in taken:  # never in one poll with the records before it
-                    later.append(message)
-                    continue
-            taken.add(partition)
-            now.append(message)
-        return now, later
+        for partition, first in _firsts(records).items():
+            suspect = self._suspects.get(partition)
+            if suspect is not None and (first.offset() or 0) > suspect.last:
+                del self._suspects[partition]  # read past it: the next note replaces its own
+        return split(records, self._suspects)
 
-    def _suspect_at(self, partition: Partition, offset: int) -> Suspect | None:
-        """The partition's suspect, forgotten once intake reads past its noted offsets."""
-        suspect = self._suspects.get(partition)
-        if suspect is not None and offset > suspect.last:
-            del self._suspects[partition]
-            return None
-        return suspect
-
-    def note(self, records: Sequence[Message]) -> set[tuple[str, int, int]]:
-        """Note the offsets about to be handled, before handling them; return the records
-        (topic, partition, offset) that died `CRASH_LIMIT` times and must not be handled."""
-        spans: dict[Partition, tuple[int, int]] = {}
-        for message in records:
-            partition, offset = _partition(message), message.offset() or 0
-            first, _ = spans.get(partition, (offset, offset))
-            spans[partition] = (first, offset)
+    def note(self, records: Sequence[Message]) -> dict[Where, bool]:
+        """Note the offsets about to be handled, before handling them. Return the records
+        charged `CRASH_LIMIT` deaths, which must not be handled, each with whether its
+        headers may be read. Only a suspect record noted alone is charged one attempt."""
+        alone = len(records) == 1
         notes: dict[str, str] = {}
-        poisoned: set[tuple[str, int, int]] = set()
-        for partition, (first, last) in spans.items():
+        poisoned: dict[Where, bool] = {}
+        for partition, (first, last) in _spans(records).items():
             suspect = self._suspects.get(partition)
             if suspect is None:
-                notes[_field(partition)] = Suspect(first, last, 1).encode()
+                notes[_field(partition)] = Suspect(first, last, 0).encode()
                 continue
-            if first < suspect.offset:  # re-reads of what the last owner handled: note kept
+            if not suspect.holds(first):  # re-reads of what the last owner handled: note kept
                 continue
-            before = suspect.attempts if first == suspect.offset else 0
-            if before >= CRASH_LIMIT:
-                poisoned.add((*partition, first))
-            self._suspects[partition] = Suspect(first, suspect.last, before)
-            notes[_field(partition)] = Suspect(first, suspect.last, before + 1).encode()
+            suspect = self._suspects[partition] = suspect.at(first)
+            if suspect.poisoned:
+                poisoned[(*partition, first)] = suspect.headers_readable
+            charged = Suspect(first, suspect.last, suspect.attempts + (1 if alone else 0))
+            notes[_field(partition)] = charged.encode()
         if notes:
             self.client.hset(self.key, mapping=notes)  # type: ignore[arg-type]
         return poisoned
+
+    def ended(self, records: Sequence[Message]) -> None:
+        """Handling these records ended: a suspect record among them is cleared (the rest of
+        its offsets stay suspect, uncharged), so a later death is never charged to it. Best
+        effort: with Redis away its note stays until the partition is noted again."""
+        for message in records:
+            partition, offset = _partition(message), message.offset() or 0
+            suspect = self._suspects.get(partition)
+            if suspect is None or not suspect.holds(offset):
+                continue
+            rest = suspect.after(offset)
+            try:
+                if rest is None:
+                    del self._suspects[partition]
+                    self.client.hdel(self.key, _field(partition))
+                else:
+                    self._suspects[partition] = rest
+                    self.client.hset(self.key, _field(partition), rest.encode())
+            except redis.RedisError as e:
+                log.info("crash_note_not_cleared", error=str(e))
 
     def _read_notes(self, partitions: set[Partition]) -> None:
         if not partitions:

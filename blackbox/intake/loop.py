@@ -216,6 +216,7 @@ class Intake:
         batch = Batch(self.incarnations.tags({m.topic() or "" for m in records}))
         batch.poisoned = self.guard.note(records)
         codes = self._apply_in_parts(records, now, batch, stop)
+        self.guard.ended(records)
         self._answer(batch, codes, now, stop, batch.next_offsets())
 
     def _apply_in_parts(
@@ -279,10 +280,11 @@ class Intake:
         `unreadable`, with the error logged."""
         where = _where(message)
         batch.saw(*where)
-        if where in batch.poisoned:
+        if where in batch.poisoned:  # set aside unparsed; its headers kept where readable
+            headers = read_headers(message) if batch.poisoned[where] else None
             detail = f"handling it stopped the intake {CRASH_LIMIT} times"
             error = _unreadable(detail)
-            self._refuse(batch, message, where, headers=None, request=None, error=error)
+            self._refuse(batch, message, where, headers=headers, request=None, error=error)
             return
         headers = read_headers(message)  # once: a second read of bad names crashed the client
         request: Request | None = None

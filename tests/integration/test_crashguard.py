@@ -6,7 +6,7 @@ from __future__ import annotations
 import redis
 from confluent_kafka import Message
 
-from blackbox.intake.crashguard import CRASH_LIMIT, CrashGuard
+from blackbox.intake.crashguard import CRASH_LIMIT, CrashGuard, Suspect
 from tests.kafkatools import unique
 
 TOPIC = "intake"
@@ -33,8 +33,8 @@ def test_a_clean_owner_handles_whole_polls_and_leaves_no_note(redis_client: redi
     guard = _owner(redis_client, key)
     now, later = guard.careful(_records(0, 1, 2))
     assert (_offsets(now), later) == ([0, 1, 2], [])
-    assert guard.note(now) == set()
-    assert redis_client.hget(key, f"{TOPIC}:0") == b"0 2 1"
+    assert guard.note(now) == {}
+    assert redis_client.hget(key, f"{TOPIC}:0") == b"0 2 0"  # many in hand: none charged
     guard.stopped()
     assert redis_client.exists(key) == 0
 
@@ -43,14 +43,18 @@ def test_the_next_owner_takes_the_offsets_died_on_one_at_a_time(
     redis_client: redis.Redis,
 ) -> None:
     """Guarantee 4: after a death in a poll of offsets 10-14, the next owner handles 10, then
-    11, ... alone, and after 14 whole polls again."""
+    11, ... alone, each charged while in hand and cleared once it ended, and after 14 whole
+    polls again with no note left of the death."""
     key = unique("handling")
     _owner(redis_client, key).note(_records(10, 11, 12, 13, 14))  # then died
     guard = _owner(redis_client, key)
     for offset in range(10, 15):
         now, later = guard.careful(_records(*range(offset, 16)))
         assert (_offsets(now), _offsets(later)) == ([offset], list(range(offset + 1, 16)))
-        assert guard.note(now) == set()
+        assert guard.note(now) == {}
+        assert redis_client.hget(key, f"{TOPIC}:0") == f"{offset} 14 1".encode()
+        guard.ended(now)
+    assert redis_client.hget(key, f"{TOPIC}:0") is None
     now, later = guard.careful(_records(15, 16))
     assert (_offsets(now), later) == ([15, 16], [])
 
@@ -59,23 +63,25 @@ def test_a_record_that_died_crash_limit_times_alone_is_set_aside(
     redis_client: redis.Redis,
 ) -> None:
     """Guarantee 4: record 12 kills every owner; once it died CRASH_LIMIT times alone it is
-    returned as poisoned (to be dead-lettered unread), not handled again."""
+    returned as poisoned (to be dead-lettered unparsed, its headers read), not handled
+    again; the records before it, handled alone too, are never charged."""
     key = unique("handling")
     _owner(redis_client, key).note(_records(10, 11, 12, 13))  # died in the poll
-    poisoned: set[tuple[str, int, int]] = set()
+    poisoned: dict[tuple[str, int, int], bool] = {}
     deaths = 0
     while not poisoned:
         guard = _owner(redis_client, key)
         # The last owner committed nothing past 10: the records before 12 come again.
         now, _ = guard.careful(_records(10, 11, 12, 13))
         while _offsets(now) != [12]:
-            assert guard.note(now) == set()
+            assert guard.note(now) == {}
+            guard.ended(now)
             now, _ = guard.careful(_records(*range(max(_offsets(now)) + 1, 14)))
         poisoned = guard.note(now)
         guard.died()
         deaths += 1
         assert deaths <= CRASH_LIMIT + 1
-    assert poisoned == {(TOPIC, 0, 12)}
+    assert poisoned == {(TOPIC, 0, 12): True}
     assert deaths == CRASH_LIMIT + 1  # CRASH_LIMIT deaths alone, then set aside
 
 
@@ -87,8 +93,8 @@ def test_a_retry_in_the_same_process_is_not_a_death(redis_client: redis.Redis) -
     guard = _owner(redis_client, key)
     now, _ = guard.careful(_records(7, 8))
     for _ in range(CRASH_LIMIT + 2):
-        assert guard.note(now) == set()
-    assert redis_client.hget(key, f"{TOPIC}:0") == b"7 8 2"
+        assert guard.note(now) == {}
+    assert redis_client.hget(key, f"{TOPIC}:0") == b"7 8 1"
 
 
 def test_a_caught_failure_is_not_counted_as_a_death(redis_client: redis.Redis) -> None:
@@ -97,16 +103,17 @@ def test_a_caught_failure_is_not_counted_as_a_death(redis_client: redis.Redis) -
     sets a good record aside as unreadable."""
     key = unique("handling")
     plain = _owner(redis_client, key)
-    plain.note(_records(0, 1))
-    plain.interrupted(_records(0, 1))
+    now, _ = plain.careful(_records(0, 1))
+    plain.note(now)
+    plain.interrupted(now)
     assert redis_client.hget(key, f"{TOPIC}:0") is None
     _owner(redis_client, key).note(_records(7, 8))  # died
     careful = _owner(redis_client, key)
     now, _ = careful.careful(_records(7, 8))
     careful.note(now)
-    assert redis_client.hget(key, f"{TOPIC}:0") == b"7 8 2"
-    careful.interrupted(now)
     assert redis_client.hget(key, f"{TOPIC}:0") == b"7 8 1"
+    careful.interrupted(now)
+    assert redis_client.hget(key, f"{TOPIC}:0") == b"7 8 0"
 
 
 def test_a_revoke_keeps_an_unresolved_death_for_the_next_owner(
@@ -119,4 +126,82 @@ def test_a_revoke_keeps_an_unresolved_death_for_the_next_owner(
     guard = _owner(redis_client, key)
     guard.careful(_records(3, 4))
     guard.revoked([(TOPIC, 0)])
-    assert redis_client.hget(key, f"{TOPIC}:0") == b"3 4 1"
+    assert redis_client.hget(key, f"{TOPIC}:0") == b"3 4 0"
+
+
+Where = tuple[str, int, int]
+
+
+def _poll(positions: dict[int, int], ends: dict[int, int]) -> list[Message]:
+    """What a consumer at `positions` fetches: each partition's records up to its end."""
+    return [Message(topic=TOPIC, partition=p, offset=o, value=b"v")
+            for p in sorted(positions) for o in range(positions[p], ends[p])]  # fmt: skip
+
+
+def _life(
+    client: redis.Redis, key: str, committed: dict[int, int], ends: dict[int, int], killer: Where
+) -> tuple[bool, dict[Where, bool]]:
+    """One owner of every partition, from the committed offsets: whether it died (on the
+    killer), and the records it set aside."""
+    guard = CrashGuard(client, key)
+    guard.assigned([(TOPIC, p) for p in committed])
+    positions, set_aside = dict(committed), dict[Where, bool]()
+    while positions != ends:
+        now, _ = guard.careful(_poll(positions, ends))
+        poisoned = guard.note(now)
+        if killer in {(TOPIC, m.partition(), m.offset()) for m in now} - poisoned.keys():
+            guard.died()
+            return True, set_aside
+        set_aside |= poisoned
+        guard.ended(now)
+        positions.update({m.partition() or 0: (m.offset() or 0) + 1 for m in now})
+    guard.stopped()
+    return False, set_aside
+
+
+def _charged(client: redis.Redis, key: str) -> set[str]:
+    """The partitions whose note charges a death to a record."""
+    charged = set()
+    for field, note in client.hgetall(key).items():
+        suspect = Suspect.decode(note)
+        if suspect is None or suspect.attempts > 0:
+            charged.add(field.decode() if isinstance(field, bytes) else field)
+    return charged
+
+
+def test_a_death_is_charged_only_to_the_record_handled_alone(redis_client: redis.Redis) -> None:
+    """Guarantee 4, one caller never harms another: a record on partition 3 that kills the
+    intake, polled with good records of partitions 0-2 and committed nothing since, is
+    the only record set aside (its headers read), after CRASH_LIMIT deaths alone; the
+    good records, read again after every death, are never charged one."""
+    key = unique("handling")
+    committed = {p: 5 for p in range(4)}
+    ends = {p: 8 for p in range(4)}
+    killer = (TOPIC, 3, 5)
+    deaths, set_aside = 0, dict[Where, bool]()
+    while True:
+        died, set_aside = _life(redis_client, key, committed, ends, killer)
+        if not died:
+            break
+        deaths += 1
+        assert deaths <= CRASH_LIMIT + 1, "the killer was never set aside"
+        assert _charged(redis_client, key) <= {f"{TOPIC}:3"}, "a death charged to a good record"
+    assert set_aside == {killer: True}
+    assert deaths == CRASH_LIMIT + 1  # the poll of many, then CRASH_LIMIT deaths alone
+    assert redis_client.exists(key) == 0
+
+
+def test_a_record_whose_setting_aside_died_is_set_aside_unread(redis_client: redis.Redis) -> None:
+    """Guarantee 4: reading a killer's headers may be what kills; if setting it aside died
+    too, the next owner sets it aside without reading them, rather than dying forever."""
+    key = unique("handling")
+    redis_client.hset(key, f"{TOPIC}:0", Suspect(4, 4, CRASH_LIMIT).encode())
+    guard = _owner(redis_client, key)
+    now, _ = guard.careful(_records(4, 5))
+    assert guard.note(now) == {(TOPIC, 0, 4): True}
+    guard.died()  # while setting it aside
+    guard = _owner(redis_client, key)
+    now, _ = guard.careful(_records(4, 5))
+    assert guard.note(now) == {(TOPIC, 0, 4): False}
+    guard.ended(now)
+    assert redis_client.hget(key, f"{TOPIC}:0") is None
