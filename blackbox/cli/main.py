@@ -35,6 +35,7 @@ from blackbox.errors import (
     StackError,
 )
 from blackbox.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from blackbox.intake import rebuild
 from blackbox.intake.runner import caller_policy_of, limits_of
 from blackbox.kafka import clients, retention
 from blackbox.kafka.answers import Answers
@@ -58,6 +59,15 @@ HOLD_ANSWERS = frozenset(
               Outcome.ALREADY_FIRED, Outcome.NOT_FOUND, Outcome.DEAD_LETTERED)
 )  # fmt: skip
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+REBUILD_DESCRIPTION = """\
+Write every schedule still pending back to Redis from what Kafka holds, after Redis lost
+its data (flushed, restarted empty, restored from an old snapshot). Every replica must be
+stopped. The namespace's keys are deleted; each intake partition is read from its start to
+the group's committed offset through the intake's own rules; a version the target topics
+show delivered is not written back, and a series goes on after its latest delivered
+occurrence. Nothing is answered or dead-lettered again. Start the service afterwards: it
+goes on from the committed offsets.
+"""
 log = structlog.get_logger("blackbox.cli.main")
 
 
@@ -119,6 +129,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     topics.add_argument("--partitions", type=int, default=1)
     topics.set_defaults(command=cmd_create_topics)
+    rebuilding = commands.add_parser(
+        "rebuild", help="write every pending schedule back to Redis from Kafka",
+        description=REBUILD_DESCRIPTION, formatter_class=raw,
+    )  # fmt: skip
+    rebuilding.add_argument("--yes", action="store_true",
+                            help="delete the namespace's keys and rebuild them")  # fmt: skip
+    rebuilding.set_defaults(command=cmd_rebuild)
     _add_send(commands)
     _add_by_id(commands, "cancel", "cancel a pending schedule (or series) by its id", cmd_cancel)
     _add_by_id(commands, "pause", "hold a series by its id: its occurrences are passed over",
@@ -222,6 +239,22 @@ def cmd_create_topics(args: argparse.Namespace, settings: Settings) -> int:
     for topic, before in raised.items():
         log.info("intake_retention_raised", topic=topic, before_ms=before, retention_ms=needed)
     log.info("topics_ready", topics=names, intake_retention_ms=needed)
+    return EXIT_OK
+
+
+def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
+    if not args.yes:
+        _error(f"rebuild deletes every key of namespace {settings.namespace!r} and writes back "
+               "what Kafka holds: stop every replica, then run it with --yes")  # fmt: skip
+        return EXIT_USAGE
+    try:
+        counts = rebuild.rebuild(settings)
+    except rebuild.ReplicasRunning as e:
+        _error(str(e))
+        return EXIT_USAGE
+    log.info("rebuild_done", records=counts.records, written=counts.written,
+             passed_over=counts.passed_over, refused=counts.refused,
+             targets=sorted(counts.targets))  # fmt: skip
     return EXIT_OK
 
 

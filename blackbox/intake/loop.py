@@ -306,7 +306,14 @@ class Intake:
             error = _unreadable(repr(e))
             self._refuse(batch, message, where, headers=headers, request=request, error=error)
             return
-        batch.unsent[where[:2]].append((where[2], write))
+        kept = self._rewritten(write)
+        if kept is not None:
+            batch.unsent[where[:2]].append((where[2], kept))
+
+    def _rewritten(self, write: Write) -> Write | None:
+        """What to apply of a valid request: all of it (a replay passes over some, see
+        rebuild.py)."""
+        return write
 
     def _identified(
         self, message: Message, headers: list[Header], now: int
@@ -316,7 +323,7 @@ class Intake:
         if not self.identity.applies_to(headers):
             return headers, None
         parts = Parts(message.topic() or "", message.key(), message.value(), headers)
-        return self.identity.establish(parts, _record_ms(message, now), _age_base(message, now))
+        return self.identity.establish(parts, record_ms(message, now), _age_base(message, now))
 
     def _refuse_replays(self, batch: Batch) -> None:
         """Refuse the signed records whose nonce another record used first."""
@@ -463,7 +470,7 @@ class Intake:
         log.info("intake_revoked", partitions=sorted(p.partition for p in partitions))
 
 
-def _record_ms(message: Message, now: int) -> int:
+def record_ms(message: Message, now: int) -> int:
     """The record's own timestamp (now where it has none)."""
     kind, stamp = message.timestamp()
     return now if kind == TIMESTAMP_NOT_AVAILABLE or stamp <= 0 else stamp

@@ -1,0 +1,126 @@
+"""`blackbox rebuild`: a Redis that lost everything is written back from Kafka. Every pending
+schedule is delivered once, nothing delivered before arrives again, a series goes on at
+its count, a paused one stays paused (intake/rebuild.py)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+
+from blackbox.service import Service
+from tests.integration.conftest import ReaderFactory, ServiceFactory
+from tests.kafkatools import Received, produce, unique, wait_until
+from tests.process import BlackboxProcess
+
+CALLER = [("CALLER_SERVICE", b"billing")]
+LATER = 40  # seconds: due after the flush and the rebuild
+
+
+def _send(service: Service, *requests: dict[str, Any], caller: bool = True) -> None:
+    values = [orjson.dumps(r) for r in requests]
+    produce(service.settings.kafka["bootstrap.servers"], service.settings.intake_topic, values,
+            headers=CALLER if caller else ())  # fmt: skip
+
+
+def _every_kind(service: Service, target: str) -> None:
+    """Plain and caller's schedules, updates, cancels, a reschedule and two series."""
+    _send(service, *({"topic": target, "message": f"early-{n}", "countdown": 0} for n in range(5)),
+          *({"topic": target, "message": f"late-{n}", "countdown": LATER} for n in range(5)),
+          caller=False)  # fmt: skip
+    soon = time.time() + 600
+    _send(
+        service,
+        *({"id": f"o-{n}", "topic": target, "message": f"o-{n} v1", "countdown": LATER}
+          for n in range(4)),
+        *({"id": f"o-{n}", "topic": target, "message": f"o-{n} v2", "countdown": LATER}
+          for n in range(2)),
+        *({"id": f"c-{n}", "topic": target, "message": f"c-{n}", "countdown": LATER}
+          for n in range(2)),
+        {"id": "c-0", "cancel": True}, {"id": "c-1", "cancel": True},
+        {"id": "r-0", "topic": target, "message": "r-0", "countdown": 600},
+        {"id": "r-0", "reschedule": True, "countdown": LATER},
+        {"id": "s-run", "topic": target, "message": "s-run", "every": 5, "limit": 4,
+         "missed": "all"},
+        {"id": "s-held", "topic": target, "message": "s-held", "every": 5, "start": soon - 595},
+        {"id": "s-held", "pause": True},
+    )  # fmt: skip
+
+
+def _bodies(records: list[Received]) -> Counter[str]:
+    return Counter((r.value or b"").decode() for r in records)
+
+
+def _wipe(client: redis.Redis, namespace: str) -> None:
+    keys = list(client.scan_iter(match="{" + namespace + "*", count=1000))
+    client.delete(*keys)
+
+
+def test_a_flushed_redis_is_rebuilt_from_kafka_with_nothing_lost_or_delivered_twice(
+    start_service: ServiceFactory,
+    reader: ReaderFactory,
+    redis_client: redis.Redis,
+    env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """Guarantee 1 (a wiped Redis is never run on silently, and every pending schedule can
+    be rebuilt from Kafka): after FLUSHALL the service stops intake; `blackbox rebuild`
+    writes back what was pending; then every pending schedule is delivered once, nothing
+    delivered before arrives again, updates and cancels hold, the series goes on to its
+    limit, and the paused series stays silent until resumed."""
+    first = start_service()
+    target = unique("rebuilt")
+    delivered = reader(target)
+    _every_kind(first, target)
+    delivered.wait_for(lambda records: sum(_bodies(records)[f"early-{n}"] for n in range(5)) == 5
+                       and _bodies(records)["s-run"] >= 2, timeout=30)  # fmt: skip
+    first.stop()
+    before = _bodies(delivered.read_to_end())
+    _wipe(redis_client, first.settings.namespace)
+
+    refusing = start_service()
+    wait_until(lambda: refusing.metrics.value("blackbox_intake_stopped_partitions") == 1,
+               what="intake stopped on the wiped Redis")  # fmt: skip
+    refusing.stop()
+
+    rebuilt = BlackboxProcess(env, tmp_path / "rebuild.log", "rebuild", "--yes")
+    assert rebuilt.wait(120) == 0, rebuilt.output()
+
+    after = start_service()
+    expected = {**{f"late-{n}": 1 for n in range(5)}, "o-0 v2": 1, "o-1 v2": 1, "o-2 v1": 1,
+                "o-3 v1": 1, "r-0": 1}  # fmt: skip
+    delivered.wait_for(lambda records: all(_bodies(records)[b] >= 1 for b in expected)
+                       and _bodies(records)["s-run"] >= 4, timeout=LATER + 40)  # fmt: skip
+    assert after.metrics.value("blackbox_intake_stopped_partitions") == 0
+    everything = _bodies(delivered.read_to_end())
+    for body, count in expected.items():
+        assert everything[body] == count, body
+    for n in range(5):
+        assert everything[f"early-{n}"] == before[f"early-{n}"] == 1
+    assert everything["s-run"] == 4  # its limit: those before the flush, the rest after
+    occurrences = Counter(r.header("blackbox-occurrence-ms") for r in delivered.records
+                          if r.value == b"s-run")  # fmt: skip
+    assert set(occurrences.values()) == {1}
+    for gone in ("o-0 v1", "o-1 v1", "c-0", "c-1", "s-held"):
+        assert everything[gone] == 0, gone
+
+    _send(after, {"id": "s-held", "resume": True})
+    delivered.wait_for(lambda records: _bodies(records)["s-held"] >= 1, timeout=30)
+
+
+def test_rebuild_refuses_while_a_replica_runs_and_without_yes(
+    start_service: ServiceFactory, env: dict[str, str], tmp_path: Path
+) -> None:
+    """A rebuild deletes the namespace's keys: it asks for --yes, and refuses while a
+    replica of the namespace runs (exit code 2, the reason on stderr)."""
+    unconfirmed = BlackboxProcess(env, tmp_path / "no.log", "rebuild")
+    assert unconfirmed.wait(60) == 2
+    assert "--yes" in unconfirmed.output()
+    start_service()
+    running = BlackboxProcess(env, tmp_path / "running.log", "rebuild", "--yes")
+    assert running.wait(60) == 2
+    assert "still run" in running.output()
