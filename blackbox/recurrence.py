@@ -26,7 +26,7 @@ import functools
 import hashlib
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
@@ -215,6 +215,7 @@ class Firing:
     next: int | None
     fired: int
     skipped: bool = False  # occurrences were passed over (missed, or paused)
+    beyond_horizon: bool = False  # the series ended: its next occurrence lay too far ahead
 
 
 def fire(  # noqa: PLR0913 - the series' state, by name
@@ -226,11 +227,34 @@ def fire(  # noqa: PLR0913 - the series' state, by name
     *,
     paused: bool = False,
     retried: bool = False,
+    horizon_ms: int | None = None,
 ) -> Firing:
     """Decide what claiming the series' stored occurrence at `now_ms` does: an occurrence
     claimed more than `grace` after its due time (jitter included) was missed. One
     `retried` (claimed before: its delivery failed, or its replica died holding it) was
-    chosen to fire already, and is delivered whatever the policy."""
+    chosen to fire already, and is delivered whatever the policy. A next occurrence due
+    more than `horizon_ms` after `now_ms` (the caller's horizon) ends the series instead
+    of being stored."""
+    firing = _decide(rule, series_id, occurrence_ms, fired, now_ms, paused=paused,
+                     retried=retried)  # fmt: skip
+    if horizon_ms is None or firing.next is None:
+        return firing
+    if rule.due_of(series_id, firing.next) - now_ms <= horizon_ms:
+        return firing
+    return replace(firing, next=None, beyond_horizon=True)
+
+
+def _decide(  # noqa: PLR0913 - the series' state, by name
+    rule: Recurrence,
+    series_id: str,
+    occurrence_ms: int,
+    fired: int,
+    now_ms: int,
+    *,
+    paused: bool,
+    retried: bool,
+) -> Firing:
+    """What `fire` does, whatever the horizon."""
     if paused:
         return Firing(None, rule.first(now_ms + 1), fired, skipped=True)
     cutoff = now_ms - rule.grace_ms

@@ -17,7 +17,8 @@ can be relabelled, added or dropped under a valid signature. The signed bytes:
     <sha256(name) hex>:<sha256(value) hex or -> per header, each ending in \\n
 
 Sign last, once every header is set. The issue time bounds replays (with the nonce, which
-blackbox remembers while the signature is young enough to be accepted: see nonces.py).
+blackbox remembers while the signature is young enough to be accepted: see nonces.py), and
+a signed countdown runs from it: the record's timestamp is not signed.
 """
 
 from __future__ import annotations

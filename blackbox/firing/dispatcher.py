@@ -57,6 +57,8 @@ REPORT_POLL_S = 0.01
 
 # The earliest due time announced while a run fires (a nudge), or None.
 Nudged = Callable[[], int | None]
+# How far ahead a caller's next occurrence may be stored, ms (its policy's horizon).
+Horizon = Callable[[bytes | None], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +104,7 @@ class _Sent:
     # or paused) are settled without a delivery.
     advances: dict[str, Advance] = field(default_factory=dict)
     passed: list[str] = field(default_factory=list)
+    beyond: set[str] = field(default_factory=set)  # series ended at the horizon
 
     @property
     def reported(self) -> bool:
@@ -156,18 +159,21 @@ def _etf1_headers(schedule: Schedule) -> list[tuple[str, bytes | None]]:
 class Dispatcher:
     """Moves due schedules from Redis to their target topics."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - its collaborators, each injected
         self,
         store: RedisStore,
         outbox: Outbox,
         policy: RetryPolicy,
         metrics: Metrics,
         share: Share | None = None,
+        *,
+        horizon_of: Horizon | None = None,
     ) -> None:
         self.store = store
         self.outbox = outbox
         self.policy = policy
         self.metrics = metrics
+        self.horizon_of = horizon_of  # None: a series' next occurrence is never refused
         self._unsettled: deque[_Sent] = deque()
         self.claims = 0  # claims made so far: progress, even while one run drains a burst
         # The shards this replica fires: all of them until the share beats (shares.py).
@@ -358,8 +364,12 @@ class Dispatcher:
         """Deliver a series' occurrence (the one its missed policy picks), or pass over it,
         and prepare its next version, stored when the batch is settled."""
         now = sent.claim.at_ms
+        horizon = None if self.horizon_of is None else self.horizon_of(schedule.caller)
         firing = recurrence.fire(series.rule, schedule.id, series.occurrence_ms, series.fired,
-                                 now, paused=series.paused, retried=attempts > 0)  # fmt: skip
+                                 now, paused=series.paused, retried=attempts > 0,
+                                 horizon_ms=horizon)  # fmt: skip
+        if firing.beyond_horizon:
+            sent.beyond.add(schedule.id)
         following = None
         if firing.next is not None:
             following = _version(schedule, Series(series.rule, firing.next, firing.fired,
@@ -487,8 +497,18 @@ def _series_events(sent: _Sent, outcome: _Outcome) -> list[Event]:
     ]
     for advance in sent.advances.values():
         if advance.next is None and advance.id in settled:
-            events.append(Event.of_stored(Outcome.COMPLETED, advance.id, None))
+            events.append(_completed(advance.id, beyond=advance.id in sent.beyond))
     return events
+
+
+def _completed(series_id: str, *, beyond: bool) -> Event:
+    """A series ended: by its limit or end, or at the horizon (its next occurrence lay
+    further ahead than its caller may schedule)."""
+    if not beyond:
+        return Event.of_stored(Outcome.COMPLETED, series_id, None)
+    detail = "the next occurrence lay beyond the caller's horizon"
+    return Event.of_stored(Outcome.COMPLETED, series_id, None,
+                           reason=DeadLetterReason.BEYOND_HORIZON, detail=detail)  # fmt: skip
 
 
 def _dead_event(schedule_id: str, schedule: Schedule | None, letter: DeadLetter) -> Event:

@@ -22,7 +22,7 @@ from confluent_kafka import KafkaException, Producer
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
 from blackbox.firing import shares
-from blackbox.firing.dispatcher import Dispatcher, RetryPolicy
+from blackbox.firing.dispatcher import Dispatcher, Horizon, RetryPolicy
 from blackbox.firing.nudges import NudgeListener
 from blackbox.firing.shares import Share, sweep_after_ms
 from blackbox.firing.waker import Waker
@@ -68,11 +68,12 @@ class Firing:
     def __init__(  # noqa: PLR0913 - its collaborators, each injected
         self, settings: Settings, store: RedisStore, metrics: Metrics, *,
         client: RedisClient, nudge_client: RedisClient, stopping: threading.Event,
-        on_tick: Callable[[], None], name: str | None = None,
+        on_tick: Callable[[], None], name: str | None = None, horizon_of: Horizon | None = None,
     ) -> None:  # fmt: skip
         """`client` keeps the share's heartbeat; `nudge_client` listens for the due times
         other processes publish; `on_tick` is called after each safety-net tick (the
-        liveness clock); `name` is this process's among the firers."""
+        liveness clock); `name` is this process's among the firers; `horizon_of` how far
+        ahead each caller's series may go on (default: BLACKBOX_MAX_COUNTDOWN for all)."""
         self.poll_interval = settings.poll_interval
         self.client = client
         self.metrics = metrics
@@ -81,7 +82,9 @@ class Firing:
         self._claims_seen = 0
         self.outbox = firing_outbox(settings)
         share = Share(store.layout, name, sweep_after_ms(settings.poll_interval))
-        self.dispatcher = Dispatcher(store, self.outbox, retry_policy_of(settings), metrics, share)
+        horizon_of = horizon_of or (lambda _caller: int(settings.max_countdown * 1000))
+        self.dispatcher = Dispatcher(store, self.outbox, retry_policy_of(settings), metrics, share,
+                                     horizon_of=horizon_of)  # fmt: skip
         self.share = share
         self.waker = Waker(self.fire, stopping)
         self.nudges = NudgeListener(nudge_client, store.layout.wake_channel, self._nudged, stopping)

@@ -9,11 +9,18 @@ Two ways, both from the policy file (policy.py):
   says `require_signature`.
 
 Pure: a verified signature's nonce is handed back, for the intake to check against
-replays in Redis (nonces.py).
+replays in Redis (nonces.py), with how long it must be remembered.
+
+A signature's age is counted to the moment the intake reads the record, on every topic:
+that is the only clock that bounds when a copy can still pass, so the nonce outlives every
+copy however long the intake was away. On a LogAppendTime topic the broker's append time is
+the record's timestamp and must lie within the skew of the issue time, so a captured record
+cannot be appended again later; a backlog older than the maximum age when read is refused.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -29,12 +36,19 @@ _R = DeadLetterReason
 
 @dataclass(frozen=True, slots=True)
 class Proof:
-    """A verified signature: its nonce must not have been used by another record."""
+    """A verified signature: its nonce must not have been used by another record; it is
+    remembered `remember_seconds` from now, and a countdown runs from `issued_ms`."""
 
     caller: str
     key_id: str
     nonce: str
     remember_seconds: int
+    issued_ms: int
+
+    def countdown_from(self, now_ms: int) -> int:
+        """The instant a signed record's countdown runs from: the issue time its signature
+        fixes (a relay may change the record's timestamp, not this), never later than now."""
+        return min(self.issued_ms, now_ms)
 
 
 class Identity:
@@ -67,9 +81,9 @@ class Identity:
         and the proof of a valid signature; InvalidEnvelope when the caller is not proven
         where it must be.
 
-        A signature's age is counted to `now_ms`: the read time, or the broker's append
-        time for a topic that stamps records itself (LogAppendTime), so that a backlog read
-        after an outage is still accepted there."""
+        `record_ms` is the record's timestamp (the broker's append time on a LogAppendTime
+        topic), `now_ms` the moment the intake reads it: the signature's age is counted to
+        that, whatever stamps the topic (see the module's docstring)."""
         headers = parts.headers
         signed = [v for name, v in headers if name == SIGNATURE_HEADER]
         owner = self.bound.get(parts.topic)
@@ -117,12 +131,20 @@ def _checked(  # noqa: PLR0913 - the record, its claim, the rule, and how to rea
         )
     _check_age(signature, rule, instants)
     verify(key_of(raw), signature, parts)
-    remember = int(rule.signature_max_age_seconds + rule.signature_skew_seconds) + 1
-    return Proof(caller, signature.key_id, signature.nonce, remember)
+    remember = _remember_seconds(signature.issued_ms, rule, now_ms=instants[1])
+    return Proof(caller, signature.key_id, signature.nonce, remember, signature.issued_ms)
+
+
+def _remember_seconds(issued_ms: int, rule: Rule, now_ms: int) -> int:
+    """How long from `now_ms` a nonce is kept: past the latest read time at which a copy
+    could still pass (issued + max age), plus the skew another replica's clock may lag by."""
+    window_ms = (rule.signature_max_age_seconds + rule.signature_skew_seconds) * 1000
+    return max(1, math.ceil((issued_ms + window_ms - now_ms) / 1000)) + 1
 
 
 def _check_age(signature: Signature, rule: Rule, instants: tuple[int, int]) -> None:
-    """Issued near its record's timestamp, and young enough for its nonce to be known."""
+    """Issued near its record's timestamp, and young enough when read for its nonce to be
+    known."""
     record_ms, now_ms = instants
     skew = abs(record_ms - signature.issued_ms) / 1000
     age = (now_ms - signature.issued_ms) / 1000

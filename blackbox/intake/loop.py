@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import redis
 import structlog
 from confluent_kafka import (
-    TIMESTAMP_LOG_APPEND_TIME,
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaError,
@@ -201,9 +200,9 @@ class Intake:
 
     def _unheld(self, records: list[Message]) -> list[Message]:
         """The records of partitions checked for gaps and not stopped; the rest are read
+        again once their partition may be read (gaps.py)."""
         if not self.gaps.holding:
             return records
-        again once their partition may be read (gaps.py)."""
         held = [m for m in records if self.gaps.held((m.topic() or "", m.partition() or 0))]
         if held:
             self._rewind(held)
@@ -294,7 +293,7 @@ class Intake:
             checked, proof = self._identified(message, headers, now)
             request = envelope.parse(message.value(), checked, self.config.limits, message.key())
             origin = intake_id(*where, batch.tags[where[0]])
-            write = self._write(request, message, now, origin)
+            write = self._write(request, message, now, origin, proof)
             if proof is not None:
                 batch.signed.append(Signed(proof, origin, message, where, headers))
         except InvalidEnvelope as e:
@@ -323,7 +322,7 @@ class Intake:
         if not self.identity.applies_to(headers):
             return headers, None
         parts = Parts(message.topic() or "", message.key(), message.value(), headers)
-        return self.identity.establish(parts, record_ms(message, now), _age_base(message, now))
+        return self.identity.establish(parts, record_ms(message, now), now)
 
     def _refuse_replays(self, batch: Batch) -> None:
         """Refuse the signed records whose nonce another record used first."""
@@ -352,20 +351,22 @@ class Intake:
         log.warning("dead_lettered", reason=error.reason.value, detail=error.detail,
                     topic=where[0], partition=where[1], offset=where[2])  # fmt: skip
 
-    def _write(self, request: Request, message: Message, now: int, origin: str) -> Write:
+    def _write(
+        self, request: Request, message: Message, now: int, origin: str, proof: Proof | None
+    ) -> Write:
         """What to apply in Redis for a valid request; the caller's policy may still refuse."""
         if isinstance(request, Cancel):
             return Cancellation(scoped_id(request.caller, request.schedule_id))
         if isinstance(request, Hold):
             return Holding(scoped_id(request.caller, request.schedule_id), request.caller,
                            request.paused)  # fmt: skip
-        received = received_ms(message, now)
+        received = received_ms(message, now) if proof is None else proof.countdown_from(now)
         if isinstance(request, Reschedule):
             due_ms = request.due_ms(received)
             self.config.policy.check_horizon(request.caller, due_ms, received)
             return Move(scoped_id(request.caller, request.schedule_id), request.caller, due_ms)
         schedule = Schedule.from_envelope(request, origin, received, sent_ms=received)
-        self.config.policy.check(request, schedule.due_ms, received)
+        self.config.policy.check(request, schedule.due_ms, received, schedule.series)
         return schedule
 
     def _send_dead_letters(self, dead: list[DeadLetter], stop: threading.Event) -> None:
@@ -474,13 +475,6 @@ def record_ms(message: Message, now: int) -> int:
     """The record's own timestamp (now where it has none)."""
     kind, stamp = message.timestamp()
     return now if kind == TIMESTAMP_NOT_AVAILABLE or stamp <= 0 else stamp
-
-
-def _age_base(message: Message, now: int) -> int:
-    """The instant a signature's age is counted to: the broker's append time where the topic
-    stamps records itself (a producer cannot forge it), else now."""
-    kind, stamp = message.timestamp()
-    return stamp if kind == TIMESTAMP_LOG_APPEND_TIME and stamp > 0 else now
 
 
 def _where(message: Message) -> tuple[str, int, int]:

@@ -3,8 +3,9 @@
 Each verified signature's nonce is stored with the intake coordinates of the record that
 used it first (`SET NX GET EX`, one pipelined call per poll part). Another record with the
 same nonce is a replay; the same record read again after a crash finds its own
-coordinates and passes. A nonce is kept as long as a signature can be accepted (its
-maximum age plus the clock skew), so a replay is either remembered or too old.
+coordinates and passes. A nonce is kept until its signature's issue time plus the maximum
+age plus the clock skew (identity.py): past the last moment a copy could be read and still
+accepted, however long the intake was away, so a replay is either remembered or too old.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ import yaml
 
 from blackbox.envelope import ABSOLUTE_MAX_COUNTDOWN_SECONDS, Envelope, legal_topic_name
 from blackbox.errors import DeadLetterReason, InvalidEnvelope, SettingsError
+from blackbox.schedule import Series
 from blackbox.signing import public_key_from_text, raw_public_key, valid_key_id
 
 _RULE_FIELDS = frozenset({
@@ -99,10 +100,18 @@ class CallerPolicy:
             return self.default
         return self.callers.get(caller.decode("utf-8", "replace"), self.default)
 
-    def check(self, envelope: Envelope, due_ms: int, received_ms: int) -> None:
-        """Raise InvalidEnvelope if the caller may not schedule this."""
+    def horizon_ms(self, caller: bytes | None) -> int:
+        """How far ahead the caller may schedule, in ms: each occurrence of its series too,
+        when the one before fires (recurrence.fire)."""
+        return int(self.rule_for(caller).max_horizon_seconds * 1000)
+
+    def check(
+        self, envelope: Envelope, due_ms: int, received_ms: int, series: Series | None = None
+    ) -> None:
+        """Raise InvalidEnvelope if the caller may not schedule this (`series`: the series
+        it starts, whose occurrences must lie within the horizon of one another too)."""
         rule = self.rule_for(envelope.caller)
-        who = "no caller" if envelope.caller is None else repr(envelope.caller.decode())
+        who = _who(envelope.caller)
         if not rule.allows(envelope.topic):
             raise InvalidEnvelope(
                 DeadLetterReason.FORBIDDEN_TOPIC,
@@ -115,18 +124,41 @@ class CallerPolicy:
                 f"at most {rule.max_message_bytes}",
             )
         self.check_horizon(envelope.caller, due_ms, received_ms)
+        if series is not None:
+            self._check_rhythm(envelope.caller, series)
+
+    def _check_rhythm(self, caller: bytes | None, series: Series) -> None:
+        """Raise InvalidEnvelope(beyond_horizon) if the series' first two occurrences, the
+        jitter at its largest, lie further apart than the caller's horizon: its second would
+        be stored beyond it when the first fires. For `every` that holds for every pair; a
+        cron rule spaced unevenly ends when an occurrence would lie beyond (recurrence.py)."""
+        rule = series.rule
+        second = None if rule.limit == 1 else rule.after(series.occurrence_ms)
+        if second is None:
+            return
+        apart = (second - series.occurrence_ms + rule.jitter_ms) / 1000
+        horizon = self.rule_for(caller).max_horizon_seconds
+        if apart > horizon:
+            raise InvalidEnvelope(
+                DeadLetterReason.BEYOND_HORIZON,
+                f"occurrences {apart:.0f} s apart (jitter included); {_who(caller)} may "
+                f"schedule at most {horizon:.0f} s ahead",
+            )
 
     def check_horizon(self, caller: bytes | None, due_ms: int, received_ms: int) -> None:
         """Raise InvalidEnvelope if the caller may not schedule that far ahead."""
         rule = self.rule_for(caller)
         ahead = (due_ms - received_ms) / 1000
         if ahead > rule.max_horizon_seconds:
-            who = "no caller" if caller is None else repr(caller.decode())
             raise InvalidEnvelope(
                 DeadLetterReason.BEYOND_HORIZON,
-                f"due {ahead:.0f} s ahead; {who} may schedule at most "
+                f"due {ahead:.0f} s ahead; {_who(caller)} may schedule at most "
                 f"{rule.max_horizon_seconds:.0f} s ahead",
             )
+
+
+def _who(caller: bytes | None) -> str:
+    return "no caller" if caller is None else repr(caller.decode())
 
 
 @functools.lru_cache(maxsize=4096)

@@ -12,6 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from blackbox.client import Client
+from blackbox.clock import now_ms
 from blackbox.envelope import CALLER_HEADER, Header
 from blackbox.errors import DeadLetterReason
 from blackbox.intake.identity import Proof
@@ -97,18 +98,15 @@ def test_only_records_the_caller_signed_are_scheduled(
     assert all(r.header(CALLER_HEADER) == "billing" for r in delivered)
 
 
-def test_a_backlog_signed_before_an_outage_is_accepted_where_the_broker_stamps_time(
+def test_a_backlog_older_than_its_max_age_when_read_is_refused_whatever_stamps_the_topic(
     start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str], tmp_path: Path
 ) -> None:
     """Guarantees 5 and 7: signed records that waited out an outage longer than their
-    maximum age are accepted on an intake topic stamped by the broker (LogAppendTime: their
-    age is counted to the append time, which no producer can forge); on a topic stamped by
-    the producer the same backlog is refused as signature_expired."""
-    bootstrap = env["KAFKA_BOOTSTRAP_SERVERS"]
-    stamped, target = unique("stamped"), unique("backlog")
-    by_broker = NewTopic(stamped, 1, config={"message.timestamp.type": "LogAppendTime"})
-    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept: its futures need it alive
-    admin.create_topics([by_broker])[stamped].result(15)
+    maximum age are dead-lettered as signature_expired (never lost silently) on a topic the
+    broker stamps (LogAppendTime) as on one the producer stamps: by then a copy's nonce may
+    be forgotten, so nothing read that late is taken as the signer's."""
+    bootstrap, target = env["KAFKA_BOOTSTRAP_SERVERS"], unique("backlog")
+    stamped = _stamped_topic(bootstrap)
     policy = tmp_path / "policy.yaml"
     public = public_text(KEY.public_key())
     policy.write_text("callers:\n  billing:\n    require_signature: true\n"
@@ -123,10 +121,11 @@ def test_a_backlog_signed_before_an_outage_is_accepted_where_the_broker_stamps_t
     start_service(BLACKBOX_POLICY_FILE=str(policy))  # reads the producer-stamped topic
     start_service(BLACKBOX_POLICY_FILE=str(policy), BLACKBOX_INTAKE_TOPIC=stamped,
                   BLACKBOX_GROUP_ID=unique("group"))  # fmt: skip
-    (delivered,) = reader(target).wait_count(1)
-    (refused,) = reader(env["BLACKBOX_DLQ_TOPIC"]).wait_count(1)
-    assert orjson.loads(delivered.value or b"")["n"] == 0
-    assert refused.header("blackbox-dlq-reason") == _R.SIGNATURE_EXPIRED
+    refused = reader(env["BLACKBOX_DLQ_TOPIC"]).wait_count(2)
+    topics = {r.header("blackbox-dlq-topic") for r in refused}
+    assert topics == {stamped, env["BLACKBOX_INTAKE_TOPIC"]}
+    assert {r.header("blackbox-dlq-reason") for r in refused} == {_R.SIGNATURE_EXPIRED}
+    assert reader(target).read_to_end() == []
 
 
 def test_a_bound_topic_decides_the_caller(
@@ -161,10 +160,79 @@ def test_a_nonce_is_the_first_records_own(redis_client: redis.Redis) -> None:
     """Guarantees 2 and 7: the record that used a nonce first passes again when re-read after
     a crash; any other record with that nonce is a replay, also across shards."""
     nonces = Nonces(redis_client, Layout(unique("ns"), 4))
-    first = Proof("billing", "k", "n" * 16, 60)
-    other = Proof("billing", "k", "m" * 16, 60)
+    first = Proof("billing", "k", "n" * 16, 60, now_ms())
+    other = Proof("billing", "k", "m" * 16, 60, now_ms())
     assert nonces.first_uses([(first, "t:0:5"), (other, "t:0:6")]) == [None, None]
     assert nonces.first_uses([(first, "t:0:5")]) == [None]
     assert nonces.first_uses([(first, "t:0:9"), (other, "t:1:2")]) == ["t:0:5", "t:0:6"]
     assert 0 < redis_client.ttl(Layout(nonces.layout.namespace, 4).keys_of(first.nonce)
                                 .nonce("billing", "k", first.nonce)) <= 60  # fmt: skip
+
+
+def _stamped_topic(bootstrap: str) -> str:
+    """A new intake topic whose records the broker stamps (LogAppendTime)."""
+    topic = unique("stamped")
+    by_broker = NewTopic(topic, 1, config={"message.timestamp.type": "LogAppendTime"})
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept: its futures need it alive
+    admin.create_topics([by_broker])[topic].result(15)
+    return topic
+
+
+def test_a_copy_appended_during_an_outage_is_never_scheduled_twice(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str], tmp_path: Path,
+    redis_client: redis.Redis,
+) -> None:  # fmt: skip
+    """Guarantees 5 and 7: on a LogAppendTime intake topic, a copy of a signed record that
+    was scheduled, appended within the signature's windows while blackbox is down and read
+    after an outage longer than the windows (the original's nonce forgotten by then), is
+    refused (expired or a replay), never scheduled a second time."""
+    bootstrap, target = env["KAFKA_BOOTSTRAP_SERVERS"], unique("replayed")
+    stamped = _stamped_topic(bootstrap)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("callers:\n  billing:\n    require_signature: true\n"
+                      "    signature_max_age_seconds: 8\n    signature_skew_seconds: 8\n"
+                      f'    keys: {{billing-1: "{public_text(KEY.public_key())}"}}\n')  # fmt: skip
+    overrides = {"BLACKBOX_POLICY_FILE": str(policy), "BLACKBOX_INTAKE_TOPIC": stamped}
+    service = start_service(**overrides)
+    value, issued = _document(target, 0), time.time_ns() // 1_000_000
+    headers = _signed_headers(stamped, value, KEY, issued)
+    produce(bootstrap, stamped, [value], headers)
+    delivered = reader(target)
+    delivered.wait_count(1)
+    nonce = (headers[-1][1] or b"").decode().split(" ")[3]
+    remembered = service.store.layout.keys_of(nonce).nonce("billing", "billing-1", nonce)
+    assert redis_client.exists(remembered)
+
+    service.stop()  # the outage: a relay appends its copy within the windows meanwhile
+    produce(bootstrap, stamped, [value], headers)
+    assert time.time_ns() // 1_000_000 - issued < 8_000, "the copy came too late to matter"
+    wait_until(lambda: not redis_client.exists(remembered), 60, "the original's nonce forgotten")
+    start_service(**overrides)
+
+    (refused,) = reader(env["BLACKBOX_DLQ_TOPIC"]).wait_count(1)
+    assert refused.header("blackbox-dlq-reason") in {_R.SIGNATURE_EXPIRED, _R.BAD_SIGNATURE}
+    assert int(refused.header("blackbox-dlq-offset")) == 1
+    assert len(delivered.read_to_end()) == 1
+
+
+def test_a_signed_countdown_runs_from_its_issue_time_not_the_record_timestamp(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Guarantee 7: a relay that produces a signed `countdown: 290` again with a record
+    timestamp 289 s before the signature's issue time (within the skew) cannot make it fire
+    earlier than the signer meant: it is due at the issue time plus the countdown."""
+    bootstrap, intake = env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_INTAKE_TOPIC"]
+    target = unique("relayed")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("callers:\n  billing:\n    require_signature: true\n"
+                      f'    keys: {{billing-1: "{public_text(KEY.public_key())}"}}\n')  # fmt: skip
+    start_service(BLACKBOX_POLICY_FILE=str(policy))
+    value = orjson.dumps({"topic": target, "message": {"n": 0}, "countdown": 290})
+    issued = time.time_ns() // 1_000_000
+    produce(bootstrap, intake, [value], _signed_headers(intake, value, KEY, issued),
+            timestamp_ms=issued - 289_000)  # fmt: skip
+
+    (answer,) = reader(env["BLACKBOX_EVENTS_TOPIC"]).wait_count(1)
+    scheduled = orjson.loads(answer.value or b"")
+    assert scheduled["outcome"] == "scheduled", scheduled
+    assert scheduled["due_ms"] >= issued + 290_000, scheduled["due_ms"] - issued

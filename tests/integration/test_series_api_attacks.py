@@ -13,6 +13,8 @@ import redis
 
 from blackbox.client import Repeat, envelope
 from blackbox.clock import now_ms
+from blackbox.envelope import CALLER_HEADER, Limits, parse
+from blackbox.errors import InvalidEnvelope
 from blackbox.recurrence import Recurrence
 from blackbox.schedule import Schedule, first_occurrence
 from blackbox.service import Service
@@ -127,3 +129,32 @@ def test_send_with_a_limit_over_64_bits_exits_2_without_a_traceback(
     code, output = process.wait(60), process.output()
     assert "Traceback" not in output, output
     assert code == 2 and "limit" in output, output
+
+
+@pytest.mark.parametrize(
+    ("field", "number"),
+    [("limit", "1" + "0" * 30), ("limit", str(2**64)), ("limit", str(-(2**63) - 1)),
+     ("every", "1" + "0" * 30), ("jitter", "-" + "1" + "0" * 30), ("limit", "1" + "0" * 400)],
+    ids=["limit 10**30", "limit 2**64", "limit below -2**63", "every 10**30",
+         "jitter -10**30", "limit 10**400"],
+)  # fmt: skip
+def test_a_number_beyond_64_bits_gets_the_intakes_reason(
+    start_service: ServiceFactory, field: str, number: str
+) -> None:
+    """Guarantee 4: the same bad value gets the same reason on the API and at intake: a
+    whole number beyond 64 bits (`limit: 10**30`) is refused 422 with the reason the intake
+    gives the same JSON text (it reads such a number as a double), not `invalid_text`."""
+    text = ('{"id": "big", "topic": "reports", "message": "run", "every": 3600, '
+            f'"{field}": {number}}}')  # fmt: skip
+    try:
+        parse(text.encode(), [(CALLER_HEADER, b"web")], Limits(1_048_576, frozenset()))
+    except InvalidEnvelope as e:
+        intake = e.reason.value
+    else:
+        pytest.fail(f"the intake accepts {text}")
+    service = start_service(BLACKBOX_API_TOKEN=TOKEN)
+    body = f'{{"caller": "web", "envelope": {text}}}'
+    with api(service) as client:
+        answer = client.post("/api/v1/schedules", content=body.encode(),
+                             headers={**AUTH, "Content-Type": "application/json"})  # fmt: skip
+    assert (answer.status_code, answer.json()["error"]) == (422, intake), answer.text

@@ -181,3 +181,30 @@ def test_blackboxs_own_topics_cannot_be_bound_to_a_caller(tmp_path: Path) -> Non
         settings = Settings.from_env({"BLACKBOX_POLICY_FILE": str(path)})
         with pytest.raises(SettingsError, match="own topics"):
             caller_policy_of(settings)
+
+
+@pytest.mark.parametrize("issued_ms", [NOW - 900_000, NOW - 1, NOW, NOW + 300_000])
+def test_a_nonce_outlives_every_copy_that_could_still_pass(issued_ms: int) -> None:
+    """Guarantee 7: a signature accepted now has its nonce kept at least until the latest
+    read time at which a copy could pass (issued + max age), plus the skew a replica's
+    clock may lag by; a copy read after that is expired, whatever stamps its topic."""
+    identity = Identity(_policy())
+    _, proof = identity.establish(_signed(_record(), issued_ms=issued_ms), issued_ms, NOW)
+    assert proof is not None and proof.issued_ms == issued_ms
+    kept_until = NOW + proof.remember_seconds * 1000
+    assert kept_until > issued_ms + (900 + 300) * 1000
+    copy_read_late = issued_ms + 900_001  # appended within the windows, read too late
+    with pytest.raises(InvalidEnvelope) as refused:
+        identity.establish(_signed(_record(), issued_ms=issued_ms), issued_ms, copy_read_late)
+    assert refused.value.reason is _R.SIGNATURE_EXPIRED
+
+
+def test_a_signed_countdown_runs_from_the_issue_time_never_from_later_than_now() -> None:
+    """Guarantee 7: the signature fixes when a countdown starts: its issue time, which a
+    relay cannot change as it can a record's timestamp; one issued ahead of this clock
+    (within the skew) runs from now, as an unsigned record's future timestamp does."""
+    identity = Identity(_policy())
+    _, proof = identity.establish(_signed(_record(), issued_ms=NOW - 5_000), NOW - 290_000, NOW)
+    assert proof is not None and proof.countdown_from(NOW) == NOW - 5_000
+    _, ahead = identity.establish(_signed(_record(), issued_ms=NOW + 5_000), NOW, NOW)
+    assert ahead is not None and ahead.countdown_from(NOW) == NOW

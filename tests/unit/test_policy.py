@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,8 @@ from blackbox.envelope import ABSOLUTE_MAX_COUNTDOWN_SECONDS, CALLER_HEADER, Env
 from blackbox.errors import DeadLetterReason, InvalidEnvelope, SettingsError
 from blackbox.intake import policy
 from blackbox.intake.policy import CallerPolicy, Rule
+from blackbox.recurrence import Recurrence
+from blackbox.schedule import first_occurrence
 
 HOUR = 3600.0
 BASE = policy.open_policy(max_horizon_seconds=HOUR, max_message_bytes=100)
@@ -264,3 +267,46 @@ def test_a_refusal_says_who_was_refused_and_the_limit() -> None:
     with pytest.raises(InvalidEnvelope) as caught:
         rules.check(request("orders", b"reports"), 1_000, 1_000)
     assert caught.value.detail == "'reports' may not schedule to 'orders' (policy)"
+
+
+def _series_check(rules: CallerPolicy, caller: bytes | None, **fields: Any) -> None:
+    """Check a series starting now (epoch 1,000 ms) as the intake does."""
+    series = first_occurrence(Recurrence(**fields), 1_000)
+    parsed = Envelope("public", b"v", caller, recurrence=series.rule)
+    rules.check(parsed, series.rule.due_of("s", series.occurrence_ms), 1_000, series)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"every_ms": 60_001}, {"every_ms": 50_000, "jitter_ms": 10_001},
+     {"cron": "0,30 0 * * * *"}, {"every_ms": 1_000, "start_ms": 61_001}],
+    ids=["every", "every with jitter", "cron 30 s then an hour", "first beyond"],
+)  # fmt: skip
+def test_a_series_reaching_beyond_the_horizon_is_beyond_horizon(fields: dict[str, Any]) -> None:
+    """Guarantees 4 and 8: a series whose first occurrence, or whose second counted from the
+    first (jitter at its largest), lies beyond the caller's horizon is refused at intake as
+    `beyond_horizon`, as a one-off due that far ahead is."""
+    rules = policy.from_document(BILLING, BASE)  # reports: 60 s
+    with pytest.raises(InvalidEnvelope) as caught:
+        _series_check(rules, b"reports", **fields)
+    assert caught.value.reason is DeadLetterReason.BEYOND_HORIZON
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"every_ms": 60_000}, {"every_ms": 50_000, "jitter_ms": 10_000},
+     {"every_ms": 3_600_000, "limit": 1}, {"cron": "* * * * *"}],
+    ids=["every", "every with jitter", "one occurrence", "minutely cron"],
+)  # fmt: skip
+def test_a_series_within_the_horizon_is_accepted(fields: dict[str, Any]) -> None:
+    """Guarantee 8: occurrences exactly the horizon apart (jitter included), or a series of
+    one occurrence, are accepted."""
+    _series_check(policy.from_document(BILLING, BASE), b"reports", **fields)
+
+
+def test_the_horizon_of_a_caller_falls_back_to_the_service_limit() -> None:
+    """Guarantee 8: firing holds each caller's series to its policy's horizon, else to
+    BLACKBOX_MAX_COUNTDOWN (the base)."""
+    rules = policy.from_document(BILLING, BASE)
+    assert rules.horizon_ms(b"reports") == 60_000
+    assert rules.horizon_ms(b"billing") == rules.horizon_ms(None) == HOUR * 1000

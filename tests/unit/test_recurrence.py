@@ -435,3 +435,33 @@ def test_bounds_of_valid_rules() -> None:
     end equal to start."""
     edge = Recurrence(every_ms=1000, jitter_ms=86_400_000, limit=1, start_ms=5000, end_ms=5000)
     assert edge.upcoming(0, 3) == [5000]
+
+
+def test_an_occurrence_beyond_the_horizon_ends_the_series() -> None:
+    """Guarantee 8: a leap-day rule fires 2096-02-29, then its next occurrence (2104-02-29,
+    eight years on: 2100 is no leap year) lies beyond a five-year horizon: the occurrence
+    due is delivered and the series ends (`beyond_horizon`) instead of being stored. The
+    four-year step before it stays within, and without a horizon nothing changes."""
+    rule = Recurrence(cron="0 0 29 2 *")
+    five_years = 5 * 365 * 86_400_000
+    now = ms("2092-02-29T00:00:30Z")
+    kept = fire(rule, "s", ms("2092-02-29T00:00:00Z"), 0, now, horizon_ms=five_years)
+    assert (iso(kept.next), kept.beyond_horizon) == ("2096-02-29T00:00:00Z", False)
+    now = ms("2096-02-29T00:00:30Z")
+    ended = fire(rule, "s", ms("2096-02-29T00:00:00Z"), 1, now, horizon_ms=five_years)
+    assert (iso(ended.deliver), ended.next, ended.fired, ended.beyond_horizon) == (
+        "2096-02-29T00:00:00Z", None, 2, True)  # fmt: skip
+    unbounded = fire(rule, "s", ms("2096-02-29T00:00:00Z"), 1, now)
+    assert iso(unbounded.next) == "2104-02-29T00:00:00Z"
+
+
+def test_the_horizon_counts_the_jitter_of_the_next_occurrence() -> None:
+    """Guarantee 8: the horizon bounds the next occurrence's due time, jitter included (the
+    time its payload is kept for), not only its nominal instant."""
+    rule = Recurrence(every_ms=60_000, jitter_ms=30_000)
+    jitter = rule.jitter_of("s", ms("2026-06-01T00:01:00Z"))
+    assert jitter > 0
+    now = ms("2026-06-01T00:00:00Z")
+    ahead = 60_000 + jitter
+    assert fire(rule, "s", now, 0, now, horizon_ms=ahead).next is not None
+    assert fire(rule, "s", now, 0, now, horizon_ms=ahead - 1).beyond_horizon
