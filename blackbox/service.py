@@ -22,6 +22,7 @@ from confluent_kafka import Producer
 
 from blackbox.api import app
 from blackbox.api.backend import backend_of
+from blackbox.api.connections import Limits
 from blackbox.api.server import Endpoints
 from blackbox.clock import now_ms
 from blackbox.errors import RedisFull, SettingsError, ShardsChanged
@@ -72,7 +73,7 @@ class Service:
         self.room = memory.Room(self._probe_client, sharding, self.metrics)
         self._redis_checked = threading.Event()  # eviction policy and shard count found right
         self._publisher = Publisher(self.redis, self.store.layout.wake_channel)
-        self.firing = self._firing() if role.fires else None
+        self.firing = self._firing(caller_policy) if role.fires else None
         self.receiving = (
             Receiving(settings, self.store, self.metrics, caller_policy=caller_policy,
                       room=self.room, stopping=self.stopping, announce=self._scheduled,
@@ -116,11 +117,11 @@ class Service:
             self._shards_adopted = False
             return shardcount.DEFAULT_SHARDS
 
-    def _firing(self) -> Firing:
+    def _firing(self, caller_policy: CallerPolicy) -> Firing:
         nudges = redis_client(self.settings.redis_url)
         return Firing(self.settings, self.store, self.metrics, client=self.redis,
                       nudge_client=nudges, stopping=self.stopping, on_tick=self._beat,
-                      name=self.name)  # fmt: skip
+                      name=self.name, horizon_of=caller_policy.horizon_ms)  # fmt: skip
 
     def _stall_seconds(self) -> float | None:
         """The firing clock's stall limit; none in a role that does not fire."""
@@ -139,8 +140,9 @@ class Service:
         backend = backend_of(settings, self.store, self.health, self.metrics,
                              self._scheduled, caller_policy=caller_policy)  # fmt: skip
         try:
+            limits = Limits(settings.http_header_timeout, settings.http_max_connections)
             return Endpoints(settings.http_host, settings.http_port or 0,
-                             app.create_app(backend), backend.close)  # fmt: skip
+                             app.create_app(backend), backend.close, limits)  # fmt: skip
         except OSError as e:
             raise SettingsError(
                 f"BLACKBOX_HTTP_PORT={settings.http_port} cannot be served on "

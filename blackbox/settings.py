@@ -209,6 +209,14 @@ VARIABLES: tuple[Var, ...] = (
         "address of the /live, /ready and /metrics endpoints"),
     Var("BLACKBOX_HTTP_PORT", "http_port", _port, "8080",
         "port of those endpoints; 0 picks a free one, 'off' serves none"),
+    Var("BLACKBOX_HTTP_HEADER_TIMEOUT", "http_header_timeout", _positive_float, "10",
+        "seconds a connection has to send a whole request head (from connecting, or from "
+        "its last answer); then it is closed"),
+    Var("BLACKBOX_HTTP_BODY_TIMEOUT", "http_body_timeout", _positive_float, "30",
+        "seconds a request has to send its whole body once its head is in; then it is 408"),
+    Var("BLACKBOX_HTTP_MAX_CONNECTIONS", "http_max_connections", _positive_int, "1000",
+        "most open HTTP connections (at most half the free file descriptors); one more "
+        "closes the one waiting longest for a request, or is answered 503 when all are busy"),
     Var("BLACKBOX_API_TOKEN", "api_token", _token, "",
         "bearer token of the HTTP API (16+ characters); empty: none, mutations refused"),
     Var("BLACKBOX_API_TOKENS_FILE", "api_tokens_file", str, "",
@@ -263,6 +271,9 @@ class Settings:
     fired_retention: int
     http_host: str
     http_port: int | None
+    http_header_timeout: float
+    http_body_timeout: float
+    http_max_connections: int
     api_token: str
     api_tokens_file: str
     api_signing_key_file: str

@@ -80,26 +80,33 @@ class Call:
     backend: Backend
     grant: Grant
 
-    def caller_of(self, blackbox_id: str) -> tuple[bool, str | None]:
-        """(whether it is a caller's own id, its caller) of a stored id; for an id derived
-        from an intake record the caller is read from the schedule (404 when gone)."""
+    def owned(self, blackbox_id: str) -> tuple[bool, str | None]:
+        """(whether it is a caller's own id, its caller) of an id the token acts for.
+
+        An id of another caller is answered as one that is not there, the same 404 after
+        the same work: a caller's own id names its caller, checked before any read; for an
+        id derived from an intake record, whether it is pending and whose it is come from
+        one bounded read of its payload's head, whatever its message's size."""
         scoped = split_scoped(blackbox_id)
         if scoped is not None:
             caller = None if scoped[0] is None else scoped[0].decode()
-            return True, caller
-        found = self.backend.pending.get(blackbox_id)
-        if found is None:
-            raise ApiError(404, "not_found", f"no pending schedule {blackbox_id[:200]!r}")
-        return False, found.item.caller
-
-    def check_acts_for(self, caller: str | None, blackbox_id: str) -> None:
-        """404 for an id of a caller the token does not act for: it is not theirs to see."""
+        else:
+            pending, owner = self.backend.pending.owner(blackbox_id)
+            caller = None if owner is None else owner.decode("utf-8", "replace")
+            if not pending:
+                raise not_found(blackbox_id)
         if not self.grant.acts_for(caller):
-            raise ApiError(404, "not_found", f"no schedule {blackbox_id[:200]!r} of yours")
+            raise not_found(blackbox_id)
+        return scoped is not None, caller
 
     def check_every_caller(self) -> None:
         if self.grant.callers is not None:
             raise ApiError(403, "forbidden", "totals across callers need a token for every caller")
+
+
+def not_found(blackbox_id: str) -> ApiError:
+    """The one answer for an id that is not pending and for an id the token may not see."""
+    return ApiError(404, "not_found", f"no pending schedule {blackbox_id[:200]!r}")
 
 
 _bearer = HTTPBearer(auto_error=False)
@@ -134,7 +141,9 @@ router = APIRouter(prefix=PREFIX, responses=ERRORS)
 
 CallerQuery = Annotated[str | None, Query(max_length=255)]
 TopicQuery = Annotated[str | None, Query(max_length=255)]
-CursorQuery = Annotated[str | None, Query(max_length=2048)]
+# A sealed position: the longest stored id (a caller of 255 characters, percent-encoded,
+# and its own id of 255) in base64, with the seal's 28 bytes.
+CursorQuery = Annotated[str | None, Query(max_length=8192)]
 LimitQuery = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 
 
@@ -201,8 +210,7 @@ def reschedule(blackbox_id: BlackboxId, when: When, call: Writer) -> JSONRespons
     topic, after every record of that id sent before, within the caller's horizon."""
     backend = call.backend
     due_ms = _due_ms(when, backend.max_countdown_ms)
-    own, caller = call.caller_of(blackbox_id)
-    call.check_acts_for(caller, blackbox_id)
+    own, caller = call.owned(blackbox_id)
     if own:
         chosen = {k: v for k, v in when.model_dump().items() if v is not None}
         return _through_intake(backend, blackbox_id, {"reschedule": True, **chosen})
@@ -230,8 +238,7 @@ def resume(blackbox_id: BlackboxId, call: Writer) -> JSONResponse:
 def _hold(call: Call, blackbox_id: str, *, paused: bool) -> JSONResponse:
     """Pause or resume through the intake; an id derived from an intake record is never a
     series (a series has the caller's own id)."""
-    own, caller = call.caller_of(blackbox_id)
-    call.check_acts_for(caller, blackbox_id)
+    own, _ = call.owned(blackbox_id)
     if not own:
         return _answer(Outcome.NOT_RECURRING, blackbox_id, None)
     verb = "pause" if paused else "resume"
@@ -242,10 +249,10 @@ def _hold(call: Call, blackbox_id: str, *, paused: bool) -> JSONResponse:
 def get_schedule(blackbox_id: BlackboxId, call: Reader) -> Detail:
     """One pending schedule with its whole message (base64 when binary) and headers; a
     series with its rule and next occurrences (`item.series`)."""
+    call.owned(blackbox_id)
     found = call.backend.pending.get(blackbox_id)
     if found is None:
-        raise ApiError(404, "not_found", f"no pending schedule {blackbox_id[:200]!r}")
-    call.check_acts_for(found.item.caller, blackbox_id)
+        raise not_found(blackbox_id)
     return found
 
 
@@ -254,11 +261,30 @@ def cancel(blackbox_id: BlackboxId, call: Writer) -> JSONResponse:
     """Cancel: `cancelled` (200), `already_fired` (409) or `not_found` (404), exactly as
     an intake cancel answers, with the same event on the events topic. A caller's id is
     cancelled through the intake topic, after every record of that id sent before."""
-    own, caller = call.caller_of(blackbox_id)
-    call.check_acts_for(caller, blackbox_id)
+    own, _ = call.owned(blackbox_id)
     if own:
         return _through_intake(call.backend, blackbox_id, {"cancel": True})
     return _answer(call.backend.admin.cancel(blackbox_id), blackbox_id, None)
+
+
+def _as_the_intake_reads(document: dict[str, Any]) -> dict[str, Any]:
+    """The envelope's numbers as the intake's reader (orjson) reads their text: a whole
+    number beyond 64 bits is a double there (10**30 is 1e30, 10**400 infinite), so the API
+    refuses it for the reason the intake gives, never as text it cannot encode."""
+    return {name: _intake_number(value) for name, value in document.items()}
+
+
+def _intake_number(value: object) -> object:
+    if type(value) is int and not -(2**63) <= value < 2**64:
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
+    if isinstance(value, dict):
+        return _as_the_intake_reads(value)
+    if isinstance(value, list):
+        return [_intake_number(v) for v in value]
+    return value
 
 
 def _finite(value: object) -> bool:
@@ -310,7 +336,7 @@ def create(body: NewSchedule, call: Writer, idempotency_key: IdempotencyKey = No
     caller = body.caller or call.grant.sole_caller
     if not call.grant.acts_for(caller):
         raise ApiError(403, "forbidden", f"this token does not act for {caller!r}")
-    document = dict(body.envelope)
+    document = _as_the_intake_reads(dict(body.envelope))
     if not _finite(document):
         raise ApiError(422, "invalid_json", "numbers must be finite: NaN, Infinity and "
                        "values beyond a double (1e400) are not JSON blackbox reads")  # fmt: skip
@@ -430,5 +456,5 @@ def create_app(backend: Backend) -> FastAPI:
         app.add_middleware(OpenHosts, allowed=backend.access.hosts)
     # Added last, so it runs first: the token and the size before any body is read.
     app.add_middleware(BodyGate, authorize=backend.access.check_write,
-                       limit=backend.max_body_bytes)  # fmt: skip
+                       limit=backend.max_body_bytes, seconds=backend.body_seconds)  # fmt: skip
     return app

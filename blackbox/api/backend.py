@@ -40,6 +40,7 @@ class Backend:
     max_body_bytes: int
     answers: Follower | None = None  # None: changes are not waited for (tests of access)
     answer_seconds: float = 10.0
+    body_seconds: float = 30.0  # a request's body must come in whole within this
 
     def close(self) -> None:
         self.admin.producer.flush(1.0)
@@ -83,4 +84,5 @@ def backend_of(  # noqa: PLR0913 - the service's parts the API acts on
         max_countdown_ms=int(settings.max_countdown * 1000),
         max_body_bytes=settings.max_message_bytes * 2 + BODY_OVERHEAD_BYTES,
         answers=answers, answer_seconds=settings.delivery_timeout * 2,
+        body_seconds=settings.http_body_timeout,
     )  # fmt: skip

@@ -6,6 +6,10 @@ pending: a listing takes at most `SCAN_BUDGET` ids per call from the shards' mer
 once; see listing.py for what positioning and reading ahead add), and the counts are
 ZCARD/ZCOUNT calls, each O(log n), per shard in one pipeline.
 
+A listing's cursor is sealed (cursors.py): it may stop on an id the token may not see,
+and it names none. Whether an id is pending, and whose it is, is read from the head of its
+payload alone (`owner`), so checking an id costs the same whatever its message's size.
+
 A series (a recurring schedule) is one pending id: it is listed with the rest, its item
 carrying its rule and next occurrences (computed from the stored rule, no Redis call), and
 a listing of one kind (`Kind`) keeps series or one-off schedules alone.
@@ -13,23 +17,21 @@ a listing of one kind (`Kind`) keeps series or one-off schedules alone.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import redis
 import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from blackbox.api.cursors import Cursors, Position, key_name, redis_key
 from blackbox.api.views import Bucket, Detail, Item, Kind, Page, State, Stats, detail_of, item_of
 from blackbox.clock import now_ms
-from blackbox.errors import BadCursor, CorruptSchedule
+from blackbox.errors import CorruptSchedule
 from blackbox.schedule import Schedule
 from blackbox.storage import listing
 from blackbox.storage.keys import Keys
@@ -80,29 +82,6 @@ class Filter:
 
 
 @dataclass(frozen=True, slots=True)
-class Position:
-    """Where a listing stopped: the score and id of the last id it read."""
-
-    score: int
-    id: str
-
-    def encode(self) -> str:
-        raw = orjson.dumps([self.score, self.id])
-        return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
-
-    @classmethod
-    def decode(cls, cursor: str) -> Position:
-        try:
-            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-            score, schedule_id = orjson.loads(raw)
-        except (binascii.Error, ValueError, TypeError) as e:
-            raise BadCursor(f"cursor {cursor[:40]!r} was not handed out by this API") from e
-        if not isinstance(score, int) or not isinstance(schedule_id, str):
-            raise BadCursor(f"cursor {cursor[:40]!r} was not handed out by this API")
-        return cls(score, schedule_id)
-
-
-@dataclass(frozen=True, slots=True)
 class Head:
     """A stored schedule read up to HEAD_BYTES (its value maybe cut short), and the size of
     its whole message."""
@@ -118,6 +97,7 @@ class Pending:
         self.store = store
         self.client = store.client
         self.layout = store.layout
+        self.cursors = Cursors(redis_key(self.client, key_name(self.layout)))
         # Members read of each shard per round trip: the first read of every shard, made
         # before the merge can pick any, stays within the budget.
         self.step = max(1, min(SCAN_STEP, SCAN_BUDGET // self.layout.count))
@@ -136,11 +116,25 @@ class Pending:
         state = State.IN_FLIGHT if flying is not None else State.PENDING
         return detail_of(Schedule.decode(schedule_id, raw), state, int(attempt or 0))
 
+    def owner(self, schedule_id: str) -> tuple[bool, bytes | None]:
+        """Whether `schedule_id` is pending (due or in flight), and its caller, read from
+        the head of its payload: one round trip of bounded size for any id."""
+        keys = self.layout.keys_of(schedule_id)
+        pipe = self.client.pipeline(transaction=False)
+        self._queue_heads(pipe, [schedule_id])
+        pipe.zscore(keys.due, schedule_id)
+        pipe.zscore(keys.in_flight, schedule_id)
+        raw, stored, due, flying = pipe.execute()
+        head = self._head(schedule_id, raw, int(stored))
+        if head is None or (due is None and flying is None):
+            return False, None
+        return True, head.schedule.caller
+
     def page(self, kept: Filter, cursor: str | None, limit: int) -> Page:
         """Up to `limit` schedules by due time (lease expiry in flight) from `cursor` on,
         over all shards, taking at most SCAN_BUDGET ids from their merged order."""
         names = self._sets(kept.state)
-        starts = self._starts(names, kept, Position.decode(cursor) if cursor else None)
+        starts = self._starts(names, kept, self.cursors.open(cursor) if cursor else None)
         members = listing.merged(self.client, names, starts, self._reads(limit, self.step))
         if kept.state is State.PENDING and kept.due_to_ms is not None:
             members = itertools.takewhile(lambda m: m[0] <= (kept.due_to_ms or 0), members)
@@ -155,10 +149,10 @@ class Pending:
                 if head is not None and kept.keeps(head.schedule):
                     items.append(item_of(head.schedule, kept.state, attempt, head.size))
                 if len(items) >= limit:
-                    return Page(items, last.encode(), scanned)
+                    return Page(items, self.cursors.seal(last), scanned)
             if len(chunk) < size:
                 return Page(items, None, scanned)
-        return Page(items, None if last is None else last.encode(), scanned)
+        return Page(items, None if last is None else self.cursors.seal(last), scanned)
 
     def _reads(self, wanted: int, most: int) -> tuple[int, int]:
         """How many ids of each shard a view that wants `wanted` reads first: twice its share

@@ -3,8 +3,11 @@ order through the intake topic, and never schedules a retried create twice."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import statistics
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,12 +17,16 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from blackbox.api.pending import SCAN_BUDGET
 from blackbox.client import Client
+from blackbox.clock import now_ms
 from blackbox.kafka import answers
 from blackbox.role import Role
+from blackbox.schedule import Schedule, intake_id
 from blackbox.service import Service
 from blackbox.signing import private_pem, public_text
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
+from tests.integration.test_api import fill
 from tests.kafkatools import java_partition, unique, wait_until
 
 BILLING, SHOP, READER = (
@@ -219,3 +226,78 @@ def test_the_api_signs_for_callers_that_must_sign(
         wait_until(lambda: signing.store.counts()[0] == 1, what="the signed create stored")
         gone = client.delete("/api/v1/schedules/@billing/b-9", headers=_auth(BILLING))
     assert (gone.status_code, gone.json()["outcome"]) == (200, "cancelled")
+
+
+def _foreign_and_own(service: Service, target: str, big: bytes) -> list[str]:
+    """billing's ids (a caller's own and one derived from an intake record, each with a
+    large message) stored beyond a listing's read budget, then one id of shop's."""
+    base = now_ms() + 3_600_000
+    billing = [Schedule(f"@billing/customer-{i:04d}-invoice", target, b"x", base + i,
+                        caller=b"billing") for i in range(SCAN_BUDGET + 10)]  # fmt: skip
+    secrets = [Schedule("@billing/secret", target, big, base, caller=b"billing"),
+               Schedule(intake_id(target, 0, 7), target, big, base, caller=b"billing")]  # fmt: skip
+    fill(service, [*billing, *secrets,
+                   Schedule("@shop/own", target, b"x", base + 10**6, caller=b"shop")])  # fmt: skip
+    return [s.id for s in secrets]
+
+
+def _decoded(cursor: str) -> bytes:
+    try:
+        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+    except ValueError:
+        return b""
+
+
+def test_a_scoped_tokens_cursor_names_no_other_callers_id(
+    callers_api: tuple[Service, httpx.Client],
+) -> None:
+    """Guarantee 7: a listing that stops at its read budget among billing's ids hands shop's
+    token a cursor that names none of them, as text or decoded, and still reaches shop's id."""
+    service, client = callers_api
+    _foreign_and_own(service, unique("cursor"), b"x")
+    first = client.get("/api/v1/schedules", headers=_auth(SHOP)).json()
+    cursor = first["cursor"]
+    assert (first["items"], first["scanned"]) == ([], SCAN_BUDGET) and cursor is not None
+    for text in (cursor.encode(), _decoded(cursor)):
+        assert b"billing" not in text and b"customer-" not in text, text[:120]
+    second = client.get("/api/v1/schedules", params={"cursor": cursor}, headers=_auth(SHOP))
+    assert [i["blackbox_id"] for i in second.json()["items"]] == ["@shop/own"]
+
+
+def _asked(client: httpx.Client, method: str, path: str) -> tuple[int, str]:
+    body = {"countdown": 60} if path.endswith("/reschedule") else None
+    answer = client.request(method, f"/api/v1/schedules/{path}", json=body, headers=_auth(SHOP))
+    return answer.status_code, answer.text
+
+
+def test_another_callers_id_answers_as_an_id_that_is_not_there(
+    callers_api: tuple[Service, httpx.Client],
+) -> None:
+    """Guarantee 7: for shop's token, billing's pending ids (its own and one derived from an
+    intake record) answer GET, DELETE, reschedule, pause and resume exactly as ids that do
+    not exist, in text and in time (a 4 MiB message read for a refusal would show)."""
+    service, client = callers_api
+    target = unique("hidden")
+    present = _foreign_and_own(service, target, b"m" * 4 * 1024 * 1024)
+    absent = ["@billing/nothing", intake_id(target, 0, 8)]
+    calls = [("GET", ""), ("DELETE", ""), ("POST", "/reschedule"), ("POST", "/pause"),
+             ("POST", "/resume")]  # fmt: skip
+    for there, not_there in zip(present, absent, strict=True):
+        for method, verb in calls:
+            seen = _asked(client, method, there + verb)
+            expected = _asked(client, method, not_there + verb)
+            assert seen == (expected[0], expected[1].replace(not_there, there)), (method, verb)
+    for method in ("GET", "DELETE"):
+        seen_s, expected_s = _median_seconds(client, method, present[1], absent[1])
+        assert abs(seen_s - expected_s) < max(0.25 * expected_s, 0.001), (method, seen_s)
+
+
+def _median_seconds(client: httpx.Client, method: str, *paths: str) -> list[float]:
+    """The median time of each path's answer, asked in turns."""
+    times: list[list[float]] = [[] for _ in paths]
+    for _ in range(25):
+        for spent, path in zip(times, paths, strict=True):
+            started = time.perf_counter()
+            _asked(client, method, path)
+            spent.append(time.perf_counter() - started)
+    return [statistics.median(spent) for spent in times]

@@ -12,7 +12,8 @@ import httpx
 import pytest
 import redis
 
-from blackbox.api.pending import SCAN_BUDGET, TOPIC_SAMPLE, Filter, Pending, Position
+from blackbox.api.cursors import Position
+from blackbox.api.pending import SCAN_BUDGET, TOPIC_SAMPLE, Filter, Pending
 from blackbox.api.views import Item, State
 from blackbox.clock import now_ms
 from blackbox.dev.servers import RedisCluster, RedisServer
@@ -101,7 +102,7 @@ def test_pages_walk_every_shard_once_in_due_order(store: RedisStore) -> None:
     gone = Position(due["@c/e3"], "@c/e3~")  # never stored: amid the ids due at that ms
     after = [i for i in expected if (due[i], i) > (gone.score, gone.id)]
     assert 0 < len(after) < len(expected)
-    assert ids(walk(pending, Filter(), 9, gone.encode())) == after
+    assert ids(walk(pending, Filter(), 9, pending.cursors.seal(gone))) == after
 
 
 def test_a_burst_bigger_than_the_budget_at_one_ms_pages_through(store: RedisStore) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+
+import orjson
 import pytest
 from fastapi.security import HTTPAuthorizationCredentials
 
 from blackbox.api.access import Access
+from blackbox.api.cursors import KEY_BYTES, Cursors, Position
 from blackbox.api.errors import ApiError
-from blackbox.api.pending import Position
 from blackbox.api.views import preview
 from blackbox.errors import BadCursor
 
@@ -50,13 +53,22 @@ def test_the_token_is_masked_in_repr() -> None:
     assert TOKEN not in repr(Access(TOKEN, reads_open=False, dev_open=False))
 
 
-def test_a_cursor_round_trips_and_a_forged_one_is_refused() -> None:
-    """A cursor decodes to the position it encodes; anything else raises BadCursor."""
+def test_a_cursor_round_trips_names_nothing_and_a_forged_one_is_refused() -> None:
+    """Guarantee 7: a cursor opens to the position it seals and shows nothing of it (not
+    the id, not in base64); a cursor in the clear (as handed out before), altered, junk or
+    sealed under another key raises BadCursor."""
+    cursors = Cursors(lambda: b"k" * KEY_BYTES)
     position = Position(1_763_790_000_000, "@billing/invoice-42")
-    assert Position.decode(position.encode()) == position
-    for forged in ("", "!!!", "WzEsMl0", "eyJhIjogMX0"):  # "", junk, [1,2], {"a": 1}
+    sealed = cursors.seal(position)
+    assert cursors.open(sealed) == position
+    clear = base64.urlsafe_b64encode(orjson.dumps([position.score, position.id])).decode()
+    assert "billing" not in sealed and clear.rstrip("=")[4:20] not in sealed
+    assert sealed != cursors.seal(position)  # a nonce of its own each time
+    altered = sealed[:-2] + ("A" if sealed[-2] != "A" else "B") + sealed[-1]
+    other = Cursors(lambda: b"o" * KEY_BYTES).seal(position)
+    for forged in ("", "!!!", "WzEsMl0", "eyJhIjogMX0", clear, altered, other):
         with pytest.raises(BadCursor):
-            Position.decode(forged)
+            cursors.open(forged)
 
 
 def test_a_preview_is_short_text_and_binary_shows_its_size() -> None:

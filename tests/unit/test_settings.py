@@ -39,6 +39,9 @@ def test_defaults_from_an_empty_environment() -> None:
         fired_retention=86_400,
         http_host="0.0.0.0",  # noqa: S104
         http_port=8080,
+        http_header_timeout=10.0,
+        http_body_timeout=30.0,
+        http_max_connections=1000,
         api_token="",
         api_tokens_file="",
         api_signing_key_file="",

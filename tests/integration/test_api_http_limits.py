@@ -1,0 +1,244 @@
+"""The HTTP port against clients that would hold it, on the real server and real sockets
+(guarantee 4: bad input never stops the service): idle connections and half-sent heads are
+closed after the header timeout, a slow body is answered 408 after the body timeout, a
+connection over the cap takes the place of the one waiting longest for its request or is
+refused 503, errors of the accept loop are logged once per interval; /live answers."""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+
+from blackbox.service import Service
+from tests.integration.conftest import ServiceFactory
+from tests.integration.test_api import AUTH, TOKEN
+from tests.kafkatools import wait_until
+
+# A request head that never ends (no blank line after it).
+HALF_HEAD = b"GET /live HTTP/1.1\r\nHost: localhost\r\n"
+# A create whose body is announced, then sent a byte at a time.
+SLOW_POST = (
+    b"POST /api/v1/schedules HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+    b"Authorization: " + AUTH["Authorization"].encode() + b"\r\nContent-Length: 1000\r\n\r\n{"
+)
+# The service's HTTP server alone, in a process of its own with few file descriptors:
+# argv[1] is the descriptor limit; with argv[2] == "starve", once serving, it takes every
+# descriptor left, as a leak elsewhere in the process would.
+SERVER = """
+import os, resource, sys, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[1])))
+from blackbox import logs
+from blackbox.api import app, server
+from blackbox.health import Health
+from blackbox.metrics import Metrics
+logs.configure("json", "info")
+server.LOG_EVERY_SECONDS = 1.0
+metrics = Metrics()
+endpoints = server.Endpoints("127.0.0.1", 0, app.probes_app(Health({}, metrics), metrics))
+endpoints.start()
+while not endpoints.server.started:
+    time.sleep(0.01)
+held = []
+while sys.argv[2:] == ["starve"]:
+    try:
+        held.append(open(os.devnull))
+    except OSError:
+        break
+print(endpoints.port, flush=True)
+sys.stdin.read()
+"""
+
+
+def _port(service: Service) -> int:
+    assert service.endpoints is not None
+    return service.endpoints.port
+
+
+def _live(port: int) -> int:
+    """/live's status on a new connection (0: no answer in 2 s)."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/live", timeout=2).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+class Conn:
+    """One client connection: what the server sent on it, and whether it closed it."""
+
+    def __init__(self, port: int, first: bytes = b"") -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.sendall(first)
+        self.received = b""
+        self.closed = False
+
+    def poll(self) -> bool:
+        """Whether the server closed the connection (reading what it sent first)."""
+        while not self.closed and select.select([self.sock], [], [], 0)[0]:
+            try:
+                part = self.sock.recv(65536)
+            except ConnectionResetError:
+                part = b""
+            self.received += part
+            self.closed = not part
+        return self.closed
+
+    def body(self) -> dict[str, str]:
+        parsed: dict[str, str] = orjson.loads(self.received.split(b"\r\n\r\n", 1)[1])
+        return parsed
+
+
+def _open(port: int, count: int, first: bytes = b"") -> list[Conn]:
+    return [Conn(port, first) for _ in range(count)]
+
+
+def _closed(conns: list[Conn]) -> list[Conn]:
+    return [c for c in conns if c.poll()]
+
+
+@contextlib.contextmanager
+def _closing(conns: list[Conn]) -> Iterator[list[Conn]]:
+    try:
+        yield conns
+    finally:
+        for conn in conns:
+            conn.sock.close()
+
+
+def test_idle_and_half_sent_requests_are_closed_after_the_header_timeout(
+    start_service: ServiceFactory,
+) -> None:
+    """Guarantee 4: 40 idle connections and 40 that sent half a request head are closed
+    once the header timeout (1 s) has passed, a half-sent head answered 408; so is a
+    kept-alive connection that starts its next head and stalls. /live answers all along."""
+    port = _port(start_service(BLACKBOX_HTTP_HEADER_TIMEOUT="1"))
+    with _closing(_open(port, 40) + _open(port, 40, HALF_HEAD)) as held:
+        kept = Conn(port, b"GET /live HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        held.append(kept)
+        wait_until(lambda: kept.poll() or b"\r\n\r\n{" in kept.received, 5, "/live answered")
+        assert kept.received.startswith(b"HTTP/1.1 200 ") and not kept.closed
+        kept.received = b""
+        kept.sock.sendall(HALF_HEAD)
+        assert _live(port) == 200
+        wait_until(lambda: _live(port) == 200 and len(_closed(held)) == len(held), 10,
+                   "every idle and half-sent connection closed")  # fmt: skip
+    assert [c.received for c in held[:40]] == [b""] * 40
+    assert all(c.received.startswith(b"HTTP/1.1 408 ") for c in held[40:])
+    assert {c.body()["error"] for c in held[40:]} == {"request_timeout"}
+
+
+def test_a_slow_body_is_answered_408_after_the_body_timeout(
+    start_service: ServiceFactory,
+) -> None:
+    """Guarantee 4: a create whose 1,000-byte body comes a byte every 0.2 s (never idle
+    long) is answered 408 and closed once the body timeout (1 s) has passed; /live
+    answers meanwhile."""
+    port = _port(start_service(BLACKBOX_API_TOKEN=TOKEN, BLACKBOX_HTTP_BODY_TIMEOUT="1"))
+    with _closing(_open(port, 1, SLOW_POST)) as (slow,):
+        stop = threading.Event()
+        trickle = threading.Thread(target=_trickle, args=(slow.sock, stop), daemon=True)
+        trickle.start()
+        try:
+            wait_until(lambda: _live(port) == 200 and slow.poll(), 10, "the slow body refused")
+        finally:
+            stop.set()
+            trickle.join(5)
+    assert slow.received.startswith(b"HTTP/1.1 408 "), slow.received
+    assert slow.body()["error"] == "request_timeout"
+
+
+def _trickle(sock: socket.socket, stop: threading.Event) -> None:
+    """A slow client: a byte every 0.2 s until stopped or refused."""
+    with contextlib.suppress(OSError):
+        while not stop.wait(0.2):
+            sock.sendall(b" ")
+
+
+def test_connections_over_the_cap_replace_idle_ones_or_are_refused_503(
+    start_service: ServiceFactory,
+) -> None:
+    """Guarantee 4: with a cap of 10 connections, 30 idle ones leave the 10 newest open
+    (each over the cap closed the one waiting longest) and /live answers; with the 10 all
+    busy (bodies on their way), one more is answered 503 and closed at once; once the
+    busy ones end, /live answers again."""
+    service = start_service(BLACKBOX_API_TOKEN=TOKEN, BLACKBOX_HTTP_MAX_CONNECTIONS="10",
+                            BLACKBOX_HTTP_HEADER_TIMEOUT="30",
+                            BLACKBOX_HTTP_BODY_TIMEOUT="30")  # fmt: skip
+    port = _port(service)
+    with _closing(_open(port, 30)) as idle:
+        wait_until(lambda: len(_closed(idle)) >= 20, 10, "the 20 oldest idle closed")
+        assert _closed(idle) == idle[:20]
+        assert _live(port) == 200
+    with _closing(_open(port, 10, SLOW_POST)) as busy:
+        wait_until(lambda: _tasks(service) == 10, 10, "10 requests in progress")
+        with _closing(_open(port, 1)) as (over,):
+            wait_until(over.poll, 5, "the refusal")
+        assert over.received.startswith(b"HTTP/1.1 503 "), over.received
+        assert over.body()["error"] == "unavailable"
+        assert _closed(busy) == []
+    wait_until(lambda: _live(port) == 200, 10, "/live once the busy connections ended")
+
+
+def _tasks(service: Service) -> int:
+    """Requests the service's server is working on."""
+    assert service.endpoints is not None
+    return len(service.endpoints.server.server_state.tasks)
+
+
+def _serve(tmp_path: Path, limit: int, *mode: str) -> tuple[subprocess.Popen[bytes], int, Path]:
+    log = tmp_path / "server.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen([sys.executable, "-c", SERVER, str(limit), *mode],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=output)  # fmt: skip
+    assert process.stdout is not None
+    return process, int(process.stdout.readline()), log
+
+
+@contextlib.contextmanager
+def _stopping(process: subprocess.Popen[bytes]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        process.kill()
+        process.communicate(timeout=10)
+
+
+def test_idle_connections_past_the_descriptor_limit_leave_live_answering(
+    tmp_path: Path,
+) -> None:
+    """Guarantee 4: 201 idle connections to a server limited to 160 file descriptors (the
+    attack that made /live time out) leave /live answering 200: the cap stays under the
+    descriptors the process has, and a new connection takes an idle one's place."""
+    process, port, log = _serve(tmp_path, 160)
+    with _stopping(process), _closing(_open(port, 201)):
+        wait_until(lambda: _live(port) == 200, 10, "/live answering")
+    assert b"accept" not in log.read_bytes()
+
+
+def test_accept_errors_are_logged_once_per_interval(tmp_path: Path) -> None:
+    """Guarantee 4: with every file descriptor of the process taken, connections the
+    server cannot accept are logged once per interval (1 s here) with how many failed,
+    not once per failure (380,921 lines in 65 s before)."""
+    process, port, log = _serve(tmp_path, 160, "starve")
+    with _stopping(process), _closing(_open(port, 5)):
+        started = time.monotonic()
+        wait_until(lambda: len(_accept_lines(log)) >= 3, 10, "three accept-error lines")
+        lines = _accept_lines(log)
+        assert len(lines) <= time.monotonic() - started + 2, lines[:5]
+    events = [orjson.loads(line) for line in lines]
+    assert {e["event"] for e in events} == {"http_accept_failed"}
+    assert all(e["times"] >= 1 and "Too many open files" in e["error"] for e in events)
+
+
+def _accept_lines(log: Path) -> list[bytes]:
+    return [line for line in log.read_bytes().splitlines() if b"accept" in line]
