@@ -3,6 +3,7 @@
 that follows the primary, on Apache Kafka.
 
     python -m benchmarks.failover [--before 1000] [--during 1000] [--countdown 30]
+                                  [--via endpoint|sentinel]
 
 `before` schedules are stored and replicated; the replication link is then held (a network
 partition: tests/relay.py) while `during` more arrive and intake commits them; the primary
@@ -13,6 +14,14 @@ probe due at once, sent every 100 ms from the switch on: the first one delivered
 cost of waiting for the replica's acknowledgement (`WAIT 1`) after a write of 100
 schedules' size, measured on the same pair before the partition (the service does not
 wait: see docs/RELIABILITY.md).
+
+`--via sentinel`: REDIS_URL names a Redis Sentinel (`redis+sentinel://`, tests/sentinel.py:
+quorum 1, down after 1 s) watching the pair instead of an endpoint. The same steps, but the
+Sentinel promotes the replica itself; the switch is the instant it names the replica as the
+primary, and the seconds from the kill to it are printed too. The replica is counted after
+the link is cut, while it is still a replica, and the run stops if the Sentinel ever
+re-pointed it at the primary past the link (`+fix-slave-config`: tests/replication.py,
+WatchedRedis, says how that is avoided).
 """
 
 from __future__ import annotations
@@ -22,6 +31,8 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -35,10 +46,12 @@ from blackbox.storage.connections import redis_client
 from blackbox.storage.keys import Layout
 from blackbox.storage.shardcount import DEFAULT_SHARDS
 from blackbox.storage.store import pending_counts
-from tests.replication import ReplicatedRedis
+from tests.replication import ReplicatedRedis, WatchedRedis
+from tests.sentinel import SentinelProcess
 
 PARTITIONS = 3
 PROBE_EVERY = 0.1  # seconds between stall probes after the switch
+PAIRS: dict[str, type[ReplicatedRedis]] = {"endpoint": ReplicatedRedis, "sentinel": WatchedRedis}
 
 
 def _send(
@@ -123,8 +136,47 @@ def wait_cost(pair: ReplicatedRedis) -> tuple[str, str]:
     return _percentiles(writes), _percentiles(waits)
 
 
-def run(before: int, during: int, countdown: float, work: Path) -> dict[str, object]:
-    with started_broker() as broker, ReplicatedRedis(work) as pair:
+@dataclass(frozen=True)
+class Switch:
+    """The primary replaced: schedules on the replica when it was promoted, seconds the link
+    was held, the instant (time.time()) clients could reach the new primary and, under a
+    Sentinel, the seconds from the kill to the Sentinel naming it."""
+
+    lagged: int
+    held_for: float
+    at: float
+    named_after: float | None = None
+
+
+def _switch(pair: ReplicatedRedis, count: Callable[[], int], held_at: float) -> Switch:
+    if isinstance(pair, WatchedRedis):
+        return _switch_by_sentinel(pair, count, held_at)
+    lagged = count()
+    pair.fail_over()
+    switched = time.time()
+    return Switch(lagged, time.monotonic() - held_at, switched)
+
+
+def _switch_by_sentinel(pair: WatchedRedis, count: Callable[[], int], held_at: float) -> Switch:
+    """Kill and cut, count the replica while it is still one (the Sentinel waits 1 s before
+    it declares the primary down), then wait for the Sentinel to name it the primary."""
+    pair.fail_over()
+    killed, held_for = time.time(), time.monotonic() - held_at
+    lagged = count()
+    with pair.client(pair.replica) as client:
+        if client.info("replication")["role"] != "slave":
+            raise SystemExit("benchmark stopped: the replica was promoted before it was counted")
+    wait_for(pair.promoted, 60, "the Sentinel naming the replica", every=0.02)
+    switched = time.time()
+    if fixed := pair.sentinel.events("+fix-slave-config"):
+        raise SystemExit(f"benchmark stopped: the Sentinel re-pointed the replica: {fixed}")
+    return Switch(lagged, held_for, switched, switched - killed)
+
+
+def run(
+    before: int, during: int, countdown: float, work: Path, via: str = "endpoint"
+) -> dict[str, object]:
+    with started_broker() as broker, PAIRS[via](work) as pair:
         env = {"REDIS_URL": pair.url, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
                "BLACKBOX_LOG_FORMAT": "json"}  # fmt: skip
         settings = Settings.from_env(env)
@@ -146,10 +198,8 @@ def run(before: int, during: int, countdown: float, work: Path) -> dict[str, obj
         second = [f"during-{n}" for n in range(during)]
         _send(producer, settings.intake_topic, target, second, countdown)
         wait_for(lambda: _committed_to_end(settings), 60, "intake committed the lagging ones")
-        lagged = pending_counts(replica, layout)[0]
-        pair.fail_over()
-        switched = time.time()
-        held_for = time.monotonic() - held_at
+        switch = _switch(pair, lambda: pending_counts(replica, layout)[0], held_at)
+        switched = switch.at
         probes: list[str] = []
         while time.time() - switched < 60:
             probe = f"probe-{len(probes)}"
@@ -168,28 +218,37 @@ def run(before: int, during: int, countdown: float, work: Path) -> dict[str, obj
         alive = service.process.poll() is None
         service.stop()
         deliveries.close()
-        result = _report(deliveries, first, second, lagged, held_for, stall, reread, alive)
+        result = _report(deliveries, first, second, switch, stall, reread, alive)
         return {**result, "write of 100 schedules": write_cost, "WAIT 1 after it": waited}
 
 
 def _report(  # noqa: PLR0913, PLR0917 - the run's readings, each named
-    deliveries: Deliveries, first: list[str], second: list[str], lagged: int, held_for: float,
+    deliveries: Deliveries, first: list[str], second: list[str], switch: Switch,
     stall: float | None, reread: float, alive: bool,
 ) -> dict[str, object]:  # fmt: skip
     copies = deliveries.copies
     ids = Counter(len({i for i, _ in copies.get(b, [])}) for b in first + second)
     return {
         "replicated before the partition": len(first),
-        "applied during it (link held s)": f"{len(second)} ({held_for:.1f} s)",
-        "on the replica when it was promoted": lagged,
+        "applied during it (link held s)": f"{len(second)} ({switch.held_for:.1f} s)",
+        "on the replica when it was promoted": switch.lagged,
         "delivered of those before": sum(1 for b in first if b in copies),
         "delivered of those during": sum(1 for b in second if b in copies),
         "duplicate copies": sum(len(copies.get(b, [])) - 1 for b in first + second if b in copies),
         "bodies under more than one blackbox-id": sum(n for k, n in ids.items() if k > 1),
         "intake records read again": int(reread),
+        **_named(switch),
         "firing stall after the switch, s": None if stall is None else round(stall, 2),
         "service still running": alive,
     }
+
+
+def _named(switch: Switch) -> dict[str, object]:
+    if switch.named_after is None:
+        return {}
+    down_after = SentinelProcess.down_after_ms / 1000
+    return {"kill to Sentinel naming the new master, s":
+            f"{switch.named_after:.2f} (down after {down_after:g} s)"}  # fmt: skip
 
 
 def main() -> None:
@@ -197,9 +256,11 @@ def main() -> None:
     parser.add_argument("--before", type=int, default=1000)
     parser.add_argument("--during", type=int, default=1000)
     parser.add_argument("--countdown", type=float, default=30.0)
+    where = "how clients reach the primary: an endpoint that moves, or a Sentinel"
+    parser.add_argument("--via", choices=sorted(PAIRS), default="endpoint", help=where)
     args = parser.parse_args()
     work = scratch_dir("blackbox-bench-")
-    result = run(args.before, args.during, args.countdown, work)
+    result = run(args.before, args.during, args.countdown, work, args.via)
     for name, value in result.items():
         print(f"{name:>42}: {value}", flush=True)  # noqa: T201 - the benchmark's output
 

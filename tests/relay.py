@@ -32,6 +32,10 @@ class _Link:
 
     def __init__(self, down: socket.socket, up: socket.socket, held: Callable[[], bool]) -> None:
         self._down, self._up, self._held = down, up, held
+        # Forward each chunk at once, as the network would: with Nagle's algorithm a relay
+        # adds a delayed ACK's wait (~40 ms) to every small reply, a latency no real path has.
+        for sock in (down, up):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # Taken around every upstream send: hold() passing it means no send is under way.
         self.gate = threading.Condition()
         self.closed = threading.Event()
@@ -100,14 +104,16 @@ class _Link:
 
 class Relay:
     """Forwards every connection made to `listen_port` (0: a free one, see `port`) on
-    loopback to `target_port`, until `close()`."""
+    `listen_host` (another loopback address, such as 127.0.0.2, lets a relay take a port
+    that a server bound to 127.0.0.1 only also uses) to `target_port` on 127.0.0.1, until
+    `close()`."""
 
-    def __init__(self, listen_port: int, target_port: int) -> None:
+    def __init__(self, listen_port: int, target_port: int, listen_host: str = LOOPBACK) -> None:
         self._target_port = target_port
         self._held = False
         self._links: list[_Link] = []
         self._lock = threading.Lock()  # guards the target and the links
-        self._listener = socket.create_server((LOOPBACK, listen_port))
+        self._listener = socket.create_server((listen_host, listen_port))
         self.port: int = self._listener.getsockname()[1]
         self._acceptor = threading.Thread(target=self._accept, daemon=True)
         self._acceptor.start()

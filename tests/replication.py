@@ -6,10 +6,13 @@ through the `link` relay, so a test can partition them for real (hold the link, 
 it: what the primary applied meanwhile never reaches the replica). Clients use the
 `endpoint` relay, which forwards to the primary and, after `fail_over()`, to the promoted
 replica, as the primary endpoint of ElastiCache, Memorystore or Azure Cache moves.
+`WatchedRedis` is the same pair watched by a Redis Sentinel instead, which promotes the
+replica itself; clients ask the Sentinel.
 """
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,12 @@ import redis
 
 from blackbox.dev.servers import LOOPBACK, RedisServer, free_port
 from tests.kafkatools import wait_until
-from tests.relay import Relay
+from tests.relay import CONNECT_TIMEOUT, Relay, _Link
+from tests.sentinel import SentinelProcess
+
+# The replica's own address for its replication connection (`bind-source-addr`): loopback
+# too on Linux (127.0.0.0/8), and no other process connects from it.
+REPLICA_SOURCE = "127.0.0.2"
 
 
 class ReplicatedRedis:
@@ -30,8 +38,8 @@ class ReplicatedRedis:
         self.primary = RedisServer(
             free_port(), _folder(work / "primary"), appendfsync="always", config=at_once
         )
-        self.link = Relay(0, self.primary.port)
-        follow = {"replicaof": f"{LOOPBACK} {self.link.port}"}
+        self.link = self._link_to(self.primary.port)
+        follow = {"replicaof": f"{LOOPBACK} {self.link.port}", **self._replica_config()}
         self.replica = RedisServer(
             free_port(), _folder(work / "replica"), appendfsync="always", config=follow
         )
@@ -85,6 +93,12 @@ class ReplicatedRedis:
             wait_until(lambda: _role(promoted) == "master", what="the replica promoted")
         self.endpoint.switch(self.replica.port)
 
+    def _link_to(self, primary_port: int) -> Relay:
+        return Relay(0, primary_port)
+
+    def _replica_config(self) -> dict[str, str]:
+        return {}
+
     def _replica_aof_written(self) -> bool:
         info = self._info(self.replica, "persistence")
         return int(info["aof_rewrite_in_progress"]) == int(info["aof_rewrite_scheduled"]) == 0
@@ -107,6 +121,74 @@ class ReplicatedRedis:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+class WatchedRedis(ReplicatedRedis):
+    """The same pair, watched by a Sentinel (tests/sentinel.py) that clients ask for the
+    primary (`url`) and that promotes the replica itself when the primary dies.
+
+    The Sentinel watches the primary at the `link` relay's address, the master address the
+    replica reports: watching the primary's own port, it sees the replica follow another
+    master and re-points it straight at the primary (`+fix-slave-config` in its log, about
+    10 s after finding the replica), which bypasses the link and makes the lag unreal. The
+    replica connects from its own address and `link` holds only that connection, so the
+    Sentinel's pings through the same relay are answered during a partition, and the
+    Sentinel declares the primary down only once it is killed."""
+
+    def __init__(self, work: Path) -> None:
+        super().__init__(work)
+        self.sentinel = SentinelProcess(free_port(), work / "sentinel", self.link.port)
+
+    @property
+    def url(self) -> str:
+        """The Sentinel's URL (`redis+sentinel://`): what REDIS_URL names."""
+        return self.sentinel.url()
+
+    def start(self, timeout: float = 30.0) -> None:
+        super().start(timeout)
+        self.sentinel.start()
+        self.sentinel.wait_for_replicas(1, timeout)
+
+    def stop(self) -> None:
+        self.sentinel.stop()
+        super().stop()
+
+    def fail_over(self) -> None:
+        """The primary dies (SIGKILL) while partitioned and the link is cut (what it held is
+        lost); the Sentinel, not the test, promotes the replica: see `promoted()`."""
+        self.primary.kill()
+        self.link.cut()
+
+    def promoted(self) -> bool:
+        """Whether the Sentinel names the replica as the primary to clients now."""
+        return self.sentinel.master_address() == (LOOPBACK, self.replica.port)
+
+    def _link_to(self, primary_port: int) -> Relay:
+        return ReplicaLink(primary_port, REPLICA_SOURCE)
+
+    def _replica_config(self) -> dict[str, str]:
+        return {"bind-source-addr": REPLICA_SOURCE}
+
+
+class ReplicaLink(Relay):
+    """A relay to `target_port` whose `hold()` holds only the connections made from
+    `held_source` (the replica's): others through it, such as a Sentinel's, flow on."""
+
+    def __init__(self, target_port: int, held_source: str) -> None:
+        self.held_source = held_source  # before the relay's acceptor thread starts
+        super().__init__(0, target_port)
+
+    def _connect(self, down: socket.socket) -> None:
+        """As the relay's own, but a hold applies only if `down` came from `held_source`."""
+        held = down.getpeername()[0] == self.held_source
+        with self._lock:
+            try:
+                up = socket.create_connection((LOOPBACK, self._target_port), CONNECT_TIMEOUT)
+            except OSError:
+                down.close()
+                return
+            up.settimeout(None)
+            self._links.append(_Link(down, up, lambda: held and self._held))
 
 
 def _folder(path: Path) -> Path:

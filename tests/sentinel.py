@@ -8,6 +8,7 @@
     sentinel.master_address()       # ("127.0.0.1", port) of the primary it names to clients
     sentinel.replicas_known()       # replicas it could promote now
     sentinel.client()               # redis.Redis of the Sentinel itself (SENTINEL commands)
+    sentinel.events("+switch-master")  # the lines of its log reporting that event
     sentinel.stop()                 # SIGTERM, SIGKILL if it lingers
 
 `with SentinelProcess(...) as sentinel:` starts it and stops it at the end of the block.
@@ -76,7 +77,7 @@ class SentinelProcess:
         self.folder.mkdir(parents=True, exist_ok=True)
         if not self.config_path.exists():
             self.config_path.write_text(self.config())
-        self._log = (self.folder / "sentinel.log").open("ab")
+        self._log = self.log_path.open("ab")
         command = [binary, str(self.config_path), "--sentinel"]
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
         wait_for_port(self.port, self.process)
@@ -93,6 +94,17 @@ class SentinelProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.folder / "sentinel.log"
+
+    def events(self, event: str) -> list[str]:
+        """The lines of the Sentinel's log that report `event` (such as `+switch-master`)."""
+        if not self.log_path.exists():
+            return []
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return [line for line in lines if f" {event} " in line]
 
     def client(self) -> redis.Redis:
         """A client of the Sentinel itself, for SENTINEL commands."""

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from shlex import split
-from typing import IO
+from typing import IO, Any
 
 import redis
 from confluent_kafka import KafkaException
@@ -143,20 +143,35 @@ def redis_cli() -> str:
 
 
 class RedisCluster:
-    """A Redis Cluster of masters only: one cluster-mode `RedisServer` per port (each with its
-    own data folder under `data_dir`, no persistence), joined by `redis-cli --cluster create`
-    on the first start. Ready when every node reports `cluster_state:ok` with all 16384 slots
-    assigned and knows every other node.
+    """A Redis Cluster: one cluster-mode `RedisServer` per port (each with its own data folder
+    under `data_dir`, append-only where `appendfsync` says so), joined by `redis-cli
+    --cluster create` on the first start with `replicas` replicas per master (redis-cli
+    chooses which node is which: ask the nodes). Ready when every node reports
+    `cluster_state:ok` with all 16384 slots served by masters and knows every other node
+    (and, with replicas, which nodes are replicas), and every replica has synced with its
+    master (its first AOF written, where append-only).
 
     Each node's cluster bus listens on a free port of its own (`cluster-port`), not the
     default port + 10000, which may be taken or above 65535. The slot map is kept in each
-    node's `nodes.conf`: `start()` after `stop()` brings back the same cluster, empty.
+    node's `nodes.conf`: `start()` after `stop()` brings back the same cluster (empty unless
+    `appendfsync` makes every node append-only).
     """
 
     start_timeout = 30.0  # seconds until the cluster must be formed and ready
     node_timeout_ms = 3000  # short, yet long enough that a busy node on 2 cores is not failed
 
-    def __init__(self, ports: Sequence[int], data_dir: Path) -> None:
+    def __init__(
+        self,
+        ports: Sequence[int],
+        data_dir: Path,
+        replicas: int = 0,
+        appendfsync: str | None = None,
+    ) -> None:
+        if replicas < 0 or len(ports) % (replicas + 1) != 0:
+            raise StackError(f"{len(ports)} nodes cannot be masters with {replicas} replicas each")
+        self.replicas = replicas
+        self.masters = len(ports) // (replicas + 1)
+        self.appendfsync = appendfsync
         self.nodes = [self._node(port, data_dir / f"node-{port}") for port in ports]
 
     def _node(self, port: int, node_dir: Path) -> RedisServer:
@@ -166,7 +181,10 @@ class RedisCluster:
             "cluster-node-timeout": str(self.node_timeout_ms),
             "cluster-port": str(free_port()),
         }
-        return RedisServer(port, node_dir, config=config)
+        if self.replicas:
+            # A replica's first sync starts at once, not after the default 5 s wait for others.
+            config["repl-diskless-sync-delay"] = "0"
+        return RedisServer(port, node_dir, self.appendfsync, config)
 
     @property
     def url(self) -> str:
@@ -200,8 +218,14 @@ class RedisCluster:
 
     def cluster_info(self, node: RedisServer) -> dict[str, str]:
         """The node's CLUSTER INFO fields."""
-        with redis.Redis(host=LOOPBACK, port=node.port, socket_timeout=2) as client:
+        with _client(node) as client:
             return dict(client.cluster("INFO"))
+
+    def info(self, node: RedisServer, section: str) -> dict[str, Any]:
+        """One section of the node's INFO."""
+        with _client(node) as client:
+            found: dict[str, Any] = client.info(section)
+            return found
 
     def _formed(self) -> bool:
         return int(self.cluster_info(self.nodes[0])["cluster_slots_assigned"]) > 0
@@ -209,7 +233,7 @@ class RedisCluster:
     def _create(self) -> None:
         addresses = [f"{LOOPBACK}:{node.port}" for node in self.nodes]
         create = [redis_cli(), "--cluster", "create", *addresses,
-                  "--cluster-replicas", "0", "--cluster-yes"]  # fmt: skip
+                  "--cluster-replicas", str(self.replicas), "--cluster-yes"]  # fmt: skip
         try:
             done = subprocess.run(create, capture_output=True, text=True, check=False,
                                   timeout=self.start_timeout)  # fmt: skip
@@ -221,8 +245,30 @@ class RedisCluster:
     def _ready(self, node: RedisServer) -> bool:
         info = self.cluster_info(node)
         return (info["cluster_state"] == "ok"
-                and int(info["cluster_slots_assigned"]) == CLUSTER_SLOTS
-                and int(info["cluster_known_nodes"]) == len(self.nodes))  # fmt: skip
+                and int(info["cluster_slots_ok"]) == CLUSTER_SLOTS
+                and int(info["cluster_size"]) == self.masters
+                and int(info["cluster_known_nodes"]) == len(self.nodes)
+                and (not self.replicas or self._synced(node)))  # fmt: skip
+
+    def _synced(self, node: RedisServer) -> bool:
+        """The node knows every replica as one, and it is a master, or a replica whose link
+        to its master is up and whose first AOF (which a full sync starts, and during which
+        it refuses SIGTERM) is written."""
+        if self._replicas_known(node) != len(self.nodes) - self.masters:
+            return False
+        replication = self.info(node, "replication")
+        if replication["role"] == "master":
+            return True
+        if replication.get("master_link_status") != "up":
+            return False
+        aof = self.info(node, "persistence")
+        return int(aof["aof_rewrite_in_progress"]) + int(aof["aof_rewrite_scheduled"]) == 0
+
+    def _replicas_known(self, node: RedisServer) -> int:
+        """How many nodes `node` knows as replicas (CLUSTER NODES flags)."""
+        with _client(node) as client:
+            nodes: bytes = client.execute_command("CLUSTER", "NODES")
+        return sum(b"slave" in line.split()[2].split(b",") for line in nodes.splitlines())
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
@@ -232,6 +278,11 @@ class RedisCluster:
             time.sleep(0.05)
         raise StackError(f"the Redis Cluster on {self.url} was not ready within "
                          f"{self.start_timeout} s; see the nodes' redis.log")  # fmt: skip
+
+
+def _client(node: RedisServer) -> redis.Redis:
+    """A plain client of one node, answering for that node only."""
+    return redis.Redis(host=LOOPBACK, port=node.port, socket_timeout=2)
 
 
 def tansu_binary() -> str:

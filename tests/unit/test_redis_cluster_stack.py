@@ -37,3 +37,22 @@ def test_missing_redis_cli_is_a_stack_error_naming_the_package(
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(StackError, match="redis-tools"):
         servers.redis_cli()
+
+
+def test_replicas_make_append_only_nodes_that_sync_at_once(tmp_path: Path) -> None:
+    """With one replica per master, six nodes make three masters; every node (replicas as
+    masters) is append-only with the fsync asked for, and starts a replica's first sync
+    without the default 5 s wait; without replicas the nodes' command is as before."""
+    cluster = RedisCluster(range(7001, 7007), tmp_path, replicas=1, appendfsync="always")
+    for command in (node.command() for node in cluster.nodes):
+        assert (option(command, "appendonly"), option(command, "appendfsync")) == ("yes", "always")
+        assert option(command, "repl-diskless-sync-delay") == "0"
+    assert (cluster.masters, cluster.replicas) == (3, 1)
+    plain = RedisCluster([7001, 7002, 7003], tmp_path)
+    assert all("--repl-diskless-sync-delay" not in node.command() for node in plain.nodes)
+
+
+def test_nodes_that_cannot_pair_with_their_replicas_are_a_stack_error(tmp_path: Path) -> None:
+    """Five nodes cannot be masters with one replica each: refused before anything starts."""
+    with pytest.raises(StackError, match="5 nodes cannot be masters with 1 replicas each"):
+        RedisCluster(range(7001, 7006), tmp_path, replicas=1)
