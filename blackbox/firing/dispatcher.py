@@ -24,6 +24,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import structlog
 from confluent_kafka import KafkaError
@@ -32,6 +33,7 @@ from blackbox import recurrence
 from blackbox.clock import now_ms
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import CorruptSchedule, DeadLetterReason
+from blackbox.firing.failures import NodeFailures
 from blackbox.firing.shares import Share
 from blackbox.kafka import deadletter
 from blackbox.kafka.clients import lasting_reason
@@ -192,12 +194,14 @@ class Dispatcher:
         """
         fired = Fired(delivered=0, next_due_ms=None)
         now = now_ms()
+        failures = NodeFailures(self.store.pool_of)  # a dead node stalls its shards only
         for shard in self.share.owned if sweep else self.share.due_by(now):
-            self._drain(shard, stop, fired)
+            failures.attempt(shard, partial(self._drain, shard, stop, fired))
         if sweep:  # one claim per other shard: its owner drains it, a sweep only helps
             cutoff = now - self.share.sweep_after_ms
             for shard in self.share.others():
-                self._drain(shard, stop, fired, due_by_ms=cutoff)
+                failures.attempt(shard, partial(self._drain, shard, stop, fired, due_by_ms=cutoff))
+        failures.raise_first()
         fired.next_due_ms = self.share.next_due_ms()
         fired.delivered += self._settle_until_due(fired.next_due_ms, stop, nudged)
         return fired

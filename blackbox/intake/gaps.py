@@ -31,6 +31,7 @@ import redis
 import structlog
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from blackbox.backoff import Backoff
 from blackbox.metrics import Metrics
 from blackbox.storage import watermarks
 from blackbox.storage.store import RedisStore
@@ -156,6 +157,8 @@ class GapCheck:
         self.rereading: dict[Partition, int] = {}
         self._next_check = time.monotonic() + CHECK_SECONDS
         self._next_stopped_check = 0.0
+        self._backoff = Backoff(base=0.2, cap=5.0)
+        self._retry_at = 0.0
 
     def assign(self, partitions: Iterable[Partition]) -> None:
         """Newly assigned partitions: none is read before it is checked."""
@@ -200,6 +203,8 @@ class GapCheck:
     def run(self) -> None:
         """Check what is due for a check; a Redis or Kafka failure leaves it for next time."""
         now = time.monotonic()
+        if now < self._retry_at:  # the last check failed: Redis or Kafka is away
+            return
         routine = now >= self._next_check
         again = bool(self.stopped) and now >= self._next_stopped_check
         if not (self.unchecked or routine or again):
@@ -212,8 +217,11 @@ class GapCheck:
         try:
             self._check(sorted(asked), sorted(plain))
         except (redis.RedisError, KafkaException) as e:
-            log.warning("intake_gap_check_failed", error=str(e))
+            delay = self._backoff.next()
+            self._retry_at = now + delay
+            log.warning("intake_gap_check_failed", error=str(e), retry_in_s=round(delay, 2))
             return
+        self._backoff.reset()
         if routine:
             self._next_check = now + CHECK_SECONDS
 
