@@ -124,3 +124,54 @@ def test_rebuild_refuses_while_a_replica_runs_and_without_yes(
     running = BlackboxProcess(env, tmp_path / "running.log", "rebuild", "--yes")
     assert running.wait(60) == 2
     assert "still run" in running.output()
+
+
+def _snapshot(client: redis.Redis, namespace: str) -> list[tuple[bytes, int, bytes]]:
+    """Every key of the namespace as DUMP gives it, with its time to live (ms, 0: none);
+    the processes' heartbeats left out (in a snapshot hours old they have all expired)."""
+    keys = [k for k in client.scan_iter(match="{" + namespace + "*", count=1000)
+            if not k.endswith((b":procs", b":firers"))]  # fmt: skip
+    return [(k, max(0, int(client.pttl(k))), client.dump(k)) for k in keys]  # type: ignore[misc]
+
+
+def _restore(client: redis.Redis, namespace: str, snapshot: list[tuple[bytes, int, bytes]]) -> None:
+    _wipe(client, namespace)
+    for key, ttl, dumped in snapshot:
+        client.restore(key, ttl, dumped, replace=True)
+
+
+def test_a_redis_restored_from_an_old_snapshot_is_rebuilt_without_firing_twice(
+    start_service: ServiceFactory,
+    reader: ReaderFactory,
+    redis_client: redis.Redis,
+    env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """Guarantee 1: a snapshot taken before some schedules fired and before others were
+    accepted is restored; after the rebuild the ones accepted since are delivered, and the
+    ones that fired since (pending again in the snapshot) are not delivered a second time."""
+    first = start_service()
+    target = unique("restored")
+    delivered = reader(target)
+    _send(first, *({"topic": target, "message": f"fired-{n}", "countdown": 3} for n in range(5)),
+          *({"topic": target, "message": f"kept-{n}", "countdown": LATER} for n in range(5)),
+          caller=False)  # fmt: skip
+    wait_until(lambda: sum(first.store.counts()) == 10, what="10 stored")
+    snapshot = _snapshot(redis_client, first.settings.namespace)
+    _send(first, *({"topic": target, "message": f"since-{n}", "countdown": LATER}
+                   for n in range(5)), caller=False)  # fmt: skip
+    delivered.wait_for(lambda records: len(records) >= 5)
+    wait_until(lambda: sum(first.store.counts()) == 10, what="the later 5 stored")
+    first.stop()
+    _restore(redis_client, first.settings.namespace, snapshot)
+
+    rebuilt = BlackboxProcess(env, tmp_path / "rebuild.log", "rebuild", "--yes")
+    assert rebuilt.wait(120) == 0, rebuilt.output()
+    start_service()
+    wanted = [*(f"kept-{n}" for n in range(5)), *(f"since-{n}" for n in range(5))]
+    delivered.wait_for(lambda records: all(_bodies(records)[b] for b in wanted), LATER + 40)
+    everything = _bodies(delivered.read_to_end())
+    assert {b: everything[b] for b in wanted} == dict.fromkeys(wanted, 1)
+    assert {f"fired-{n}": everything[f"fired-{n}"] for n in range(5)} == {
+        f"fired-{n}": 1 for n in range(5)
+    }
