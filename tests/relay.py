@@ -108,7 +108,13 @@ class Relay:
     that a server bound to 127.0.0.1 only also uses) to `target_port` on 127.0.0.1, until
     `close()`."""
 
-    def __init__(self, listen_port: int, target_port: int, listen_host: str = LOOPBACK) -> None:
+    def __init__(
+        self, listen_port: int, target_port: int, listen_host: str = LOOPBACK,
+        held_source: str | None = None,
+    ) -> None:  # fmt: skip
+        """`held_source`: hold() holds only the connections made from that address (a
+        replica's), and others through the relay, such as a Sentinel's, flow on."""
+        self.held_source = held_source
         self._target_port = target_port
         self._held = False
         self._links: list[_Link] = []
@@ -185,6 +191,7 @@ class Relay:
     def _connect(self, down: socket.socket) -> None:
         """Open the upstream side of a new connection; a target that refuses it closes the
         downstream side, as a connection refused would."""
+        holdable = self.held_source in (None, down.getpeername()[0])
         with self._lock:  # a switch() waits: no link to the old target opens after it
             try:
                 up = socket.create_connection((LOOPBACK, self._target_port), CONNECT_TIMEOUT)
@@ -192,4 +199,4 @@ class Relay:
                 down.close()
                 return
             up.settimeout(None)
-            self._links.append(_Link(down, up, lambda: self._held))
+            self._links.append(_Link(down, up, lambda: holdable and self._held))

@@ -12,7 +12,6 @@ replica itself; clients ask the Sentinel.
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import redis
 
 from blackbox.dev.servers import LOOPBACK, RedisServer, free_port
 from tests.kafkatools import wait_until
-from tests.relay import CONNECT_TIMEOUT, Relay, _Link
+from tests.relay import Relay
 from tests.sentinel import SentinelProcess
 
 # The replica's own address for its replication connection (`bind-source-addr`): loopback
@@ -164,31 +163,10 @@ class WatchedRedis(ReplicatedRedis):
         return self.sentinel.master_address() == (LOOPBACK, self.replica.port)
 
     def _link_to(self, primary_port: int) -> Relay:
-        return ReplicaLink(primary_port, REPLICA_SOURCE)
+        return Relay(0, primary_port, held_source=REPLICA_SOURCE)
 
     def _replica_config(self) -> dict[str, str]:
         return {"bind-source-addr": REPLICA_SOURCE}
-
-
-class ReplicaLink(Relay):
-    """A relay to `target_port` whose `hold()` holds only the connections made from
-    `held_source` (the replica's): others through it, such as a Sentinel's, flow on."""
-
-    def __init__(self, target_port: int, held_source: str) -> None:
-        self.held_source = held_source  # before the relay's acceptor thread starts
-        super().__init__(0, target_port)
-
-    def _connect(self, down: socket.socket) -> None:
-        """As the relay's own, but a hold applies only if `down` came from `held_source`."""
-        held = down.getpeername()[0] == self.held_source
-        with self._lock:
-            try:
-                up = socket.create_connection((LOOPBACK, self._target_port), CONNECT_TIMEOUT)
-            except OSError:
-                down.close()
-                return
-            up.settimeout(None)
-            self._links.append(_Link(down, up, lambda: held and self._held))
 
 
 def _folder(path: Path) -> Path:
