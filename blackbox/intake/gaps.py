@@ -89,11 +89,18 @@ class Verdict:
 FINE = Verdict(Kind.FINE)
 
 
-def verdict(marks: Marks, known: Marks, committed: int | None, limit: int) -> Verdict:
+def verdict(
+    marks: Marks, known: Marks, committed: int | None, limit: int, *, refreshed: bool = True
+) -> Verdict:
     """Judge one partition from every shard's mark in Redis (`marks`), the marks this
     process saw confirmed (`known`) and the group's committed offset (None: not asked, or
     none). A shard without a mark counts as -1 where this process saw it hold one, and is
-    left out where it never did (it may have received no record of the partition)."""
+    left out where it never did (it may have received no record of the partition).
+
+    Against the commit, the lowest mark counts where every shard's mark is kept refreshed
+    (`refreshed`); where an older release wrote them, each mark is exact for its own shard
+    only and may lag any distance, so the newest counts (a failover during the upgrade is
+    then found by the marks this process sees confirmed, from its first write on)."""
     floor = [_floor(m, k) for m, k in zip(marks, known, strict=True)]
     present = [m for m in floor if m is not None]
     if not present:
@@ -105,8 +112,9 @@ def verdict(marks: Marks, known: Marks, committed: int | None, limit: int) -> Ve
         for m, k in zip(floor, known, strict=True)
         if m is not None and k is not None and m < k
     ]
-    if committed is not None and min(present) + 1 < committed:
-        starts.append(min(present) + 1)
+    reference = min(present) if refreshed else max(present)
+    if committed is not None and reference + 1 < committed:
+        starts.append(reference + 1)
     if not starts:
         return FINE
     start = min(starts)
@@ -232,13 +240,23 @@ class GapCheck:
         partitions = asked + plain
         fields = [self._field(p) for p in partitions]
         marks = watermarks.read(self.store.client, self.store.layout, fields)
+        refreshed = watermarks.refreshed(self.store.client, self.store.layout, fields)
         for partition, field in zip(partitions, fields, strict=True):
             known = self.known.known(field, self.store.layout.count)
-            found = verdict(marks[field], known, committed.get(partition), self.config.reread_limit)
+            found = verdict(marks[field], known, committed.get(partition),
+                            self.config.reread_limit, refreshed=field in refreshed)  # fmt: skip
             if found.kind is not Kind.FINE:  # the marks to write on from (see watermarks.py)
                 self.known.reset(field, marks[field])
             self._act(partition, field, found, committed.get(partition))
         self.on_stopped(sorted(self.stopped))
+
+    def record_refreshed(self) -> None:
+        """Record in Redis the fields whose every shard this process has marked: from now on
+        their lowest mark is judged against the commit (see `verdict`)."""
+        fields = self.known.unrecorded(self.store.layout.count)
+        if fields:
+            watermarks.record_refreshed(self.store.client, self.store.layout, fields)
+            self.known.recorded(fields)
 
     def _committed(self, partitions: list[Partition]) -> dict[Partition, int | None]:
         if not partitions:

@@ -215,6 +215,7 @@ class Intake:
         batch = Batch(self.incarnations.tags({m.topic() or "" for m in records}))
         batch.poisoned = self.guard.note(records)
         codes = self._apply_in_parts(records, now, batch, stop)
+        self.gaps.record_refreshed()
         self.guard.ended(records)
         self._answer(batch, codes, now, stop, batch.next_offsets())
 

@@ -144,6 +144,14 @@ class Layout:
         return f"{self.tag}:shards"
 
     @property
+    def refreshed_marks(self) -> str:
+        """Hash: intake watermark field -> 1 once this release keeps every shard's mark of
+        it within REFRESH_OFFSETS of the newest (watermarks.py). A field without it was
+        written by a release that moved a shard's mark only with a request for that shard,
+        so its lowest mark may lag any distance without anything lost."""
+        return f"{self.tag}:inmarks"
+
+    @property
     def intake_handling(self) -> str:
         """Hash: "topic:partition" -> "first last attempts", the intake offsets being handled
         (see crashguard.py); a note left behind is a handler that died."""

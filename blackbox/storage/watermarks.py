@@ -18,6 +18,7 @@ them), and a periodic check compares the two while intake is idle.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from blackbox.storage.connections import RedisClient
 from blackbox.storage.keys import Layout
@@ -36,6 +37,16 @@ class Watermarks:
 
     def __init__(self) -> None:
         self._confirmed: dict[str, dict[int, int]] = {}  # field -> shard -> mark
+        self._recorded: set[str] = set()  # fields recorded as refreshed in Redis
+
+    def unrecorded(self, shards: int) -> list[str]:
+        """The fields whose every shard's mark this process confirmed, not yet recorded as
+        kept refreshed (see `record_refreshed`)."""
+        return [field for field, known in self._confirmed.items()
+                if len(known) == shards and field not in self._recorded]  # fmt: skip
+
+    def recorded(self, fields: Iterable[str]) -> None:
+        self._recorded.update(fields)
 
     def known(self, field: str, shards: int) -> Marks:
         """Per shard of `shards`, the last mark of `field` Redis confirmed to this process
@@ -51,6 +62,7 @@ class Watermarks:
         """Take Redis's marks of `field` as they are now (found below what was confirmed:
         the records past them are read again)."""
         self._confirmed[field] = {s: mark for s, mark in enumerate(marks) if mark is not None}
+        self._recorded.discard(field)  # Redis may have lost the record too: write it again
 
     def lagging(self, field: str, last_offset: int, shards: int) -> list[int]:
         """The shards of `shards` whose mark of `field` this process has not confirmed, or
@@ -72,6 +84,7 @@ class Watermarks:
         names = {f"{topic}:{partition}" for topic, partition in partitions}
         for field in [f for f in self._confirmed if ":".join(f.split(":")[:2]) in names]:
             del self._confirmed[field]
+            self._recorded.discard(field)
 
 
 def read(client: RedisClient, layout: Layout, fields: Sequence[str]) -> dict[str, Marks]:
@@ -86,6 +99,22 @@ def read(client: RedisClient, layout: Layout, fields: Sequence[str]) -> dict[str
         field: [None if reply[i] is None else int(reply[i]) for reply in replies]
         for i, field in enumerate(fields)
     }
+
+
+def refreshed(client: RedisClient, layout: Layout, fields: Sequence[str]) -> set[str]:
+    """The fields recorded as kept refreshed: their lowest mark is within REFRESH_OFFSETS
+    of the newest unless Redis lost writes (a field written only by an older release may
+    lag any distance, its marks each exact for its own shard)."""
+    if not fields:
+        return set()
+    found: Any = client.hmget(layout.refreshed_marks, list(fields))
+    return {field for field, flag in zip(fields, found, strict=True) if flag is not None}
+
+
+def record_refreshed(client: RedisClient, layout: Layout, fields: Sequence[str]) -> None:
+    """Record that every shard's mark of `fields` is kept refreshed from now on."""
+    if fields:
+        client.hset(layout.refreshed_marks, mapping=dict.fromkeys(fields, 1))
 
 
 def raise_to(client: RedisClient, layout: Layout, field: str, mark: int) -> None:

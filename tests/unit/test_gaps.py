@@ -97,3 +97,29 @@ def test_forgetting_a_partition_forgets_every_incarnation_of_it() -> None:
     assert marks.known("t:0:abc", 1) == [None]
     assert marks.known("t:1", 1) == [3]
     assert marks.known("t:10", 1) == [4]
+
+
+def test_marks_an_older_release_wrote_are_judged_by_the_newest() -> None:
+    """Guarantee 11 (releases upgrade in place): the previous release moved a shard's mark
+    only with a request for that shard, so one id updated 100,000 times leaves the other
+    shards' marks far behind with nothing lost; until this release has marked every shard,
+    the newest mark is judged against the commit, not the lowest."""
+    marks = [99, 100_400, 99]
+    assert verdict(marks, [None] * 3, 100_401, LIMIT, refreshed=False).kind is Kind.FINE
+    assert verdict(marks, [None] * 3, 100_401, LIMIT).kind is Kind.FAR_BEHIND
+    behind = verdict([99, 500, 99], [None] * 3, 700, LIMIT, refreshed=False)
+    assert behind == Verdict(Kind.LAG, 501, 700)
+
+
+def test_a_field_is_recorded_refreshed_once_every_shard_is_confirmed() -> None:
+    """The record that a field's marks are kept refreshed is written once every shard's
+    mark was confirmed, once per process, and again after a gap or a rebalance."""
+    marks = Watermarks()
+    marks.confirm({("t:0", 0): 5})
+    assert marks.unrecorded(2) == []
+    marks.confirm({("t:0", 1): 5})
+    assert marks.unrecorded(2) == ["t:0"]
+    marks.recorded(["t:0"])
+    assert marks.unrecorded(2) == []
+    marks.reset("t:0", [5, 5])
+    assert marks.unrecorded(2) == ["t:0"]
