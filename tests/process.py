@@ -14,9 +14,15 @@ class BlackboxProcess:
     """`python -m blackbox ARGS` with a given environment, its output kept in a file."""
 
     def __init__(
-        self, env: dict[str, str], log_path: Path, *args: str, program: Sequence[str] = ()
+        self,
+        env: dict[str, str],
+        log_path: Path,
+        *args: str,
+        program: Sequence[str] = (),
+        cwd: Path | None = None,
     ) -> None:
-        """`program` replaces `python -m blackbox` (an installed `blackbox` command)."""
+        """`program` replaces `python -m blackbox` (an installed `blackbox` command); `cwd`
+        is the working directory (`python -m` imports from there first)."""
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.process = subprocess.Popen(
@@ -24,6 +30,7 @@ class BlackboxProcess:
             env={**os.environ, **env},
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            cwd=cwd,
         )
 
     def kill(self) -> None:
