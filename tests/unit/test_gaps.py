@@ -104,7 +104,7 @@ def test_marks_an_older_release_wrote_are_judged_by_the_newest() -> None:
     only with a request for that shard, so one id updated 100,000 times leaves the other
     shards' marks far behind with nothing lost; until this release has marked every shard,
     the newest mark is judged against the commit, not the lowest."""
-    marks = [99, 100_400, 99]
+    marks: list[int | None] = [99, 100_400, 99]
     assert verdict(marks, [None] * 3, 100_401, LIMIT, refreshed=False).kind is Kind.FINE
     assert verdict(marks, [None] * 3, 100_401, LIMIT).kind is Kind.FAR_BEHIND
     behind = verdict([99, 500, 99], [None] * 3, 700, LIMIT, refreshed=False)
