@@ -60,6 +60,7 @@ class Service:
         self.metrics = metrics or Metrics()
         self.metrics.role.info({"role": role.value})
         self.stopping = threading.Event()
+        self._stopped = False
         self.exit_code = 0
         self.redis = redis_client(settings.redis_url)
         self._probe_client = redis_client(settings.redis_url, socket_timeout=2)
@@ -258,7 +259,11 @@ class Service:
         return guarded
 
     def stop(self) -> None:
-        """Stop intake (its offsets committed), let firing settle, flush the producers."""
+        """Stop intake (its offsets committed), let firing settle, flush the producers and
+        close every client. Stopping again does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
         log.info("service_stopping", role=self.role.value)
         self.stopping.set()
         if self.firing is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from blackbox.envelope import normalize_headers
 
@@ -57,7 +59,6 @@ def produce(  # noqa: PLR0913 - the record's parts, each with a default
     `timestamp_ms` sets the records' create time (0: now), as a sender's clock would."""
     # Not idempotent: its setup costs a round trip per call, and these sends meet no broker
     # failure (the fault tests' senders are idempotent).
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     failures: list[KafkaError] = []
 
     def report(error: KafkaError | None, _message: object) -> None:
@@ -65,13 +66,13 @@ def produce(  # noqa: PLR0913 - the record's parts, each with a default
             failures.append(error)
 
     count = 0
-    for value in values:
-        producer.produce(
-            topic, value, key, headers=list(headers), on_delivery=report, timestamp=timestamp_ms
-        )
-        producer.poll(0)
-        count += 1
-    assert producer.flush(30) == 0
+    with Producer({"bootstrap.servers": bootstrap, "linger.ms": 5}) as producer:
+        for value in values:
+            producer.produce(topic, value, key, headers=list(headers), on_delivery=report,
+                             timestamp=timestamp_ms)  # fmt: skip
+            producer.poll(0)
+            count += 1
+        assert producer.flush(30) == 0
     assert failures == []
     return count
 
@@ -80,13 +81,13 @@ def produce_to(
     bootstrap: str, topic: str, records: Iterable[tuple[int | None, bytes | None, bytes]]
 ) -> None:
     """Produce (partition, key, value) records, each to its partition (None: any)."""
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for partition, key, value in records:
-        if partition is None:
-            producer.produce(topic, value, key)
-        else:
-            producer.produce(topic, value, key, partition=partition)
-    assert producer.flush(30) == 0
+    with Producer({"bootstrap.servers": bootstrap}) as producer:
+        for partition, key, value in records:
+            if partition is None:
+                producer.produce(topic, value, key)
+            else:
+                producer.produce(topic, value, key, partition=partition)
+        assert producer.flush(30) == 0
 
 
 def end_offset(bootstrap: str, topic: str, partition: int = 0) -> int:
@@ -186,6 +187,59 @@ class TopicReader:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+KafkaClient = Producer | Consumer | AdminClient
+
+
+def open_clients() -> list[KafkaClient]:
+    """Every Kafka client (producer, consumer, admin client) of this process that something
+    still holds and nobody closed: its librdkafka threads go on connecting to its broker.
+    Those only a reference cycle keeps are collected first (that closes them)."""
+    gc.collect()
+    found = [o for o in gc.get_objects() if isinstance(o, Producer | Consumer | AdminClient)]
+    return [client for client in found if _is_open(client)]
+
+
+def _is_open(client: KafkaClient) -> bool:
+    try:
+        if isinstance(client, Consumer):
+            client.assignment()
+        else:
+            client.poll(0)
+    except RuntimeError:  # "... has been closed", "Consumer closed"
+        return False
+    return True
+
+
+def close_client(client: KafkaClient) -> None:
+    """Close a client at once: a producer's queue purged, not flushed."""
+    if isinstance(client, Consumer):
+        client.close()
+    elif isinstance(client, AdminClient):
+        client.__exit__(None, None, None)  # an AdminClient's only way to be destroyed
+    else:
+        client.purge()
+        client.close()
+
+
+def holders(client: KafkaClient) -> str:
+    """What holds `client`: the types of the objects referring to it (a test's lead)."""
+    names = set()
+    for referrer in gc.get_referrers(client):
+        owner = _owner_of(referrer)
+        if owner is not None:
+            names.add(owner)
+    return ", ".join(sorted(names)) or "nothing found"
+
+
+def _owner_of(referrer: object) -> str | None:
+    if isinstance(referrer, dict):
+        owners = [o for o in gc.get_referrers(referrer) if getattr(o, "__dict__", None) is referrer]
+        return ", ".join(f"{type(o).__module__}.{type(o).__qualname__}" for o in owners) or None
+    if isinstance(referrer, list):  # our own list of found clients, or some list
+        return None
+    return f"{type(referrer).__module__}.{type(referrer).__qualname__}"
 
 
 # How late a delivery may be on the test stack: generous (a loaded 2-core machine), yet a

@@ -38,12 +38,16 @@ class Backend:
     access: Access
     max_countdown_ms: int
     max_body_bytes: int
+    topic_ids: clients.TopicIds  # the admin's look-up, closed with the rest
     answers: Follower | None = None  # None: changes are not waited for (tests of access)
     answer_seconds: float = 10.0
     body_seconds: float = 30.0  # a request's body must come in whole within this
 
     def close(self) -> None:
+        """Flush the API's requests, then close every Kafka client the routes used."""
         self.admin.producer.flush(1.0)
+        clients.close_producer(self.admin.producer)
+        self.topic_ids.close()
         self.dead_letters.close()
         if self.answers is not None:
             self.answers.close()
@@ -67,10 +71,10 @@ def backend_of(  # noqa: PLR0913 - the service's parts the API acts on
     """The API's parts for one service; the pending gauges join its metrics."""
     pending = Pending(store)
     metrics.registry.register(PendingGauges(pending))
+    topic_ids = clients.topic_id_lookup(settings.kafka)
     admin = Admin(store, clients.new_producer(settings), settings.intake_topic,
-                  settings.events_topic, limits_of(settings, caller_policy),
-                  clients.topic_id_lookup(settings.kafka), on_scheduled,
-                  policy=caller_policy, send_seconds=settings.delivery_timeout,
+                  settings.events_topic, limits_of(settings, caller_policy), topic_ids,
+                  on_scheduled, policy=caller_policy, send_seconds=settings.delivery_timeout,
                   signer=_api_signer(settings))  # fmt: skip
     answers = Follower(settings.kafka, settings.events_topic)
     answers.start()
@@ -83,6 +87,6 @@ def backend_of(  # noqa: PLR0913 - the service's parts the API acts on
                       tokens_of("", settings.api_tokens_file)),
         max_countdown_ms=int(settings.max_countdown * 1000),
         max_body_bytes=settings.max_message_bytes * 2 + BODY_OVERHEAD_BYTES,
-        answers=answers, answer_seconds=settings.delivery_timeout * 2,
+        topic_ids=topic_ids, answers=answers, answer_seconds=settings.delivery_timeout * 2,
         body_seconds=settings.http_body_timeout,
     )  # fmt: skip

@@ -98,11 +98,11 @@ class Receiving:
             caller_policy.longest_horizon_seconds, settings.grace_seconds
         )
         self.outbox = answers_outbox(settings)
+        self.topic_ids = clients.topic_id_lookup(settings.kafka)
         self.intake = Intake(
             clients.new_consumer(settings), store, self.outbox,
             intake_config_of(settings, caller_policy), metrics,
-            incarnations=Incarnations(clients.topic_id_lookup(settings.kafka),
-                                      RedisRecord(store.client, store.layout)),
+            incarnations=Incarnations(self.topic_ids, RedisRecord(store.client, store.layout)),
             guard=CrashGuard(store.client, store.layout.intake_handling),
             nonces=Nonces(store.client, store.layout),
             on_scheduled=announce, on_refused_for_memory=room.intake_refused,
@@ -122,6 +122,7 @@ class Receiving:
         self.intake.run(self.stopping)
 
     def stop(self) -> int:
-        """After its thread ended (offsets committed): flush the answers; how many could
-        not be flushed."""
+        """After its thread ended (offsets committed): flush the answers and close the
+        Kafka clients; how many answers could not be flushed."""
+        self.topic_ids.close()
         return self.outbox.close(1.0)

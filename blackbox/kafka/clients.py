@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from confluent_kafka import (
@@ -152,19 +152,36 @@ def ensure_topics(
                 raise
 
 
-def topic_id_lookup(
-    config: Mapping[str, Any], timeout: float = 10.0
-) -> Callable[[Sequence[str]], dict[str, str]]:
-    """A function naming the id of each given topic (raises KafkaException if it cannot;
-    a broker that knows no topic ids gives the zero id)."""
-    admin = AdminClient(dict(config))
+class TopicIds:
+    """Names the id of each given topic through one admin client, kept until `close()`
+    (a call raises KafkaException if it cannot ask; a broker that knows no topic ids gives
+    the zero id)."""
 
-    def lookup(names: Sequence[str]) -> dict[str, str]:
+    def __init__(self, config: Mapping[str, Any], timeout: float = 10.0) -> None:
+        self.timeout = timeout
+        # An AdminClient has no close(): leaving its context is what destroys it.
+        self._closing = ExitStack()
+        self._admin = self._closing.enter_context(AdminClient(dict(config)))
+
+    def __call__(self, names: Sequence[str]) -> dict[str, str]:
         collection = TopicCollection(list(names))
-        futures = admin.describe_topics(collection, request_timeout=timeout)
-        return {name: str(future.result(timeout).topic_id) for name, future in futures.items()}
+        futures = self._admin.describe_topics(collection, request_timeout=self.timeout)
+        return {n: str(future.result(self.timeout).topic_id) for n, future in futures.items()}
 
-    return lookup
+    def close(self) -> None:
+        self._closing.close()
+
+
+def topic_id_lookup(config: Mapping[str, Any], timeout: float = 10.0) -> TopicIds:
+    """A callable naming the id of each given topic; close it when done."""
+    return TopicIds(config, timeout)
+
+
+def close_producer(producer: Producer) -> None:
+    """Close a producer whose records were flushed or given up: what is left is purged
+    (close() alone would wait for it up to message.timeout.ms), then its connections end."""
+    producer.purge()
+    producer.close()
 
 
 def committed_offsets(

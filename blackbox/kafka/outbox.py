@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from blackbox.clock import now_ms
 from blackbox.envelope import Header
+from blackbox.kafka import clients
 
 log = structlog.get_logger("blackbox.kafka.outbox")
 
@@ -162,5 +163,9 @@ class Outbox:
         return len(self.producer) > 0 if self.only_errors else reports.pending > 0
 
     def close(self, timeout: float = 5.0) -> int:
-        """Flush what is still queued; return how many messages were left undelivered."""
-        return int(self.producer.flush(timeout))
+        """Flush what is still queued, then close the producer (its connections end with
+        it, not when the collector gets to it); return how many messages were left
+        undelivered."""
+        left = int(self.producer.flush(timeout))
+        clients.close_producer(self.producer)
+        return left

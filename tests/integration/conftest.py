@@ -17,17 +17,38 @@ from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.settings import Settings
 from blackbox.storage.keys import Keys
-from tests.kafkatools import TopicReader, unique, wait_until
+from tests.kafkatools import (
+    TopicReader,
+    close_client,
+    holders,
+    open_clients,
+    unique,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+def broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KafkaBroker]:
+    """The session's broker. Before it stops, every Kafka client still open is closed: one
+    left running would log a "Connection refused" line per reconnect until the process
+    exits (thousands, burying a failing run's report). In a session that passed, one left
+    open is an error naming what holds it; after a failure it may be the failed test's
+    (its traceback keeps its frames), so it is only closed."""
     server = KafkaBroker(free_port(), tmp_path_factory.mktemp("kafka"))
     server.start()
     yield server
+    left = open_clients()
+    found = [f"{type(c).__name__} held by {holders(c)}" for c in left]
+    for client in left:
+        close_client(client)
     server.stop()
+    if found and not request.session.testsfailed:
+        pytest.fail(f"{len(found)} Kafka clients left open at the end of the session: "
+                    + "; ".join(found[:10]))  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -55,7 +55,7 @@ def silent_producer() -> Iterator[Producer]:
                              "message.timeout.ms": 60_000})  # fmt: skip
         yield producer
         producer.purge()
-        producer.flush(0)
+        producer.close()  # before its broker goes: no reconnecting to a closed port
 
 
 def test_a_broker_slow_to_acknowledge_does_not_hold_back_the_next_due_time(

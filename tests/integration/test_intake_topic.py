@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -104,11 +104,17 @@ def test_a_topic_recreated_while_the_service_was_down_has_every_record_delivered
     assert not restarted.failed
 
 
-def _zero_ids(
-    _config: Mapping[str, Any], timeout: float = 10.0
-) -> Callable[[Sequence[str]], dict[str, str]]:
+class _ZeroIds:
     """The look-up of a broker that gives topics no id: every topic is the zero Uuid."""
-    return lambda names: {name: "AAAAAAAAAAAAAAAAAAAAAA" for name in names}
+
+    def __init__(self, _config: Mapping[str, Any], timeout: float = 10.0) -> None:
+        self.timeout = timeout
+
+    def __call__(self, names: Sequence[str]) -> dict[str, str]:
+        return {name: "AAAAAAAAAAAAAAAAAAAAAA" for name in names}
+
+    def close(self) -> None:
+        """Nothing to close: it asks no broker."""
 
 
 def test_a_topic_recreated_on_a_broker_without_topic_ids_has_every_record_delivered(
@@ -120,7 +126,7 @@ def test_a_topic_recreated_on_a_broker_without_topic_ids_has_every_record_delive
     """Guarantee 1: where the broker names every topic with the zero id, a recreated intake
     topic's offsets going back are a new incarnation (a tag recorded in Redis for every
     replica), not re-reads: its records are delivered, under ids of their own."""
-    monkeypatch.setattr(clients, "topic_id_lookup", _zero_ids)
+    monkeypatch.setattr(clients, "topic_id_lookup", _ZeroIds)
     service = start_service()
     bootstrap, intake = service.settings.kafka["bootstrap.servers"], service.settings.intake_topic
     first, second = unique("before"), unique("after")

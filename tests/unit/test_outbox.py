@@ -59,6 +59,7 @@ class _HeldProducer:
 
     def __init__(self) -> None:
         self.held = 0
+        self.closed = False
 
     def produce(self, *_args: object, **_kwargs: object) -> None:
         self.held += 1
@@ -71,6 +72,10 @@ class _HeldProducer:
 
     def purge(self, *_args: object, **_kwargs: object) -> None:
         self.held = 0
+
+    def close(self) -> bool:
+        self.closed = True
+        return True
 
     def __len__(self) -> int:
         return self.held
@@ -87,3 +92,13 @@ def test_an_empty_new_producer_does_not_vouch_for_records_sent_on_the_old_one() 
     outbox.producer = old  # type: ignore[assignment]
     old.held = 0  # the broker answered at last
     assert outbox.wait(reports) == [None, None]
+
+
+def test_closing_counts_what_was_left_and_closes_the_producer() -> None:
+    """Closing an outbox tells how many records never landed, then closes its producer (its
+    connections end now, not whenever the collector frees it), nothing left to wait for."""
+    producer = _HeldProducer()
+    outbox = Outbox(producer, wait_seconds=0.05)  # type: ignore[arg-type]
+    outbox.submit([Record("t", b"a"), Record("t", b"b")])
+    assert outbox.close(0.01) == 2
+    assert producer.closed and producer.held == 0
