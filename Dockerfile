@@ -1,5 +1,6 @@
 # blackbox: multi-stage build; the final image holds the virtualenv and no build tools.
-#   docker build -t blackbox .
+#   version=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)
+#   docker build --build-arg BLACKBOX_VERSION="$version" -t "blackbox:$version" .
 #   docker run --rm -e KAFKA_BOOTSTRAP_SERVERS=kafka:9092 -e REDIS_URL=redis://redis:6379/0 blackbox
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -19,6 +20,13 @@ RUN /opt/blackbox/bin/pip wheel --no-deps --wheel-dir /tmp/wheels . \
     && /opt/blackbox/bin/pip uninstall --yes pip
 
 FROM ${PYTHON_IMAGE}
+# The release, as a build argument: a LABEL cannot read pyproject.toml. The build refuses a
+# version other than the installed package's (below), so the label never names another.
+ARG BLACKBOX_VERSION
+LABEL org.opencontainers.image.title="blackbox" \
+      org.opencontainers.image.description="Durable delayed-message service for Apache Kafka, backed by Redis." \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${BLACKBOX_VERSION}"
 RUN groupadd --system --gid 10001 blackbox \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /tmp \
        --shell /usr/sbin/nologin blackbox
@@ -30,6 +38,11 @@ ENV PATH=/opt/blackbox/bin:$PATH \
     HOME=/tmp \
     BLACKBOX_LOG_FORMAT=json \
     BLACKBOX_HTTP_PORT=8080
+RUN installed="$(blackbox --version)" \
+    && if [ "$installed" != "blackbox ${BLACKBOX_VERSION}" ]; then \
+         echo "BLACKBOX_VERSION='${BLACKBOX_VERSION}' but the package is '$installed': build with --build-arg BLACKBOX_VERSION=<pyproject.toml's version>" >&2; \
+         exit 1; \
+       fi
 WORKDIR /tmp
 USER 10001:10001
 EXPOSE 8080

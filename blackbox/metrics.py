@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from blackbox.errors import DeadLetterReason
+from blackbox.version import version
 
 # From 0.1 ms: firing at the due instant is measured below a millisecond, late outliers to
 # a minute.
@@ -138,6 +139,14 @@ class Metrics:
             "The role this process runs (all, intake or dispatch), as the label of a 1.",
             registry=self.registry,
         )
+        self.build_info = Gauge(
+            "blackbox_build_info",
+            "The release this process runs (its version, as `blackbox --version` prints "
+            "it), as the label of a 1: a fleet mid-upgrade shows both.",
+            ["version"],
+            registry=self.registry,
+        )
+        self.build_info.labels(version=version()).set(1)
         for reason in DeadLetterReason:
             self.dead_letters.labels(reason=reason.value)
         for kind in ("far_behind", "no_watermark"):

@@ -19,12 +19,13 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
+from html import escape
 from importlib import resources
 from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -58,6 +59,7 @@ from blackbox.health import Health
 from blackbox.kafka.events import Outcome
 from blackbox.metrics import Metrics
 from blackbox.schedule import split_scoped
+from blackbox.version import version
 
 PREFIX = "/api/v1"
 MAX_LIMIT = 500
@@ -435,11 +437,11 @@ def probes_app(health: Health, metrics: Metrics) -> FastAPI:
 
 
 def _page_routes(app: FastAPI) -> None:
-    """The admin page: plain files shipped in the package, no build step, no CDN."""
+    """The admin page: plain files shipped in the package, no build step, no CDN; its
+    footer names the release (as /metrics does, to anyone who reaches the port)."""
     folder = resources.files("blackbox.api") / "page"
-    app.add_api_route(
-        "/", lambda: FileResponse(str(folder / "index.html")), include_in_schema=False
-    )
+    page = (folder / "index.html").read_text("utf-8").replace("{{version}}", escape(version()))
+    app.add_api_route("/", lambda: HTMLResponse(page), include_in_schema=False)
     app.mount("/page", StaticFiles(directory=str(folder)), name="page")
 
 

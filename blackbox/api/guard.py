@@ -157,5 +157,6 @@ class OpenHosts:
         self.checked = TrustedHostMiddleware(app, allowed_hosts=hosts, www_redirect=False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        probe = scope["type"] == "http" and scope["path"] in PROBES
+        # With a trailing slash too: the router redirects it to the probe, whatever the Host.
+        probe = scope["type"] == "http" and scope["path"].rstrip("/") in PROBES
         await (self.app if probe else self.checked)(scope, receive, send)

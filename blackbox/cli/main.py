@@ -1,9 +1,11 @@
 """The `blackbox` command.
 
-Exit codes: 0 success; 1 the service, a send or a Spark job failed at run time; 2 bad usage
-or settings, a Redis that may evict keys (its maxmemory-policy is not noeviction), or
-`blackbox spark ...` without PySpark installed; 3 `blackbox spark audit` found messages lost,
-or late beyond --max-late.
+Exit codes: 0 success; 1 the service, a send or a Spark job failed at run time (or no
+answer came, or the request was dead-lettered); 2 bad usage or settings, a Redis that may
+evict keys (its maxmemory-policy is not noeviction), or `blackbox spark ...` without PySpark
+installed; 3 done, with something to act on: `cancel`, `pause` or `resume` answered but
+changed nothing (not_found, already_fired, not_recurring, cancelled), or `blackbox spark
+audit` found messages lost, or late beyond --max-late.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from blackbox.errors import (
     SparkMissing,
     StackError,
 )
-from blackbox.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from blackbox.exits import EXIT_FAILED, EXIT_OK, EXIT_UNCHANGED, EXIT_USAGE
 from blackbox.intake import rebuild
 from blackbox.intake.runner import caller_policy_of, limits_of
 from blackbox.kafka import clients, retention
@@ -45,6 +47,7 @@ from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.settings import Settings, describe, service_links
 from blackbox.spark import command as spark_command
+from blackbox.version import version
 
 CANCEL_ANSWERS = frozenset(
     o.value
@@ -58,6 +61,12 @@ HOLD_ANSWERS = frozenset(
     for o in (Outcome.PAUSED, Outcome.RESUMED, Outcome.NOT_RECURRING, Outcome.CANCELLED,
               Outcome.ALREADY_FIRED, Outcome.NOT_FOUND, Outcome.DEAD_LETTERED)
 )  # fmt: skip
+# The answers that mean a request did what it asked; any other but dead_lettered changed
+# nothing (exit EXIT_UNCHANGED: a script learns that nothing was cancelled, paused...).
+SENT = frozenset({Outcome.SCHEDULED.value, Outcome.UPDATED.value})
+CANCELLED = frozenset({Outcome.CANCELLED.value})
+PAUSED = frozenset({Outcome.PAUSED.value})
+RESUMED = frozenset({Outcome.RESUMED.value})
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 REBUILD_DESCRIPTION = """\
 Write every schedule still pending back to Redis from what Kafka holds, after Redis lost
@@ -105,6 +114,7 @@ better a BLACKBOX_API_TOKEN (with one set, every call needs it)."""
 def _parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog="blackbox", description=__doc__, formatter_class=raw)
+    parser.add_argument("--version", action="version", version=f"blackbox {version()}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
     epilog = "settings (environment variables):\n" + describe()
     run = commands.add_parser("run", help="run the service", epilog=epilog, formatter_class=raw)
@@ -160,7 +170,8 @@ def _add_by_id(
         type=float,
         default=10.0,
         metavar="SECONDS",
-        help="how long to wait for the answer on the events topic (0: don't)",
+        help="how long to wait for the answer on the events topic (0: don't); exit 3 when "
+        "it changed nothing (not_found, already_fired, not_recurring, cancelled)",
     )
     parser.set_defaults(command=command)
 
@@ -291,7 +302,7 @@ def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
     def request(sender: client.Client) -> None:
         sender.send_raw(encoded, args.id)
 
-    return _answered(args, settings, request, SEND_ANSWERS, topic=args.topic, id=args.id)
+    return _answered(args, settings, request, SEND_ANSWERS, SENT, topic=args.topic, id=args.id)
 
 
 def _client(args: argparse.Namespace, settings: Settings) -> client.Client:
@@ -302,9 +313,10 @@ def _client(args: argparse.Namespace, settings: Settings) -> client.Client:
 
 def _answered(
     args: argparse.Namespace, settings: Settings, request: Callable[[client.Client], None],
-    expected: frozenset[str], **context: object,
+    expected: frozenset[str], done: frozenset[str], **context: object,
 ) -> int:  # fmt: skip
-    """Send one request; with --wait, print blackbox's answer (failing on dead_lettered)."""
+    """Send one request; with --wait, print blackbox's answer (one of `expected`) and exit
+    by it (exit_for: 0 when it is one of `done`)."""
     answers = Answers(settings.kafka, settings.events_topic) if args.wait > 0 else None
     try:
         if answers is not None:
@@ -321,18 +333,32 @@ def _answered(
     finally:
         if answers is not None:
             answers.close()
-    return _printed(answer, settings.events_topic, args.wait)
+    return _printed(answer, settings.events_topic, args.wait, done)
 
 
-def _printed(answer: dict[str, Any] | None, events_topic: str, waited: float) -> int:
+def _printed(
+    answer: dict[str, Any] | None, events_topic: str, waited: float, done: frozenset[str]
+) -> int:
     if answer is None:
         _error(f"no answer on {events_topic} within {waited} s")
         return EXIT_FAILED
     print(answer["outcome"])  # noqa: T201 - the command's output
     if answer["outcome"] == Outcome.DEAD_LETTERED.value:
         _error(f"dead-lettered: {answer['reason']}: {answer['detail']}")
+    elif answer["outcome"] not in done:
+        _error(f"{answer['outcome']}: nothing was changed")
+    return exit_for(answer["outcome"], done)
+
+
+def exit_for(outcome: str, done: frozenset[str]) -> int:
+    """0 when the answer is what the request asked for; 1 when it was dead-lettered; else
+    EXIT_UNCHANGED: blackbox read the request and changed nothing (an unknown id, one that
+    fired already, a pause of a one-off schedule or of a cancelled series)."""
+    if outcome in done:
+        return EXIT_OK
+    if outcome == Outcome.DEAD_LETTERED.value:
         return EXIT_FAILED
-    return EXIT_OK
+    return EXIT_UNCHANGED
 
 
 def _message(args: argparse.Namespace) -> object:
@@ -444,7 +470,7 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     def request(sender: client.Client) -> None:
         sender.cancel(args.id)
 
-    return _answered(args, settings, request, CANCEL_ANSWERS, id=args.id)
+    return _answered(args, settings, request, CANCEL_ANSWERS, CANCELLED, id=args.id)
 
 
 def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
@@ -453,7 +479,7 @@ def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
     def request(sender: client.Client) -> None:
         sender.pause(args.id)
 
-    return _answered(args, settings, request, HOLD_ANSWERS, id=args.id)
+    return _answered(args, settings, request, HOLD_ANSWERS, PAUSED, id=args.id)
 
 
 def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
@@ -462,7 +488,7 @@ def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     def request(sender: client.Client) -> None:
         sender.resume(args.id)
 
-    return _answered(args, settings, request, HOLD_ANSWERS, id=args.id)
+    return _answered(args, settings, request, HOLD_ANSWERS, RESUMED, id=args.id)
 
 
 def cmd_dev(args: argparse.Namespace, _settings: Settings) -> int:

@@ -12,9 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
+from blackbox.cli import main as cli
 from blackbox.client import Client
 from blackbox.envelope import CALLER_HEADER
+from blackbox.exits import EXIT_OK, EXIT_UNCHANGED
 from blackbox.kafka import clients
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
 from tests.kafkatools import Received, TopicReader, assert_on_time, produce, unique
@@ -277,6 +280,37 @@ def test_blackbox_send_file_then_cancel_prints_the_answer(
     assert "cancelled" in canceller.output().splitlines()
     assert sorted(orjson.loads(r.value or b"") for r in records) == list(range(50))
     assert {r.header(CALLER_HEADER) for r in records} == {"ops"}
+
+
+def test_cancel_pause_and_resume_exit_3_when_they_change_nothing(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A script learns from the exit code whether its request did anything: `cancel`,
+    `pause` and `resume` of an unknown id print not_found and exit 3 (EXIT_UNCHANGED), as
+    do a pause of a one-off schedule (not_recurring) and a cancel of one that fired
+    (already_fired); a cancel that cancels prints cancelled and exits 0."""
+    start_service()
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    fired = reader(unique("fired"))
+    _send(env, {"topic": unique("later"), "message": 1, "countdown": 600, "id": "later"}, "ops")
+    _send(env, {"topic": fired.topic, "message": 1, "countdown": 0, "id": "fired"}, "ops")
+    fired.wait_count(1)
+    asked = [("cancel", "nothing", "not_found"), ("pause", "nothing", "not_found"),
+             ("resume", "nothing", "not_found"), ("pause", "later", "not_recurring"),
+             ("cancel", "fired", "already_fired"), ("cancel", "later", "cancelled")]  # fmt: skip
+
+    answered = {}
+    for command, schedule_id, _ in asked:
+        code = cli.main([command, schedule_id, "--caller", "ops", "--wait", "20"])
+        printed = capsys.readouterr().out.splitlines()  # the log's lines, then the answer
+        answered[command, schedule_id] = (printed[-1], code)
+
+    assert answered == {
+        (command, schedule_id): (outcome, EXIT_OK if outcome == "cancelled" else EXIT_UNCHANGED)
+        for command, schedule_id, outcome in asked
+    }
 
 
 def test_blackbox_send_file_with_a_bad_line_sends_nothing(

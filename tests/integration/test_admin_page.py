@@ -1,6 +1,7 @@
 """The admin page in headless Chromium (Debian's chromium driven by Playwright): it loads
 without console errors, shows a scheduled message, cancels one that then never arrives,
-and reschedules another; it shows series apart, and pauses, resumes and cancels them."""
+and reschedules another; it shows series apart, and pauses, resumes and cancels them; its
+footer names the release."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from blackbox.clock import now_ms
 from blackbox.recurrence import Recurrence
 from blackbox.schedule import Schedule, first_occurrence
 from blackbox.service import Service
+from blackbox.version import version
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.integration.test_api import fill
 from tests.kafkatools import produce, unique
@@ -103,6 +105,17 @@ def test_the_page_asks_for_a_token_when_the_api_needs_one(
     page.locator('tr[data-id="@t/one"]').wait_for()
     # The browser reports each refused request (401) as a console error: nothing else.
     assert all("401" in e for e in errors), errors
+
+
+def test_the_footer_names_the_release_before_any_token(
+    browser: Browser, start_service: ServiceFactory
+) -> None:
+    """The footer names the release serving the page (what `blackbox --version` prints),
+    already while the page waits for a token: an operator sees which version answers."""
+    service = start_service(BLACKBOX_API_TOKEN="page-token-0123456789")  # noqa: S106
+    page = open_page(browser, service, [])
+    page.locator("#token-dialog[open]").wait_for()
+    assert page.locator("footer").inner_text() == f"blackbox {version()}"
 
 
 def test_the_page_shows_series_apart_and_pauses_resumes_and_cancels_them(

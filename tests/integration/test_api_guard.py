@@ -8,8 +8,10 @@ from collections.abc import Iterator
 import httpx
 import orjson
 
+from blackbox.version import version
 from tests.integration.conftest import ServiceFactory
 from tests.integration.test_api import AUTH, TOKEN, api
+from tests.kafkatools import wait_until
 
 PART = 64 * 1024
 TOTAL = 64 * 1024 * 1024
@@ -81,6 +83,29 @@ def test_an_open_api_answers_only_the_hosts_it_serves(start_service: ServiceFact
         assert client.delete("/api/v1/schedules/@a/b").status_code == 404
     with api(start_service(BLACKBOX_API_TOKEN=TOKEN)) as client:
         assert _stats(client, "blackbox.internal", AUTH).status_code == 200
+
+
+def test_the_probes_answer_the_pod_address_whatever_the_api_refuses(
+    start_service: ServiceFactory,
+) -> None:
+    """The kubelet and Prometheus name the pod by its address: with the API open (reads
+    open, or dev open) and that Host refused on /api/v1, /live, /ready and /metrics answer
+    an IPv4 or IPv6 address as Host (with a trailing slash, a redirect to the probe), and
+    /metrics holds the release (blackbox_build_info)."""
+    for opened in ({"BLACKBOX_API_READS": "open"}, {"BLACKBOX_API_DEV_OPEN": "true"}):
+        service = start_service(**opened)
+        wait_until(lambda: service.health.ready, 30, "the service ready")  # noqa: B023
+        with api(service) as client:
+            for host in ("10.0.0.9:8080", "[fd00:10:244::9]:8080"):
+                assert _stats(client, host).status_code == 400, (opened, host)
+                for probe in ("/live", "/ready", "/metrics"):
+                    answer = client.get(probe, headers={"Host": host})
+                    assert answer.status_code == 200, (opened, host, probe)
+                    moved = client.get(probe + "/", headers={"Host": host})
+                    assert moved.status_code == 307, (opened, host, probe)
+                    assert httpx.URL(moved.headers["location"]).path == probe
+            metrics = client.get("/metrics", headers={"Host": "10.0.0.9:8080"}).text
+            assert f'blackbox_build_info{{version="{version()}"}} 1.0' in metrics
 
 
 def _stats(client: httpx.Client, host: str, auth: dict[str, str] | None = None) -> httpx.Response:

@@ -153,3 +153,14 @@ def test_an_open_api_answers_only_the_hosts_it_serves() -> None:
         assert call(hosts, "GET", "/api/v1/stats", Exchange([]), host=host).status == 400, host
     for probe in ("/live", "/ready", "/metrics"):
         assert call(hosts, "GET", probe, Exchange([]), host="10.1.2.3:8080").status == 200
+
+
+def test_the_probes_answer_any_host_however_they_are_asked() -> None:
+    """/live, /ready and /metrics answer whatever Host names the pod (the kubelet and
+    Prometheus call it by its IPv4 or IPv6 address), an empty one, and with a trailing
+    slash (which the router then redirects) as they answer a local name."""
+    hosts = OpenHosts(echo_app(), allowed=())
+    for probe in ("/live", "/ready", "/metrics", "/live/", "/ready/", "/metrics/"):
+        for host in ("10.1.2.3:8080", "10.1.2.3", "[fd00:10:244::5]:8080", "", "pod.local"):
+            assert call(hosts, "GET", probe, Exchange([]), host=host).status == 200, (probe, host)
+    assert call(hosts, "GET", "/metricsx", Exchange([]), host="10.1.2.3").status == 400
