@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from fastapi.dependencies import models as fastapi_models
 
 from blackbox.dev.servers import KafkaBroker, RedisCluster, RedisServer, free_port
 from blackbox.role import Role
@@ -134,6 +135,21 @@ def start_service(env: dict[str, str]) -> Iterator[ServiceFactory]:
     for service in started:
         service.stop()
     assert_none_crashed(started)
+    started.clear()
+    forget_routes()
+
+
+def forget_routes() -> None:
+    """Let stopped services be freed. FastAPI remembers up to 4,096 route callables in
+    lru_caches (fastapi/dependencies/models.py), and each holds its service's whole graph,
+    Kafka clients included; confluent-kafka frees a client's thread-local key only when the
+    client itself is freed, and a process has 1,024 of them: past about a thousand services
+    in one session, creating a client failed ("Failed to initialize thread local
+    storage"). A service runs once per process in production; tests start hundreds."""
+    for value in vars(fastapi_models).values():
+        clear = getattr(value, "cache_clear", None)
+        if callable(clear):
+            clear()
 
 
 def settle(service: Service, timeout: float = 30.0) -> None:
