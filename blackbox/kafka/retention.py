@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import structlog
-from confluent_kafka import KafkaException
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     AlterConfigOpType,
@@ -37,14 +36,16 @@ def needed_ms(longest_horizon_seconds: float, grace_seconds: int) -> int:
 def current_ms(
     config: Mapping[str, Any], topics: Iterable[str], timeout: float = 10.0
 ) -> dict[str, int]:
-    """Each existing topic's retention.ms (KafkaException if the broker cannot tell)."""
+    """Each existing topic's retention.ms where the broker tells it (KafkaException if it
+    cannot be asked)."""
     admin = AdminClient(dict(config))
     resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
     futures = admin.describe_configs(resources, request_timeout=timeout)
     found = {}
     for resource, future in futures.items():
-        entries = future.result(timeout)
-        found[resource.name] = int(entries[RETENTION].value)
+        entry = future.result(timeout).get(RETENTION)
+        if entry is not None and entry.value is not None:  # a broker may not tell (Tansu)
+            found[resource.name] = int(entry.value)
     return found
 
 
@@ -76,7 +77,7 @@ def warn_if_short(config: Mapping[str, Any], topics: Iterable[str], needed: int)
     ms; the topics named. A broker that cannot tell is logged and passed over."""
     try:
         found = current_ms(config, topics)
-    except KafkaException as e:
+    except Exception as e:  # noqa: BLE001 - a warning at start must never stop intake
         log.info("intake_retention_unknown", error=str(e))
         return []
     shorts = sorted(t for t, ms in found.items() if short(ms, needed))
