@@ -7,7 +7,9 @@ broker away is 503, never a 500.
 A token acts for the callers it was given (tokens.py; checked in access.py). A change to
 a caller's id (cancel, reschedule, pause, resume) travels through the intake topic keyed by
 the id, as the caller's own records do, so it is applied in their order; the API answers
-with what the intake answered.
+with what the intake answered. Each such request holds a worker thread while it waits (up
+to twice BLACKBOX_DELIVERY_TIMEOUT): at most INTAKE_WAITS wait at once, the rest answered
+503 at once, so the other routes keep threads; the probes need none.
 
 A recurring schedule (a series) is one pending id, like a one-off schedule: `GET
 /schedules` lists both (each item's `series` tells them apart; `kind=one_off` or
@@ -17,7 +19,9 @@ A recurring schedule (a series) is one pending id, like a one-off schedule: `GET
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from html import escape
 from importlib import resources
@@ -35,7 +39,7 @@ from blackbox import envelope
 from blackbox.api import errors
 from blackbox.api.backend import Backend
 from blackbox.api.deadletters import DeadLetters
-from blackbox.api.errors import ApiError
+from blackbox.api.errors import ApiError, refusal
 from blackbox.api.guard import BodyGate, OpenHosts
 from blackbox.api.pending import Filter
 from blackbox.api.tokens import Grant
@@ -73,6 +77,28 @@ _STATUS = {
 }  # fmt: skip
 # A pause or resume of a series cancelled before changes nothing: a conflict, not a success.
 _HOLD_STATUS = {**_STATUS, Outcome.CANCELLED: 409}
+# Requests waiting at once for the intake's answer: half of AnyIO's 40 worker threads, which
+# every sync route shares.
+INTAKE_WAITS = 20
+
+
+class Waits:
+    """The requests of one app waiting for the intake's answer: at most `most` at once."""
+
+    def __init__(self, most: int = INTAKE_WAITS) -> None:
+        self.most = most
+        self._free = threading.BoundedSemaphore(most)
+
+    @contextmanager
+    def taken(self) -> Iterator[bool]:
+        """Whether this request may wait (hold its place until the end of the block)."""
+        if not self._free.acquire(blocking=False):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._free.release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +107,7 @@ class Call:
 
     backend: Backend
     grant: Grant
+    waits: Waits  # its app's requests waiting for the intake
 
     def owned(self, blackbox_id: str) -> tuple[bool, str | None]:
         """(whether it is a caller's own id, its caller) of an id the token acts for.
@@ -123,12 +150,12 @@ def _backend(request: Request) -> Backend:
 
 def reader(request: Request, credentials: Credentials) -> Call:
     backend = _backend(request)
-    return Call(backend, backend.access.check(credentials, read=True))
+    return Call(backend, backend.access.check(credentials, read=True), request.app.state.waits)
 
 
 def writer(request: Request, credentials: Credentials) -> Call:
     backend = _backend(request)
-    return Call(backend, backend.access.check(credentials, read=False))
+    return Call(backend, backend.access.check(credentials, read=False), request.app.state.waits)
 
 
 Reader = Annotated[Call, Depends(reader)]
@@ -215,7 +242,7 @@ def reschedule(blackbox_id: BlackboxId, when: When, call: Writer) -> JSONRespons
     own, caller = call.owned(blackbox_id)
     if own:
         chosen = {k: v for k, v in when.model_dump().items() if v is not None}
-        return _through_intake(backend, blackbox_id, {"reschedule": True, **chosen})
+        return _through_intake(call, blackbox_id, {"reschedule": True, **chosen})
     backend.admin.check_horizon(caller, due_ms)
     moved = backend.admin.reschedule(blackbox_id, due_ms)
     return _answer(moved.outcome, blackbox_id, due_ms if moved.schedule else None)
@@ -244,7 +271,7 @@ def _hold(call: Call, blackbox_id: str, *, paused: bool) -> JSONResponse:
     if not own:
         return _answer(Outcome.NOT_RECURRING, blackbox_id, None)
     verb = "pause" if paused else "resume"
-    return _through_intake(call.backend, blackbox_id, {verb: True}, _HOLD_STATUS)
+    return _through_intake(call, blackbox_id, {verb: True}, _HOLD_STATUS)
 
 
 @router.get("/schedules/{blackbox_id:path}", response_model=Detail)
@@ -265,7 +292,7 @@ def cancel(blackbox_id: BlackboxId, call: Writer) -> JSONResponse:
     cancelled through the intake topic, after every record of that id sent before."""
     own, _ = call.owned(blackbox_id)
     if own:
-        return _through_intake(call.backend, blackbox_id, {"cancel": True})
+        return _through_intake(call, blackbox_id, {"cancel": True})
     return _answer(call.backend.admin.cancel(blackbox_id), blackbox_id, None)
 
 
@@ -302,17 +329,30 @@ def _finite(value: object) -> bool:
 
 
 def _through_intake(
-    backend: Backend, blackbox_id: str, request: dict[str, Any],
+    call: Call, blackbox_id: str, request: dict[str, Any],
     statuses: dict[Outcome, int] = _STATUS,
 ) -> JSONResponse:  # fmt: skip
-    """Send a caller's request about its id as the caller would; answer what intake did."""
+    """Send a caller's request about its id as the caller would; answer what intake did
+    (503 with Retry-After when INTAKE_WAITS requests wait already)."""
     scoped = split_scoped(blackbox_id)
     assert scoped is not None  # only a caller's own id comes here
-    caller, own = scoped
+    own = scoped[1]
     if not own or len(own) > MAX_OWN_ID_CHARS or not own.isprintable():
         # Refused by intake, its answer keyed by the id cut short: never waited for.
         raise ApiError(422, "invalid_id",
                        f"an id is 1-{MAX_OWN_ID_CHARS} printable characters")  # fmt: skip
+    with call.waits.taken() as waiting:
+        if not waiting:
+            return refusal(503, "unavailable", f"{call.waits.most} requests wait for the "
+                           "intake's answers already: try again", {"retry-after": "1"})  # fmt: skip
+        return _sent_to_intake(call.backend, blackbox_id, scoped, request, statuses)
+
+
+def _sent_to_intake(
+    backend: Backend, blackbox_id: str, scoped: tuple[bytes | None, str],
+    request: dict[str, Any], statuses: dict[Outcome, int],
+) -> JSONResponse:  # fmt: skip
+    caller, own = scoped
     answers = backend.answers
     if answers is not None and not answers.ready(backend.answer_seconds):
         raise ApiError(503, "unavailable", "the events topic cannot be read: try again")
@@ -414,14 +454,22 @@ def _answer(
 
 
 def _health_routes(app: FastAPI, health: Health, metrics: Metrics) -> None:
-    """/live, /ready and /metrics, answered as they always were."""
+    """/live, /ready and /metrics, answered as they always were. The probes read what the
+    health thread found, on the event loop: no worker thread, so busy routes never keep them
+    waiting. /metrics reads Redis (the pending gauges): it stays on a thread."""
 
     def probe(ok: bool) -> Response:
         body = orjson.dumps(health.report())
         return Response(body, 200 if ok else 503, media_type="application/json")
 
-    app.add_api_route("/live", lambda: probe(health.live), include_in_schema=False)
-    app.add_api_route("/ready", lambda: probe(health.ready), include_in_schema=False)
+    async def live() -> Response:
+        return probe(health.live)
+
+    async def ready() -> Response:
+        return probe(health.ready)
+
+    app.add_api_route("/live", live, include_in_schema=False)
+    app.add_api_route("/ready", ready, include_in_schema=False)
     app.add_api_route(
         "/metrics",
         lambda: Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST),
@@ -450,6 +498,7 @@ def create_app(backend: Backend) -> FastAPI:
                   "see and manage what is pending.", openapi_url="/openapi.json",
                   docs_url=None, redoc_url=None)  # fmt: skip
     app.state.backend = backend
+    app.state.waits = Waits()
     errors.install(app)
     app.include_router(router)
     _health_routes(app, backend.health, backend.metrics)

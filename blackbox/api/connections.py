@@ -9,6 +9,14 @@ closes the connection that has waited longest for a request, or, with every conn
 with a request, is answered 503 and closed. A request's body has its own deadline, in
 guard.py. Refusals are logged once per interval with how many there were, never one line
 per refusal (`Throttled`).
+
+A client that does not read its answers holds nothing for long either: a connection counts
+until its socket is gone, and one whose answers have not left (writes held back for
+`header_seconds`, or unsent bytes when its head deadline passes) is aborted, its descriptor
+freed at once. Closed gracefully, a socket whose answer cannot leave keeps its descriptor
+for as long as the client does not read, out of any count. A pipelined request begun when
+the previous answer ends is a request in progress: the head deadline waits for an idle
+connection.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+import h11
 import orjson
 import structlog
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -106,6 +115,7 @@ class Guarded(H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.deadline: asyncio.TimerHandle | None = None
+        self.stalled: asyncio.TimerHandle | None = None  # writes held back: abort at this
         self.head_begun = False  # some bytes of the awaited request head have come
         self.refused = False
 
@@ -131,30 +141,44 @@ class Guarded(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing():
+        # uvicorn has begun the next pipelined request, if one came: that one is busy. A
+        # closing connection waits too, for its answer to leave.
+        if self.conn.their_state is h11.IDLE or self.transport.is_closing():
             self._await_head()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.stalled is None:
+            self.stalled = self.loop.call_later(self.gate.limits.header_seconds,
+                                                self.transport.abort)  # fmt: skip
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_stall()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.refused:
             return
         self._stop_waiting()
-        self.gate.open.discard(self)
+        self._stop_stall()
+        self.gate.open.discard(self)  # only now: till then the socket holds a descriptor
         super().connection_lost(exc)
 
     def time_out(self) -> None:
         """Close the connection for want of a request head (408 for one begun)."""
         self._stop_waiting()
-        self.gate.open.discard(self)
-        if self.transport.is_closing():
-            return
-        if self.head_begun:
+        if self.head_begun and not self.transport.is_closing():
             reason = f"a request head must come within {self.gate.limits.header_seconds:g} s"
             self.transport.write(_raw("408 Request Timeout", "request_timeout", reason))
-        self.transport.close()
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()  # the client does not read: close() would wait for it
+        else:
+            self.transport.close()
 
     def _await_head(self) -> None:
         self._stop_waiting()
-        self.head_begun = False
+        unread, _ = self.conn.trailing_data  # the start of a pipelined head
+        self.head_begun = bool(unread)
         self.gate.waiting[self] = None
         self.deadline = self.loop.call_later(self.gate.limits.header_seconds, self.time_out)
 
@@ -163,6 +187,11 @@ class Guarded(H11Protocol):
             self.deadline.cancel()
             self.deadline = None
         self.gate.waiting.pop(self, None)
+
+    def _stop_stall(self) -> None:
+        if self.stalled is not None:
+            self.stalled.cancel()
+            self.stalled = None
 
     def _refuse(self, transport: asyncio.Transport) -> None:
         self.refused, self.transport = True, transport

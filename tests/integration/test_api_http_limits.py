@@ -19,13 +19,18 @@ from pathlib import Path
 import httpx
 import orjson
 
+from blackbox.role import Role
 from blackbox.service import Service
 from tests.integration.conftest import ServiceFactory
 from tests.integration.test_api import AUTH, TOKEN
+from tests.integration.test_api_callers import BILLING, _auth, _tokens_file
 from tests.kafkatools import wait_until
 
 # A request head that never ends (no blank line after it).
 HALF_HEAD = b"GET /live HTTP/1.1\r\nHost: localhost\r\n"
+# 400 requests sent at once (pipelined), 31 KB of answer each: more than the buffers hold
+# for a client that never reads.
+PIPELINED = b"GET /api/openapi.json HTTP/1.1\r\nHost: localhost\r\n\r\n" * 400
 # A create whose body is announced, then sent a byte at a time.
 SLOW_POST = (
     b"POST /api/v1/schedules HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
@@ -33,10 +38,13 @@ SLOW_POST = (
 )
 # The service's HTTP server alone, in a process of its own with few file descriptors:
 # argv[1] is the descriptor limit; with argv[2] == "starve", once serving, it takes every
-# descriptor left, as a leak elsewhere in the process would.
+# descriptor left, as a leak elsewhere in the process would; argv[3], if given, is the
+# header timeout in seconds. Beside the probes it serves the API's OpenAPI document (31 KB)
+# at /api/openapi.json.
 SERVER = """
 import os, resource, sys, time
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[1])))
+from fastapi import FastAPI
 from blackbox import logs
 from blackbox.api import app, server
 from blackbox.health import Health
@@ -44,12 +52,16 @@ from blackbox.metrics import Metrics
 logs.configure("json", "info")
 server.LOG_EVERY_SECONDS = 1.0
 metrics = Metrics()
-endpoints = server.Endpoints("127.0.0.1", 0, app.probes_app(Health({}, metrics), metrics))
+served, document = app.probes_app(Health({}, metrics), metrics), FastAPI()
+document.include_router(app.router)
+served.mount("/api", document)
+limits = server.Limits(*map(float, sys.argv[3:4]))
+endpoints = server.Endpoints("127.0.0.1", 0, served, limits=limits)
 endpoints.start()
 while not endpoints.server.started:
     time.sleep(0.01)
 held = []
-while sys.argv[2:] == ["starve"]:
+while sys.argv[2:3] == ["starve"]:
     try:
         held.append(open(os.devnull))
     except OSError:
@@ -75,8 +87,11 @@ def _live(port: int) -> int:
 class Conn:
     """One client connection: what the server sent on it, and whether it closed it."""
 
-    def __init__(self, port: int, first: bytes = b"") -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
+    def __init__(self, port: int, first: bytes = b"", receive_buffer: int = 0) -> None:
+        self.sock = socket.socket()
+        if receive_buffer:  # set before connecting: it sizes the window the server sees
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        self.sock.connect(("127.0.0.1", port))
         self.sock.sendall(first)
         self.received = b""
         self.closed = False
@@ -97,8 +112,8 @@ class Conn:
         return parsed
 
 
-def _open(port: int, count: int, first: bytes = b"") -> list[Conn]:
-    return [Conn(port, first) for _ in range(count)]
+def _open(port: int, count: int, first: bytes = b"", receive_buffer: int = 0) -> list[Conn]:
+    return [Conn(port, first, receive_buffer) for _ in range(count)]
 
 
 def _closed(conns: list[Conn]) -> list[Conn]:
@@ -238,6 +253,65 @@ def test_accept_errors_are_logged_once_per_interval(tmp_path: Path) -> None:
     events = [orjson.loads(line) for line in lines]
     assert {e["event"] for e in events} == {"http_accept_failed"}
     assert all(e["times"] >= 1 and "Too many open files" in e["error"] for e in events)
+
+
+def test_pipelining_clients_that_never_read_leave_no_descriptor_held(tmp_path: Path) -> None:
+    """Guarantee 4: 3 waves of 60 connections, each pipelining 400 requests behind a 1 KiB
+    receive buffer and never reading (the attack that held 300 descriptors against a cap
+    of 128), to a server limited to 160 descriptors with a header timeout of 1 s: each
+    connection counts until its socket is gone, one whose answers stop draining is dropped
+    after the timeout, its descriptor freed at once. After every wave the server holds
+    none of its connections and /live answers; no connection fails to be accepted."""
+    process, port, log = _serve(tmp_path, 160, "serve", "1")
+    with _stopping(process), _closing([]) as held:
+        before = _descriptors(process.pid)
+        for _ in range(3):
+            held.extend(_open(port, 60, PIPELINED, receive_buffer=1024))
+            wait_until(lambda: _descriptors(process.pid) <= before and _live(port) == 200, 10,
+                       "the wave's connections dropped, /live answering")  # fmt: skip
+    assert b"accept" not in log.read_bytes()
+
+
+def test_requests_waiting_for_the_intake_leave_live_answering(
+    start_service: ServiceFactory, tmp_path: Path
+) -> None:
+    """Guarantee 4: with no intake to answer (a dispatch-only service), 60 cancels at once
+    of one caller's ids, by a token for that caller alone, leave /live answering within
+    2 s throughout (the probes need no worker thread); at most 20 wait for the intake's
+    answer (504 when it does not come), the rest are answered 503 `unavailable` with
+    Retry-After at once."""
+    service = start_service(
+        Role.DISPATCH,
+        BLACKBOX_DELIVERY_TIMEOUT="3",
+        BLACKBOX_API_TOKENS_FILE=_tokens_file(tmp_path / "tokens.yaml"),
+    )
+    port = _port(service)
+    answers: list[httpx.Response] = []
+    cancels = [threading.Thread(target=_cancel, args=(port, f"id-{n}", answers))
+               for n in range(60)]  # fmt: skip
+    for cancel in cancels:
+        cancel.start()
+    lives = []
+    while any(cancel.is_alive() for cancel in cancels):
+        lives.append(_live(port))
+    for cancel in cancels:
+        cancel.join()
+    assert set(lives) == {200}, lives
+    statuses = sorted(answer.status_code for answer in answers)
+    assert statuses == [503] * 40 + [504] * 20, statuses
+    refused = [answer for answer in answers if answer.status_code == 503]
+    assert {(a.json()["error"], a.headers["retry-after"]) for a in refused} == {
+        ("unavailable", "1")
+    }
+
+
+def _cancel(port: int, schedule_id: str, answers: list[httpx.Response]) -> None:
+    url = f"http://127.0.0.1:{port}/api/v1/schedules/@billing/{schedule_id}"
+    answers.append(httpx.delete(url, headers=_auth(BILLING), timeout=30))
+
+
+def _descriptors(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
 
 
 def _accept_lines(log: Path) -> list[bytes]:
