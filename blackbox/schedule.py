@@ -36,7 +36,7 @@ from urllib.parse import quote, unquote
 
 import orjson
 
-from blackbox.envelope import Envelope, Header
+from blackbox.envelope import MAX_CALLER_CHARS, Envelope, Header
 from blackbox.errors import CorruptSchedule, DeadLetterReason, InvalidEnvelope
 from blackbox.recurrence import InvalidRecurrence, Recurrence
 
@@ -50,6 +50,10 @@ _NO_CALLER = 0xFFFF
 _NO_VALUE = 0xFFFFFFFF
 _MAX_TOPIC_BYTES = 255
 _CALLER, _KEY, _HEADERS, _ORIGIN, _ETF1, _SERIES, _PAUSED = 1, 2, 4, 8, 16, 32, 64
+_V2_TOPIC_AT = 11  # version, due_ms, flags, topic length
+# The caller ends within this many bytes of either encoding (it comes right after the topic,
+# and is at most MAX_CALLER_CHARS characters of 4 UTF-8 bytes): what `caller_from_prefix` needs.
+CALLER_WITHIN = _V2_TOPIC_AT + _MAX_TOPIC_BYTES + _U16.size + 4 * MAX_CALLER_CHARS
 # The latest occurrence a stored series may hold: what intake can store (a due time at
 # most 2,000 years after 1970, see envelope.py), far inside what a calendar can name.
 MAX_OCCURRENCE_MS = 2 * 1000 * 31_557_600_000
@@ -204,6 +208,33 @@ class Schedule:
             raise ValueError("truncated caller")
         value = raw[at + (0 if caller is None else caller_len) :]
         return cls(id=schedule_id, topic=topic, value=value, due_ms=due_ms, caller=caller)
+
+
+def caller_from_prefix(raw: bytes) -> bytes | None:
+    """The caller of an encoded schedule, read from a prefix of its encoding (the first
+    CALLER_WITHIN bytes always hold it); nothing after the caller is read. Raises
+    CorruptSchedule when the prefix cannot hold one."""
+    try:
+        if raw[:1] == b"\x01":
+            return _caller_at(raw, _HEAD.size + raw[_HEAD.size - 1], absent=_NO_CALLER)
+        if raw[:1] == b"\x02":
+            if not raw[_V2_TOPIC_AT - 2] & _CALLER:  # the flags byte
+                return None
+            return _caller_at(raw, _V2_TOPIC_AT + raw[_V2_TOPIC_AT - 1], absent=None)
+        raise ValueError(f"unknown encoding version {raw[:1]!r}")
+    except (struct.error, ValueError, IndexError) as e:
+        raise CorruptSchedule(f"a schedule's caller cannot be read: {e}") from e
+
+
+def _caller_at(raw: bytes, at: int, absent: int | None) -> bytes | None:
+    """The u16-length caller at `at`; None where its length is the `absent` mark."""
+    (size,) = _U16.unpack_from(raw, at)
+    if size == absent:
+        return None
+    caller = raw[at + _U16.size : at + _U16.size + size]
+    if len(caller) != size:
+        raise ValueError("truncated caller")
+    return caller
 
 
 class _Reader:

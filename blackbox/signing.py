@@ -59,7 +59,9 @@ class Signature:
 
 @dataclass(frozen=True, slots=True)
 class Parts:
-    """What a signature covers of one intake record (besides its own header's fields)."""
+    """What a signature covers of one intake record (besides its own header's fields). Not
+    its partition, chosen after signing: the intake takes a signed keyed record only on its
+    key's partition (intake/placement.py)."""
 
     topic: str
     key: bytes | None

@@ -78,15 +78,17 @@ def produce(  # noqa: PLR0913 - the record's parts, each with a default
 
 
 def produce_to(
-    bootstrap: str, topic: str, records: Iterable[tuple[int | None, bytes | None, bytes]]
-) -> None:
-    """Produce (partition, key, value) records, each to its partition (None: any)."""
+    bootstrap: str, topic: str, records: Iterable[tuple[int | None, bytes | None, bytes]],
+    headers: Sequence[Header] = (),
+) -> None:  # fmt: skip
+    """Produce (partition, key, value) records, each to its partition (None: any), each
+    with `headers`."""
     with Producer({"bootstrap.servers": bootstrap}) as producer:
         for partition, key, value in records:
             if partition is None:
-                producer.produce(topic, value, key)
+                producer.produce(topic, value, key, headers=list(headers))
             else:
-                producer.produce(topic, value, key, partition=partition)
+                producer.produce(topic, value, key, partition=partition, headers=list(headers))
         assert producer.flush(30) == 0
 
 
@@ -266,21 +268,3 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30.0, what: str =
             return
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
-
-
-def java_partition(key: bytes, partitions: int) -> int:
-    """The partition Java's default partitioner (Kafka's murmur2) gives a keyed record: the
-    oracle that blackbox's producers and Spark's agree with."""
-    m, h = 0x5BD1E995, (0x9747B28C ^ len(key)) & 0xFFFFFFFF
-    whole = len(key) - len(key) % 4
-    for i in range(0, whole, 4):
-        k = (int.from_bytes(key[i : i + 4], "little") * m) & 0xFFFFFFFF
-        k = ((k ^ (k >> 24)) * m) & 0xFFFFFFFF
-        h = ((h * m) & 0xFFFFFFFF) ^ k
-    tail = key[whole:]
-    if tail:
-        h ^= int.from_bytes(tail, "little")
-        h = (h * m) & 0xFFFFFFFF
-    h = ((h ^ (h >> 13)) * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return (h & 0x7FFFFFFF) % partitions

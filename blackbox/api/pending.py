@@ -32,7 +32,7 @@ from blackbox.api.cursors import Cursors, Position, key_name, redis_key
 from blackbox.api.views import Bucket, Detail, Item, Kind, Page, State, Stats, detail_of, item_of
 from blackbox.clock import now_ms
 from blackbox.errors import CorruptSchedule
-from blackbox.schedule import Schedule
+from blackbox.schedule import CALLER_WITHIN, Schedule, caller_from_prefix
 from blackbox.storage import listing
 from blackbox.storage.keys import Keys
 from blackbox.storage.listing import Member
@@ -68,14 +68,22 @@ class Filter:
     kind: Kind = Kind.ALL
 
     def keeps(self, schedule: Schedule) -> bool:
-        caller = None if schedule.caller is None else schedule.caller.decode("utf-8", "replace")
         return (
-            (self.caller is None or caller == self.caller)
+            self.of_caller(schedule)
             and (self.topic is None or schedule.topic == self.topic)
             and (self.due_from_ms is None or schedule.due_ms >= self.due_from_ms)
             and (self.due_to_ms is None or schedule.due_ms <= self.due_to_ms)
             and self._kind_kept(schedule)
         )
+
+    def of_caller(self, schedule: Schedule | None) -> bool:
+        """Whether an id read is the listed caller's (any is, where the listing names none).
+        A listing's `scanned` counts only these: a token scoped to callers always names one,
+        and learns nothing of how many ids others have or when theirs fall due."""
+        if self.caller is None:
+            return True
+        caller = None if schedule is None else schedule.caller
+        return caller is not None and caller.decode("utf-8", "replace") == self.caller
 
     def _kind_kept(self, schedule: Schedule) -> bool:
         return self.kind is Kind.ALL or (schedule.series is not None) == (self.kind is Kind.SERIES)
@@ -118,17 +126,22 @@ class Pending:
 
     def owner(self, schedule_id: str) -> tuple[bool, bytes | None]:
         """Whether `schedule_id` is pending (due or in flight), and its caller, read from
-        the head of its payload: one round trip of bounded size for any id."""
+        the first CALLER_WITHIN bytes of its payload: one round trip of bounded size for any
+        id, never the whole payload (its read time would tell another caller's id from a
+        free one, where a long key or headers outrun a listing's head)."""
         keys = self.layout.keys_of(schedule_id)
         pipe = self.client.pipeline(transaction=False)
-        self._queue_heads(pipe, [schedule_id])
+        pipe.getrange(keys.payload(schedule_id), 0, CALLER_WITHIN - 1)
         pipe.zscore(keys.due, schedule_id)
         pipe.zscore(keys.in_flight, schedule_id)
-        raw, stored, due, flying = pipe.execute()
-        head = self._head(schedule_id, raw, int(stored))
-        if head is None or (due is None and flying is None):
+        raw, due, flying = pipe.execute()
+        if not raw or (due is None and flying is None):
             return False, None
-        return True, head.schedule.caller
+        try:
+            return True, caller_from_prefix(raw)
+        except CorruptSchedule:
+            log.warning("schedule_unreadable", blackbox_id=schedule_id)
+            return False, None
 
     def page(self, kept: Filter, cursor: str | None, limit: int) -> Page:
         """Up to `limit` schedules by due time (lease expiry in flight) from `cursor` on,
@@ -139,20 +152,22 @@ class Pending:
         if kept.state is State.PENDING and kept.due_to_ms is not None:
             members = itertools.takewhile(lambda m: m[0] <= (kept.due_to_ms or 0), members)
         items: list[Item] = []
-        scanned, last = 0, None
-        while scanned < SCAN_BUDGET:
+        read, counted, last = 0, 0, None
+        while read < SCAN_BUDGET:
             # The first read is the page's size; later ones are full: a filter drops ids.
-            size = min(SCAN_STEP, SCAN_BUDGET - scanned, SCAN_STEP if scanned else limit)
+            size = min(SCAN_STEP, SCAN_BUDGET - read, SCAN_STEP if read else limit)
             chunk = list(itertools.islice(members, size))
             for (score, member), head, attempt in zip(chunk, *self._loaded(chunk), strict=True):
-                scanned, last = scanned + 1, Position(score, member)
+                read, last = read + 1, Position(score, member)
+                schedule = None if head is None else head.schedule
+                counted += kept.of_caller(schedule)
                 if head is not None and kept.keeps(head.schedule):
                     items.append(item_of(head.schedule, kept.state, attempt, head.size))
                 if len(items) >= limit:
-                    return Page(items, self.cursors.seal(last), scanned)
+                    return Page(items, self.cursors.seal(last), counted)
             if len(chunk) < size:
-                return Page(items, None, scanned)
-        return Page(items, None if last is None else self.cursors.seal(last), scanned)
+                return Page(items, None, counted)
+        return Page(items, None if last is None else self.cursors.seal(last), counted)
 
     def _reads(self, wanted: int, most: int) -> tuple[int, int]:
         """How many ids of each shard a view that wants `wanted` reads first: twice its share

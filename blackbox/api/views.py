@@ -143,7 +143,9 @@ class Detail:
 @dataclass(frozen=True, slots=True)
 class Page:
     """A listing call's answer; `cursor` continues it (None at the end). A page may hold
-    fewer items than asked while `cursor` is set: the call reached its read budget."""
+    fewer items than asked while `cursor` is set: the call reached its read budget.
+    `scanned` counts the ids the call read of the listed caller (of every caller where
+    the listing names none, as only a token for every caller may)."""
 
     items: list[Item]
     cursor: str | None

@@ -37,6 +37,7 @@ from blackbox.intake.gaps import GapCheck, GapConfig, Partition
 from blackbox.intake.identity import Identity, Proof
 from blackbox.intake.incarnations import Incarnations
 from blackbox.intake.nonces import Nonces
+from blackbox.intake.placement import Placement
 from blackbox.intake.policy import CallerPolicy
 from blackbox.kafka import deadletter
 from blackbox.kafka.clients import lasting_reason, read_headers
@@ -111,6 +112,7 @@ class Intake:
         self.guard = guard
         self.nonces = nonces
         self.identity = Identity(config.policy)
+        self.placement = Placement(consumer)
         self.on_refused_for_memory = on_refused_for_memory
         self.consumer = consumer
         self.store = store
@@ -210,7 +212,10 @@ class Intake:
         return records
 
     def handle(self, records: Sequence[Message], stop: threading.Event) -> None:
-        """Dead-letter bad records, apply the rest, answer each, then store the offsets."""
+        """Dead-letter bad records, apply the rest, answer each, then store the offsets.
+        The partition counts a signed record is checked against are read first: a broker
+        that cannot tell them fails the batch before anything of it is applied."""
+        self.placement.prepare({(m.topic() or "", m.partition() or 0) for m in records})
         now = now_ms()
         batch = Batch(self.incarnations.tags({m.topic() or "" for m in records}))
         batch.poisoned = self.guard.note(records)
@@ -318,12 +323,16 @@ class Intake:
     def _identified(
         self, message: Message, headers: list[Header], now: int
     ) -> tuple[Sequence[Header], Proof | None]:
-        """The headers to parse with and a signature's proof (identity.py); nothing is
-        computed for a record no identity rule applies to."""
+        """The headers to parse with and a signature's proof (identity.py), a signed record
+        on its key's partition (placement.py); nothing is computed for a record no identity
+        rule applies to."""
         if not self.identity.applies_to(headers):
             return headers, None
         parts = Parts(message.topic() or "", message.key(), message.value(), headers)
-        return self.identity.establish(parts, record_ms(message, now), now)
+        checked, proof = self.identity.establish(parts, record_ms(message, now), now)
+        if proof is not None:
+            self.placement.check(parts.topic, message.partition() or 0, parts.key)
+        return checked, proof
 
     def _refuse_replays(self, batch: Batch) -> None:
         """Refuse the signed records whose nonce another record used first."""
@@ -462,6 +471,7 @@ class Intake:
         """New partitions: their topic may have been created again since intake last read
         it, and their last owner may have died on a record (crashguard.py)."""
         self.incarnations.forget((p.topic, p.partition) for p in partitions)
+        self.placement.forget({p.topic for p in partitions})  # a topic may have grown
         self.guard.assigned((p.topic, p.partition) for p in partitions)
         self.gaps.assign((p.topic, p.partition) for p in partitions)
         log.info("intake_assigned", partitions=sorted(p.partition for p in partitions))

@@ -45,6 +45,7 @@ FIRING_LINGER_MS = 0
 # connector and every Java producer do: a schedule and its cancel sent by different
 # producers then land on one partition, in order. librdkafka's own default is CRC32.
 JAVA_PARTITIONER = "murmur2_random"
+_MURMUR2_M, _MURMUR2_SEED, _U32 = 0x5BD1E995, 0x9747B28C, 0xFFFFFFFF
 _PRODUCER_FORCED = {"enable.idempotence": "true", "acks": "all"}
 # Whether librdkafka reports successful deliveries too: blackbox decides, per producer.
 _REPORT_ONLY_ERRORS = "delivery.report.only.error"
@@ -74,6 +75,24 @@ def read_headers(message: Message) -> list[Header] | None:
         return normalize_headers(message.headers())
     except (SystemError, UnicodeDecodeError):
         return None
+
+
+def java_partition(key: bytes, partitions: int) -> int:
+    """The partition Java's default partitioner gives a keyed record (Kafka's murmur2 of the
+    key, made positive, modulo the partition count): where JAVA_PARTITIONER puts it too."""
+    m = _MURMUR2_M
+    h = (_MURMUR2_SEED ^ len(key)) & _U32
+    whole = len(key) - len(key) % 4
+    for i in range(0, whole, 4):
+        k = (int.from_bytes(key[i : i + 4], "little") * m) & _U32
+        k = ((k ^ (k >> 24)) * m) & _U32
+        h = ((h * m) & _U32) ^ k
+    tail = key[whole:]
+    if tail:
+        h = ((h ^ int.from_bytes(tail, "little")) * m) & _U32
+    h = ((h ^ (h >> 13)) * m) & _U32
+    h ^= h >> 15
+    return (h & 0x7FFFFFFF) % partitions
 
 
 def lasting_reason(error: KafkaError) -> DeadLetterReason | None:

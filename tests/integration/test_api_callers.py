@@ -21,13 +21,14 @@ from blackbox.api.pending import SCAN_BUDGET
 from blackbox.client import Client
 from blackbox.clock import now_ms
 from blackbox.kafka import answers
+from blackbox.kafka.clients import java_partition
 from blackbox.role import Role
 from blackbox.schedule import Schedule, intake_id
 from blackbox.service import Service
 from blackbox.signing import private_pem, public_text
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
 from tests.integration.test_api import fill
-from tests.kafkatools import java_partition, unique, wait_until
+from tests.kafkatools import unique, wait_until
 
 BILLING, SHOP, READER = (
     "billing-token-0123456789",
@@ -257,11 +258,35 @@ def test_a_scoped_tokens_cursor_names_no_other_callers_id(
     _foreign_and_own(service, unique("cursor"), b"x")
     first = client.get("/api/v1/schedules", headers=_auth(SHOP)).json()
     cursor = first["cursor"]
-    assert (first["items"], first["scanned"]) == ([], SCAN_BUDGET) and cursor is not None
+    assert (first["items"], first["scanned"]) == ([], 0) and cursor is not None
     for text in (cursor.encode(), _decoded(cursor)):
         assert b"billing" not in text and b"customer-" not in text, text[:120]
     second = client.get("/api/v1/schedules", params={"cursor": cursor}, headers=_auth(SHOP))
     assert [i["blackbox_id"] for i in second.json()["items"]] == ["@shop/own"]
+
+
+def test_a_scoped_listing_counts_none_of_another_callers_ids(
+    callers_api: tuple[Service, httpx.Client],
+) -> None:
+    """Guarantee 7: what a listing reports it read counts only the ids its token may see:
+    shop's token learns neither how many ids billing has nor, through a due window, when
+    one of them falls due; billing's own listing counts its own."""
+    service, client = callers_api
+    target, base = unique("counted"), now_ms() + 3_600_000
+    fill(service, [*(Schedule(f"@billing/b-{i}", target, b"x", base + i, caller=b"billing")
+                     for i in range(30)),
+                   Schedule("@shop/own", target, b"x", base + 10**6, caller=b"shop")])  # fmt: skip
+
+    def scanned(token: str, **window: int) -> int:
+        answer = client.get("/api/v1/schedules", params=window, headers=_auth(token)).json()
+        count: int = answer["scanned"]
+        return count
+
+    assert scanned(SHOP) == 1
+    assert scanned(SHOP, due_from_ms=base + 7, due_to_ms=base + 7) == 0
+    assert scanned(SHOP, due_from_ms=base, due_to_ms=base + 29) == 0
+    assert scanned(BILLING, due_from_ms=base + 7, due_to_ms=base + 7) == 1
+    assert scanned(BILLING) == 30
 
 
 def _asked(client: httpx.Client, method: str, path: str) -> tuple[int, str]:

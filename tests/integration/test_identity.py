@@ -18,10 +18,11 @@ from blackbox.errors import DeadLetterReason
 from blackbox.intake.identity import Proof
 from blackbox.intake.nonces import Nonces
 from blackbox.kafka import clients
+from blackbox.kafka.clients import java_partition
 from blackbox.signing import Parts, Signer, public_text
 from blackbox.storage.keys import Layout
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
-from tests.kafkatools import produce, unique, wait_until
+from tests.kafkatools import produce, produce_to, unique, wait_until
 
 KEY, OTHER = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
 NEXT = Ed25519PrivateKey.generate()  # billing's next key, listed beside the current one
@@ -236,3 +237,48 @@ def test_a_signed_countdown_runs_from_its_issue_time_not_the_record_timestamp(
     scheduled = orjson.loads(answer.value or b"")
     assert scheduled["outcome"] == "scheduled", scheduled
     assert scheduled["due_ms"] >= issued + 290_000, scheduled["due_ms"] - issued
+
+
+def _signed_keyed(topic: str, key: bytes, value: bytes) -> list[Header]:
+    """billing's headers for a keyed record, signed now."""
+    headers: list[Header] = [(CALLER_HEADER, b"billing")]
+    parts = Parts(topic, key, value, headers)
+    return [*headers, Signer(KEY, "billing-1").header(parts, issued_ms=now_ms())]
+
+
+def test_a_signed_record_copied_to_another_partition_cannot_defeat_its_owners_cancel(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Guarantee 7: a copy of billing's signed cancel, moved by another producer onto a
+    partition its key does not go to and read first (produced first here, so the race always
+    goes the attacker's way), is refused as bad_signature for its partition; billing's own
+    cancel then applies and the schedule it cancels never fires."""
+    bootstrap, target = env["KAFKA_BOOTSTRAP_SERVERS"], unique("moved")
+    intake = env["BLACKBOX_INTAKE_TOPIC"]
+    clients.ensure_topics({"bootstrap.servers": bootstrap}, [intake], partitions=2)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("callers:\n  billing:\n    require_signature: true\n"
+                      f'    keys: {{billing-1: "{public_text(KEY.public_key())}"}}\n')  # fmt: skip
+    key = b"inv-1"
+    home = java_partition(key, 2)
+    create = orjson.dumps({"topic": target, "message": "x", "countdown": 15, "id": "inv-1"})
+    cancel = orjson.dumps({"cancel": True, "id": "inv-1"})
+    create_headers = _signed_keyed(intake, key, create)
+    cancel_headers = _signed_keyed(intake, key, cancel)
+    produce_to(bootstrap, intake, [(1 - home, key, cancel)], cancel_headers)  # the copy
+    service = start_service(BLACKBOX_POLICY_FILE=str(policy))
+    answers = reader(env["BLACKBOX_EVENTS_TOPIC"])
+    answers.wait_count(1)
+    produce_to(bootstrap, intake, [(home, key, create)], create_headers)
+    produce_to(bootstrap, intake, [(home, key, cancel)], cancel_headers)
+
+    by_place = {(e["intake"]["partition"], e["intake"]["offset"]): e
+                for e in (orjson.loads(r.value or b"") for r in answers.wait_count(3))}  # fmt: skip
+    copy = by_place[(1 - home, 0)]
+    assert (copy["outcome"], copy["reason"]) == ("dead_lettered", _R.BAD_SIGNATURE), copy
+    assert copy["detail"] == (f"a signed record sits on partition {1 - home}, "
+                              f"its key's partition is {home}: a copy moved")  # fmt: skip
+    assert by_place[(home, 0)]["outcome"] == "scheduled"
+    assert by_place[(home, 1)]["outcome"] == "cancelled", by_place[(home, 1)]
+    settle(service)
+    assert reader(target).read_to_end() == []

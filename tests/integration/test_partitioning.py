@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from blackbox.client import Client
 from blackbox.kafka import clients
+from blackbox.kafka.clients import java_partition
 from blackbox.settings import Settings
 from tests.integration.conftest import service_env
-from tests.kafkatools import TopicReader, java_partition, unique
+from tests.kafkatools import TopicReader, unique
 
 PARTITIONS = 6
 

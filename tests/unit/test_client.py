@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from blackbox import client, envelope
 from blackbox.envelope import CALLER_HEADER, Envelope, Limits
-from tests.kafkatools import java_partition
+from blackbox.kafka.clients import java_partition
 
 LIMITS = Limits(max_value_bytes=1_048_576, forbidden_topics=frozenset({"blackbox"}))
 PROPERTY = settings(max_examples=200, deadline=None, database=None)
@@ -215,8 +215,10 @@ def test_the_clients_producer_is_idempotent_unless_told_otherwise() -> None:
     assert client.producer_config({"acks": "1"})["acks"] == "1"
 
 
-def test_the_partition_oracle_is_kafkas_murmur2() -> None:
-    """The tests' oracle for Java's partitioner gives Kafka's own murmur2 test vectors."""
+def test_java_partition_is_kafkas_murmur2() -> None:
+    """Java's partitioner as blackbox computes it (the intake checks a signed record's
+    partition with it; the tests use it as their oracle) gives Kafka's own murmur2 test
+    vectors."""
     vectors = {b"21": -973932308, b"foobar": -790332482, b"abc": 479470107,
                b"a-little-bit-long-string": -985981536,
                b"a-little-bit-longer-string": -1486304829}  # fmt: skip

@@ -6,9 +6,17 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from blackbox.envelope import Envelope, Header
+from blackbox.envelope import MAX_CALLER_CHARS, Envelope, Header
 from blackbox.errors import CorruptSchedule
-from blackbox.schedule import Schedule, intake_id, origin_topic, scoped_id, split_scoped
+from blackbox.schedule import (
+    CALLER_WITHIN,
+    Schedule,
+    caller_from_prefix,
+    intake_id,
+    origin_topic,
+    scoped_id,
+    split_scoped,
+)
 
 PROPERTY = settings(max_examples=300, deadline=None, database=None)
 
@@ -319,3 +327,47 @@ def test_a_topic_of_255_bytes_round_trips_in_both_versions(key: bytes | None) ->
     encoded = schedule.encode()
     assert encoded[0] == (1 if key is None else 2)
     assert Schedule.decode("id", encoded) == schedule
+
+
+LONGEST_CALLER = ("\U0001f600" * MAX_CALLER_CHARS).encode()  # 4 bytes a character
+LONG_V2 = Schedule("i", "t" * 249, b"v", 1, LONGEST_CALLER, key=b"k" * 3000,
+                   headers=(("h" * 3000, b"x" * 3000),), origin="t:0:1", sent_ms=5)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        pytest.param(Schedule("i", "t" * 249, b"v" * 5000, 1, LONGEST_CALLER), id="v1"),
+        pytest.param(Schedule("i", "t", b"v" * 5000, 1, None), id="v1-no-caller"),
+        pytest.param(LONG_V2, id="v2"),
+        pytest.param(Schedule("i", "t", b"v", 1, None, key=b"k" * 3000), id="v2-no-caller"),
+    ],
+)
+def test_the_caller_is_read_from_a_prefix_of_the_encoding(schedule: Schedule) -> None:
+    """Guarantee 7: whose a schedule is comes from its first CALLER_WITHIN bytes (of either
+    encoding), however long its key, headers and message: a check of another caller's id
+    reads as little as a check of a free one."""
+    encoded = schedule.encode()
+    assert len(encoded) > CALLER_WITHIN
+    assert caller_from_prefix(encoded[:CALLER_WITHIN]) == schedule.caller
+
+
+@PROPERTY
+@given(rich_schedules, st.binary(min_size=2100, max_size=2200))
+def test_any_schedules_caller_is_in_its_prefix(schedule: Schedule, long: bytes) -> None:
+    """The caller read from the prefix is the decoded schedule's, whatever follows it."""
+    schedule.key = long
+    encoded = schedule.encode()
+    assert caller_from_prefix(encoded[:CALLER_WITHIN]) == schedule.caller
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"\x03" + bytes(20), b"\x01" + bytes(8) + b"\x01t\x00\x05ab",
+     b"\x02" + bytes(8) + b"\x01\x01t\x00\x05ab", b"\x02" + bytes(8) + b"\x01\x05t"],
+)  # fmt: skip
+def test_a_caller_cut_short_in_the_prefix_is_corrupt(raw: bytes) -> None:
+    """A prefix that cannot hold its caller raises CorruptSchedule, cause chained."""
+    with pytest.raises(CorruptSchedule) as caught:
+        caller_from_prefix(raw)
+    assert caught.value.__cause__ is not None
