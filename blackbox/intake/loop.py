@@ -112,7 +112,7 @@ class Intake:
         self.guard = guard
         self.nonces = nonces
         self.identity = Identity(config.policy)
-        self.placement = Placement(consumer)
+        self.placement = Placement(consumer, store)
         self.on_refused_for_memory = on_refused_for_memory
         self.consumer = consumer
         self.store = store

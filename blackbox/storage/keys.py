@@ -152,6 +152,12 @@ class Layout:
         return f"{self.tag}:inmarks"
 
     @property
+    def partition_counts(self) -> str:
+        """Hash: intake topic -> every partition count its intake has seen ("3,4"): a signed
+        keyed record sits on its key's partition under one of them (placement.py)."""
+        return f"{self.tag}:parts"
+
+    @property
     def intake_handling(self) -> str:
         """Hash: "topic:partition" -> "first last attempts", the intake offsets being handled
         (see crashguard.py); a note left behind is a handler that died."""

@@ -64,3 +64,31 @@ def test_partition_counts_are_read_once_and_again_after_an_assignment() -> None:
     assert consumer.asked == ["in", "in", "in"]
     with pytest.raises(KafkaException):
         placement.prepare([("gone", 0)])
+
+
+def _key_moved_by(old: int, new: int) -> bytes:
+    """A key whose partition differs under `old` and `new` partitions."""
+    for n in range(1000):
+        key = f"inv-{n}".encode()
+        if java_partition(key, old) != java_partition(key, new):
+            return key
+    raise AssertionError("no key moves")
+
+
+def test_a_topic_that_grew_takes_its_keys_under_the_old_count_and_the_new() -> None:
+    """Guarantee 7 without harming the owner: partitions added to the intake topic (3 -> 4)
+    move keys, and the intake learns of it late. A signed record on its key's partition
+    under the new count makes the intake read the count again and is taken; one written
+    before the growth, on its key's partition under the old count, is taken too; any other
+    partition is still refused."""
+    placement, consumer = _placement({"in": 3})
+    key = _key_moved_by(3, 4)
+    old_home, new_home = java_partition(key, 3), java_partition(key, 4)
+    placement.prepare([("in", 0)])
+    consumer.counts["in"] = 4  # grown; the intake has not read it yet
+    placement.check("in", new_home, key)
+    placement.check("in", old_home, key)
+    other = next(p for p in range(4) if p not in (old_home, new_home))
+    with pytest.raises(InvalidEnvelope) as refused:
+        placement.check("in", other, key)
+    assert refused.value.reason is DeadLetterReason.BAD_SIGNATURE
