@@ -101,7 +101,7 @@ def verdict(
     (`refreshed`); where an older release wrote them, each mark is exact for its own shard
     only and may lag any distance, so the newest counts (a failover during the upgrade is
     then found by the marks this process sees confirmed, from its first write on)."""
-    floor = [_floor(m, k) for m, k in zip(marks, known, strict=True)]
+    floor = [_floor(m, k, refreshed) for m, k in zip(marks, known, strict=True)]
     present = [m for m in floor if m is not None]
     if not present:
         if committed:  # offsets past 0 were committed, and Redis has no trace of them
@@ -122,11 +122,12 @@ def verdict(
     return Verdict(Kind.LAG if end - start <= limit else Kind.FAR_BEHIND, start, end)
 
 
-def _floor(mark: int | None, known: int | None) -> int | None:
-    """A shard's mark as judged: -1 for a mark Redis lost, None for one it never had."""
+def _floor(mark: int | None, known: int | None, refreshed: bool) -> int | None:
+    """A shard's mark as judged: -1 for a mark Redis lost (one this process saw, or any of
+    a field whose every shard is marked: see `Watermarks`), None for one it never had."""
     if mark is not None:
         return mark
-    return -1 if known is not None else None
+    return -1 if known is not None or refreshed else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +229,7 @@ class GapCheck:
             delay = self._backoff.next()
             self._retry_at = now + delay
             log.warning("intake_gap_check_failed", error=str(e), retry_in_s=round(delay, 2))
+            self.suspect()  # Redis may come back as another primary: judge against the commits
             return
         self._backoff.reset()
         if routine:
@@ -247,6 +249,8 @@ class GapCheck:
                             self.config.reread_limit, refreshed=field in refreshed)  # fmt: skip
             if found.kind is not Kind.FINE:  # the marks to write on from (see watermarks.py)
                 self.known.reset(field, marks[field])
+            else:  # what Redis holds now: a later failover below it is found by the next write
+                self.known.adopt(field, marks[field])
             self._act(partition, field, found, committed.get(partition))
         self.on_stopped(sorted(self.stopped))
 

@@ -329,7 +329,10 @@ class Intake:
         if not self.identity.applies_to(headers):
             return headers, None
         parts = Parts(message.topic() or "", message.key(), message.value(), headers)
-        checked, proof = self.identity.establish(parts, record_ms(message, now), now)
+        stamp = record_ms(message, now)
+        # Read again after Redis lost it: its age was judged when first read, not now.
+        read_at = stamp if self.gaps.handled_before(*_where(message)) else now
+        checked, proof = self.identity.establish(parts, stamp, read_at)
         if proof is not None:
             self.placement.check(parts.topic, message.partition() or 0, parts.key)
         return checked, proof
@@ -353,6 +356,8 @@ class Intake:
         headers: list[Header] | None, request: Request | None, error: InvalidEnvelope,
     ) -> None:  # fmt: skip
         if self.gaps.handled_before(*where):  # refused, dead-lettered and answered before
+            log.info("refusal_not_repeated", reason=error.reason.value, topic=where[0],
+                     partition=where[1], offset=where[2])  # fmt: skip
             return
         batch.refuse(
             deadletter.from_intake(message, headers, error.reason, error.detail),

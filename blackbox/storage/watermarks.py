@@ -58,6 +58,14 @@ class Watermarks:
         """The last mark of `field` in `shard` Redis confirmed to this process, if any."""
         return self._confirmed.get(field, {}).get(shard)
 
+    def adopt(self, field: str, marks: Marks) -> None:
+        """Take Redis's marks of `field` where they are above what was confirmed (a check
+        found nothing lost): a write that later finds Redis below them is refused."""
+        known = self._confirmed.setdefault(field, {})
+        for shard, mark in enumerate(marks):
+            if mark is not None:
+                known[shard] = max(known.get(shard, mark), mark)
+
     def reset(self, field: str, marks: Marks) -> None:
         """Take Redis's marks of `field` as they are now (found below what was confirmed:
         the records past them are read again)."""

@@ -29,7 +29,14 @@ def test_a_lagging_shard_is_read_again_from_its_mark() -> None:
 
 def test_shards_without_a_mark_that_never_had_one_are_left_out() -> None:
     """A shard that never received a record of the partition has no mark: not a gap."""
-    assert verdict([None, 40], [None, None], 41, LIMIT).kind is Kind.FINE
+    assert verdict([None, 40], [None, None], 41, LIMIT, refreshed=False).kind is Kind.FINE
+
+
+def test_a_shard_without_a_mark_in_a_field_this_release_marked_everywhere_lost_it() -> None:
+    """Guarantee 1 (a Redis Cluster master restarted empty): where every shard of a field
+    was marked (recorded refreshed), a shard without a mark lost it, even one this process
+    never saw: the partition is read again from its start."""
+    assert verdict([None, 40], [None, None], 41, LIMIT) == Verdict(Kind.LAG, 0, 41)
 
 
 def test_a_mark_lost_below_what_this_process_saw_confirmed_is_a_gap() -> None:
@@ -46,7 +53,7 @@ def test_a_mark_this_process_saw_that_redis_no_longer_has_counts_as_minus_one() 
 def test_committed_offsets_without_any_mark_are_lost_data() -> None:
     """Guarantee 1 (a flushed Redis): the group committed, Redis holds no trace: lost data,
     never run on silently."""
-    found = verdict([None, None], [None, None], 500, LIMIT)
+    found = verdict([None, None], [None, None], 500, LIMIT, refreshed=False)
     assert found == Verdict(Kind.NO_WATERMARK, 0, 500)
     assert found.lost
 
