@@ -4,12 +4,18 @@ silently (gaps.py). The failover itself, on real processes, is test_failover.py.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import orjson
 import redis
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from blackbox.client import Client
 from blackbox.service import Service
+from blackbox.signing import Signer, public_text
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import envelope, produce, unique, wait_until
 
@@ -114,3 +120,55 @@ def test_skip_gives_the_lost_schedules_up_and_counts_them(
     _schedule(after, target, 1, countdown=0)
     wait_until(lambda: after.metrics.value("blackbox_delivered_total") == 1, what="delivered")
     assert after.metrics.value("blackbox_intake_stopped_partitions") == 0
+
+
+def test_signed_requests_read_again_after_their_max_age_are_applied_not_dropped(
+    start_service: ServiceFactory,
+    reader: ReaderFactory,
+    redis_client: redis.Redis,
+    env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """Guarantee 1: signed requests applied and committed, then lost by Redis (a failover's
+    lag), are read again later than their signature's max age: the age was judged when they
+    were first read, so they are applied again, not refused (and not dropped silently)."""
+    key = Ed25519PrivateKey.generate()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("callers:\n  billing:\n    require_signature: true\n"
+                      "    signature_max_age_seconds: 4\n"
+                      f'    keys: {{billing-1: "{public_text(key.public_key())}"}}\n')  # fmt: skip
+    first = start_service(BLACKBOX_POLICY_FILE=str(policy))
+    target, bootstrap = unique("signed-lost"), {"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}
+    delivered = reader(target)
+    with Client(bootstrap, caller="other", intake_topic=first.settings.intake_topic) as plain:
+        plain.send_later(target, "first", delay=0)
+    delivered.wait_count(1)
+    marks_after_first = _marks(redis_client, first)
+    with Client(bootstrap, caller="billing", intake_topic=first.settings.intake_topic,
+                signer=Signer(key, "billing-1")) as signed:  # fmt: skip
+        for n in range(5):
+            signed.send_later(target, f"signed-{n}", delay=20)
+    sent = time.monotonic()
+    _stored(first, 5)
+    first.stop()
+    _wipe(redis_client, first.settings.namespace, schedules_only=True)
+    _restore_marks(redis_client, marks_after_first)  # the promoted replica's marks
+    wait_until(lambda: time.monotonic() - sent > 5, what="the signatures' max age passed")
+    dead = reader(first.settings.dlq_topic)
+    start_service(BLACKBOX_POLICY_FILE=str(policy))
+    got = delivered.wait_for(lambda records: len(records) >= 6, timeout=60)
+    assert sorted((r.value or b"").decode() for r in got) == [
+        "first",
+        *(f"signed-{n}" for n in range(5)),
+    ]
+    assert dead.read_to_end() == []
+
+
+def _marks(client: redis.Redis, service: Service) -> dict[str, Any]:
+    return {k.intake_marks: client.hgetall(k.intake_marks) for k in service.store.layout.shards}
+
+
+def _restore_marks(client: redis.Redis, marks: dict[str, Any]) -> None:
+    for key, fields in marks.items():
+        if fields:
+            client.hset(key, mapping=fields)
