@@ -14,7 +14,7 @@ import orjson
 import redis
 
 from blackbox.service import Service
-from tests.integration.conftest import ReaderFactory, ServiceFactory
+from tests.integration.conftest import ReaderFactory, ServiceFactory, wipe_namespace
 from tests.kafkatools import Received, produce, unique, wait_until
 from tests.process import BlackboxProcess
 
@@ -61,11 +61,6 @@ def _all_in(found: Counter[str], wanted: Iterable[str]) -> bool:
     return all(found[body] >= 1 for body in wanted)
 
 
-def _wipe(client: redis.Redis, namespace: str) -> None:
-    keys = list(client.scan_iter(match="{" + namespace + "*", count=1000))
-    client.delete(*keys)
-
-
 def test_a_flushed_redis_is_rebuilt_from_kafka_with_nothing_lost_or_delivered_twice(
     start_service: ServiceFactory,
     reader: ReaderFactory,
@@ -86,7 +81,7 @@ def test_a_flushed_redis_is_rebuilt_from_kafka_with_nothing_lost_or_delivered_tw
                        and _bodies(records)["s-run"] >= 2, timeout=30)  # fmt: skip
     first.stop()
     before = _bodies(delivered.read_to_end())
-    _wipe(redis_client, first.settings.namespace)
+    wipe_namespace(redis_client, first.settings.namespace)
 
     refusing = start_service()
     wait_until(lambda: refusing.metrics.value("blackbox_intake_stopped_partitions") == 1,
@@ -141,7 +136,7 @@ def _snapshot(client: redis.Redis, namespace: str) -> list[tuple[bytes, int, byt
 
 
 def _restore(client: redis.Redis, namespace: str, snapshot: list[tuple[bytes, int, bytes]]) -> None:
-    _wipe(client, namespace)
+    wipe_namespace(client, namespace)
     for key, ttl, dumped in snapshot:
         client.restore(key, ttl, dumped, replace=True)
 

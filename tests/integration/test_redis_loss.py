@@ -16,21 +16,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from blackbox.client import Client
 from blackbox.service import Service
 from blackbox.signing import Signer, public_text
-from tests.integration.conftest import ReaderFactory, ServiceFactory
+from tests.integration.conftest import ReaderFactory, ServiceFactory, wipe_namespace
 from tests.kafkatools import envelope, produce, unique, wait_until
-
-
-def _wipe(client: redis.Redis, namespace: str, *, schedules_only: bool = False) -> int:
-    """Delete every key of the namespace, as FLUSHALL or a restore without them would; with
-    `schedules_only`, its schedules and watermarks, as a failover to a replica that lagged
-    behind them would (the namespace's shard count and heartbeats, older, stay)."""
-    keys = list(client.scan_iter(match="{" + namespace + "*", count=1000))
-    if schedules_only:
-        kept = (b":shards", b":procs", b":firers")
-        keys = [k for k in keys if not k.endswith(kept)]
-    if keys:
-        client.delete(*keys)
-    return len(keys)
 
 
 def _schedule(service: Service, target: str, count: int, countdown: float, bad: int = 0) -> None:
@@ -57,7 +44,7 @@ def test_redis_emptied_under_a_running_intake_is_read_again_from_kafka(
     _stored(service, 30)
     dlq = reader(service.settings.dlq_topic)
     dlq.wait_count(5)
-    assert _wipe(redis_client, service.settings.namespace, schedules_only=True) > 0
+    assert wipe_namespace(redis_client, service.settings.namespace, schedules_only=True) > 0
 
     delivered = reader(target).wait_count(30, timeout=40)
     bodies = Counter(orjson.loads(r.value or b"")["n"] for r in delivered)
@@ -79,7 +66,7 @@ def test_a_wiped_redis_under_committed_offsets_stops_intake_and_says_so(
     _schedule(first, target, 20, countdown=3)
     _stored(first, 20)
     first.stop()
-    _wipe(redis_client, first.settings.namespace)
+    wipe_namespace(redis_client, first.settings.namespace)
 
     stopped = start_service()
     wait_until(lambda: stopped.metrics.value("blackbox_intake_stopped_partitions") == 1,
@@ -107,7 +94,7 @@ def test_skip_gives_the_lost_schedules_up_and_counts_them(
     _schedule(first, target, 10, countdown=600)
     _stored(first, 10)
     first.stop()
-    _wipe(redis_client, first.settings.namespace)
+    wipe_namespace(redis_client, first.settings.namespace)
 
     skipping = start_service(BLACKBOX_REDIS_LOSS="skip")
     wait_until(lambda: skipping.metrics.value("blackbox_intake_given_up_records_total") == 10,
@@ -151,7 +138,7 @@ def test_signed_requests_read_again_after_their_max_age_are_applied_not_dropped(
     sent = time.monotonic()
     _stored(first, 5)
     first.stop()
-    _wipe(redis_client, first.settings.namespace, schedules_only=True)
+    wipe_namespace(redis_client, first.settings.namespace, schedules_only=True)
     _restore_marks(redis_client, marks_after_first)  # the promoted replica's marks
     wait_until(lambda: time.monotonic() - sent > 5, what="the signatures' max age passed")
     dead = reader(first.settings.dlq_topic)
