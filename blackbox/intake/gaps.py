@@ -8,13 +8,16 @@ still holds every record; Redis holds, per shard, the watermark of each partitio
 what this process saw Redis confirm, has a gap: the records past the lowest mark are read
 again (re-reads are idempotent: what Redis still holds is skipped).
 
-A gap too large to be a failover's lag (`BLACKBOX_REREAD_LIMIT` records), or a partition
-with committed offsets and no watermark at all, is lost data, not lag: reading hours of
-requests again would deliver again much that fired since. The intake then stops reading
-that partition and says so (`BLACKBOX_REDIS_LOSS=stop`, the default) until the operator
-rebuilds Redis or chooses: `reread` reads the whole gap again (duplicates of what fired
-since, under the same ids), `skip` goes on from the committed offsets (the gap's schedules
-given up, counted).
+A gap too large to be a failover's lag (`BLACKBOX_REREAD_LIMIT` records), a partition
+with committed offsets and no watermark at all, or a gap whose first records Kafka no
+longer holds (below the partition's log start offset: deleted by retention) is lost data,
+not lag: reading hours of requests again would deliver again much that fired since, and
+what Kafka deleted cannot be read again at all (the consumer would go on from the oldest
+record left, silently). The intake then stops reading that partition and says so
+(`BLACKBOX_REDIS_LOSS=stop`, the default) until the operator rebuilds Redis or chooses:
+`reread` reads the whole gap again (duplicates of what fired since, under the same ids),
+`skip` goes on from the committed offsets (the gap's schedules given up, counted). Records
+Kafka no longer holds are given up either way, and counted.
 
 Partitions are checked when assigned (against the group's commits), after any Redis
 failure the intake meets, and every CHECK_SECONDS against what this process saw confirmed.
@@ -25,11 +28,11 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis
 import structlog
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from blackbox.backoff import Backoff
 from blackbox.metrics import Metrics
@@ -65,16 +68,19 @@ class Kind(enum.StrEnum):
     LAG = "lag"  # a gap within the re-read limit: read again
     FAR_BEHIND = "far_behind"  # a gap over the limit: lost data
     NO_WATERMARK = "no_watermark"  # committed offsets, and no mark at all: lost data
+    AGED_OUT = "aged_out"  # a lag whose first records Kafka no longer holds: lost data
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """A check's finding: the gap's first offset, and the offset below which every record
-    was handled before (both 0 where fine)."""
+    """A check's finding: the gap's first offset, the offset below which every record was
+    handled before (both 0 where fine), and the partition's first offset Kafka still holds
+    (its log start offset, where asked)."""
 
     kind: Kind
     start: int = 0
     end: int = 0
+    kept_from: int = 0
 
     @property
     def records(self) -> int:
@@ -82,8 +88,13 @@ class Verdict:
         return max(0, self.end - self.start)
 
     @property
+    def aged_out(self) -> int:
+        """How many of the gap's records Kafka no longer holds: they cannot be read again."""
+        return max(0, min(self.kept_from, self.end) - self.start)
+
+    @property
     def lost(self) -> bool:
-        return self.kind in (Kind.FAR_BEHIND, Kind.NO_WATERMARK)
+        return self.kind in (Kind.FAR_BEHIND, Kind.NO_WATERMARK, Kind.AGED_OUT)
 
 
 FINE = Verdict(Kind.FINE)
@@ -120,6 +131,16 @@ def verdict(
     start = min(starts)
     end = max([committed or 0, *(k + 1 for k in known if k is not None)])
     return Verdict(Kind.LAG if end - start <= limit else Kind.FAR_BEHIND, start, end)
+
+
+def held_by_kafka(found: Verdict, log_start: int) -> Verdict:
+    """`found` once the partition's log start offset is known: a failover's lag that begins
+    below it cannot be read again in full, so it is lost data (AGED_OUT); a gap already
+    lost keeps its kind, and notes what Kafka no longer holds of it."""
+    if found.kind is Kind.FINE:
+        return found
+    aged = replace(found, kept_from=log_start)
+    return replace(aged, kind=Kind.AGED_OUT) if aged.aged_out and found.kind is Kind.LAG else aged
 
 
 def _floor(mark: int | None, known: int | None, refreshed: bool) -> int | None:
@@ -247,6 +268,8 @@ class GapCheck:
             known = self.known.known(field, self.store.layout.count)
             found = verdict(marks[field], known, committed.get(partition),
                             self.config.reread_limit, refreshed=field in refreshed)  # fmt: skip
+            if found.kind is not Kind.FINE:  # what can be read again is what Kafka holds
+                found = held_by_kafka(found, self._log_start(partition))
             if found.kind is not Kind.FINE:  # the marks to write on from (see watermarks.py)
                 self.known.reset(field, marks[field])
             else:  # what Redis holds now: a later failover below it is found by the next write
@@ -269,6 +292,15 @@ class GapCheck:
         found = self.consumer.committed(asked, timeout=COMMITTED_TIMEOUT)
         return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else None for tp in found}
 
+    def _log_start(self, partition: Partition) -> int:
+        """The partition's first offset Kafka still holds (KafkaException if it cannot
+        tell: the check is tried again)."""
+        asked = TopicPartition(*partition)
+        found = self.consumer.get_watermark_offsets(asked, timeout=COMMITTED_TIMEOUT, cached=False)
+        if found is None:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "log start offset not told"))
+        return int(found[0])
+
     def _act(self, partition: Partition, field: str, found: Verdict, committed: int | None) -> None:
         if not found.lost:
             self._resume(partition)
@@ -288,13 +320,22 @@ class GapCheck:
         self.unchecked.discard(partition)
 
     def _reread(self, partition: Partition, found: Verdict, why: str) -> None:
-        """Read the partition again from the verdict's start."""
-        self.seek(partition[0], partition[1], found.start)
+        """Read the partition again from the verdict's start, or from the first record Kafka
+        still holds (what it no longer holds is given up, and said so)."""
+        if found.aged_out:
+            self.metrics.given_up_records.inc(found.aged_out)
+            log.error("intake_gap_given_up", topic=partition[0], partition=partition[1],
+                      kind=found.kind.value, records=found.aged_out, start=found.start,
+                      kafka_log_start=found.kept_from, why="deleted from Kafka (retention) "
+                      "before they could be read again")  # fmt: skip
+        start = max(found.start, found.kept_from)
+        records = max(0, found.end - start)
+        self.seek(partition[0], partition[1], start)
         self.rereading[partition] = max(self.rereading.get(partition, -1), found.end)
-        self.metrics.reread_records.inc(found.records)
+        self.metrics.reread_records.inc(records)
         level = log.info if why == "lag" else log.warning
         level("intake_reread", topic=partition[0], partition=partition[1], kind=found.kind.value,
-              start=found.start, records=found.records, why=why)  # fmt: skip
+              start=start, records=records, why=why)  # fmt: skip
 
     def _skip(
         self, partition: Partition, field: str, found: Verdict, committed: int | None
@@ -311,8 +352,10 @@ class GapCheck:
             log.error(
                 "intake_stopped_redis_lost_data", topic=partition[0], partition=partition[1],
                 kind=found.kind.value, records=found.records, start=found.start,
+                aged_out=found.aged_out, kafka_log_start=found.kept_from,
                 action="rebuild Redis from Kafka (blackbox rebuild), or restart with "
-                "BLACKBOX_REDIS_LOSS=reread (deliver the gap again) or =skip (give it up)",
+                "BLACKBOX_REDIS_LOSS=reread (deliver the gap again) or =skip (give it up); "
+                "records Kafka no longer holds (aged_out) are lost either way",
             )  # fmt: skip
         self.stopped[partition] = found
         self._pause([partition])

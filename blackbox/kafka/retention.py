@@ -6,11 +6,19 @@ intake topics, so they must keep a request at least as long as it can be pending
 longest horizon any caller may schedule at, plus the grace firing has past a due time.
 `blackbox create-topics` sets that retention, and the service warns at start where a topic
 keeps less.
+
+Two other topic settings delete requests whatever retention.ms says: `retention.bytes` (a
+partition's oldest segments go once it holds more) and `cleanup.policy` with `compact`
+(only the newest record of each key is kept: a schedule's earlier versions and its
+creation record go). Both may be an operator's deliberate choice (a disk budget, a topic
+shared on purpose), so neither is changed here: the service and `blackbox create-topics`
+name them in a warning.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -24,7 +32,19 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 log = structlog.get_logger("blackbox.kafka.retention")
 
 RETENTION = "retention.ms"
+SIZE = "retention.bytes"
+CLEANUP = "cleanup.policy"
 FOREVER = -1  # Kafka's retention.ms for "never delete"
+UNLIMITED = -1  # Kafka's retention.bytes for "no size cap"
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """How a topic keeps its records, as the broker tells it (None: it does not tell)."""
+
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+    cleanup_policy: str | None = None
 
 
 def needed_ms(longest_horizon_seconds: float, grace_seconds: int) -> int:
@@ -33,20 +53,39 @@ def needed_ms(longest_horizon_seconds: float, grace_seconds: int) -> int:
     return int((longest_horizon_seconds + grace_seconds) * 1000)
 
 
-def current_ms(
+def kept(
     config: Mapping[str, Any], topics: Iterable[str], timeout: float = 10.0
-) -> dict[str, int]:
-    """Each existing topic's retention.ms where the broker tells it (KafkaException if it
-    cannot be asked)."""
+) -> dict[str, Kept]:
+    """How each existing topic keeps its records (KafkaException if the broker cannot be
+    asked); a setting the broker does not tell (Tansu) is None."""
     admin = AdminClient(dict(config))
     resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
     futures = admin.describe_configs(resources, request_timeout=timeout)
     found = {}
     for resource, future in futures.items():
-        entry = future.result(timeout).get(RETENTION)
-        if entry is not None and entry.value is not None:  # a broker may not tell (Tansu)
-            found[resource.name] = int(entry.value)
+        entries = future.result(timeout)
+        ms, size, cleanup = (_value(entries, name) for name in (RETENTION, SIZE, CLEANUP))
+        found[resource.name] = Kept(
+            None if ms is None else int(ms), None if size is None else int(size), cleanup
+        )
     return found
+
+
+def _value(entries: Mapping[str, ConfigEntry], name: str) -> str | None:
+    entry = entries.get(name)
+    return None if entry is None else entry.value
+
+
+def current_ms(
+    config: Mapping[str, Any], topics: Iterable[str], timeout: float = 10.0
+) -> dict[str, int]:
+    """Each existing topic's retention.ms where the broker tells it (KafkaException if it
+    cannot be asked)."""
+    return {
+        topic: found.retention_ms
+        for topic, found in kept(config, topics, timeout).items()
+        if found.retention_ms is not None
+    }
 
 
 def short(retention: int, needed: int) -> bool:
@@ -54,12 +93,74 @@ def short(retention: int, needed: int) -> bool:
     return retention != FOREVER and retention < needed
 
 
+def size_capped(found: Kept) -> bool:
+    """Whether the topic deletes its oldest records past a size (retention.bytes)."""
+    return found.retention_bytes is not None and found.retention_bytes != UNLIMITED
+
+
+def compacted(found: Kept) -> bool:
+    """Whether the topic keeps only the newest record of each key (cleanup.policy)."""
+    policy = found.cleanup_policy or ""
+    return "compact" in (part.strip() for part in policy.split(","))
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """One way a topic deletes requests before their schedules fire: the event it is logged
+    as, the setting found, why it matters and what to do."""
+
+    event: str
+    found: Mapping[str, Any]
+    why: str
+    action: str
+
+
+DELETED = "what Redis loses is read again or rebuilt from the intake topic; records deleted "
+
+
+def shortfalls(found: Kept, needed: int) -> list[Shortfall]:
+    """How a topic keeping records as `found` deletes requests that may still be pending,
+    where each must be kept `needed` ms."""
+    result = []
+    if found.retention_ms is not None and short(found.retention_ms, needed):
+        result.append(Shortfall(
+            "intake_retention_short", {"retention_ms": found.retention_ms, "needed_ms": needed},
+            DELETED + "before their schedules fire cannot be",
+            "blackbox create-topics raises it (or set retention.ms yourself)",
+        ))  # fmt: skip
+    if size_capped(found):
+        result.append(Shortfall(
+            "intake_retention_size_capped", {"retention_bytes": found.retention_bytes},
+            DELETED + "once a partition holds more than retention.bytes cannot be, however "
+            "long retention.ms is",
+            f"set retention.bytes=-1 on the topic, or size it for {needed} ms of requests",
+        ))  # fmt: skip
+    if compacted(found):
+        result.append(Shortfall(
+            "intake_topic_compacted", {"cleanup_policy": found.cleanup_policy},
+            DELETED + "by compaction (a schedule's earlier versions, its creation record, "
+            "every record but the newest of its key) cannot be",
+            "set cleanup.policy=delete on the topic",
+        ))  # fmt: skip
+    return result
+
+
 def raise_to(
     config: Mapping[str, Any], topics: Iterable[str], needed: int, timeout: float = 10.0
 ) -> dict[str, int]:
     """Raise the retention of the topics that keep records less than `needed` ms (never
-    lower one); the retention each raised topic had before."""
-    before = {t: ms for t, ms in current_ms(config, topics, timeout).items() if short(ms, needed)}
+    lower one); the retention each raised topic had before. A size cap or compaction is
+    left as found, and logged as a warning."""
+    found = kept(config, topics, timeout)
+    for topic, limits in sorted(found.items()):
+        for shortfall in shortfalls(limits, needed):
+            if shortfall.event != "intake_retention_short":  # raised below
+                _warn(topic, shortfall)
+    before = {
+        t: limits.retention_ms
+        for t, limits in found.items()
+        if limits.retention_ms is not None and short(limits.retention_ms, needed)
+    }
     if not before:
         return {}
     admin = AdminClient(dict(config))
@@ -73,19 +174,24 @@ def raise_to(
 
 
 def warn_if_short(config: Mapping[str, Any], topics: Iterable[str], needed: int) -> list[str]:
-    """Log `intake_retention_short` for each intake topic keeping records less than `needed`
-    ms; the topics named. A broker that cannot tell is logged and passed over."""
+    """Log each way an intake topic deletes requests before they can fire (a retention.ms
+    under `needed` ms, a size cap, compaction); the topics named. A broker that cannot tell
+    is logged and passed over."""
     try:
-        found = current_ms(config, topics)
+        found = kept(config, topics)
     except Exception as e:  # noqa: BLE001 - a warning at start must never stop intake
         log.info("intake_retention_unknown", error=str(e))
         return []
-    shorts = sorted(t for t, ms in found.items() if short(ms, needed))
-    for topic in shorts:
-        log.warning(
-            "intake_retention_short", topic=topic, retention_ms=found[topic], needed_ms=needed,
-            why="what Redis loses is read again or rebuilt from the intake topic; records "
-            "deleted before their schedules fire cannot be",
-            action="blackbox create-topics raises it (or set retention.ms yourself)",
-        )  # fmt: skip
-    return shorts
+    named = []
+    for topic, limits in sorted(found.items()):
+        found_short = shortfalls(limits, needed)
+        for shortfall in found_short:
+            _warn(topic, shortfall)
+        if found_short:
+            named.append(topic)
+    return named
+
+
+def _warn(topic: str, shortfall: Shortfall) -> None:
+    log.warning(shortfall.event, topic=topic, **shortfall.found, why=shortfall.why,
+                action=shortfall.action)  # fmt: skip

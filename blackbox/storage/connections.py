@@ -53,14 +53,41 @@ SENTINEL_OPTIONS = {"sentinel_username": "username", "sentinel_password": "passw
 MASK = "********"  # what a password is shown as
 # The authority's password runs to its last "@" (a Sentinel URL lists several hosts after it).
 _URL_PASSWORD = re.compile(r"(//[^/?#@:]*:)[^/?#]*@")
-# password=, sentinel_password=, ssl_password=: every secret redis-py reads from the query.
-_QUERY_PASSWORD = re.compile(r"([?&]\w*password=)[^&#]*", re.IGNORECASE)
+# password=, sentinel_password=, ssl_password=: every secret redis-py reads from the query (to
+# its "&": a "#" in it is part of the secret as written).
+_QUERY_PASSWORD = re.compile(r"([?&]\w*password=)[^&]*", re.IGNORECASE)
+
+
+# What a URL whose credentials hold an unencoded delimiter is refused with.
+PERCENT_ENCODE = (
+    "a '#', '?' or '/' in its user name or password ends the host part early: percent-encode "
+    "them (# as %23, ? as %3F, / as %2F, @ as %40)"
+)
 
 
 def mask_url(url: str) -> str:
-    """The URL with any password (in the authority or the query) replaced by asterisks."""
-    masked = _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{MASK}@", url)
-    return _QUERY_PASSWORD.sub(lambda m: f"{m.group(1)}{MASK}", masked)
+    """The URL with any password (in the authority or the query) replaced by asterisks; in
+    a URL whose credentials hold an unencoded delimiter, all that precedes its last "@"
+    but the user name."""
+    masked = _QUERY_PASSWORD.sub(lambda m: f"{m.group(1)}{MASK}", url)
+    if unencoded_credentials(url) and "@" in masked:
+        scheme, _, rest = masked.partition("://")
+        written, _, after = rest.rpartition("@")
+        user = f"{written.partition(':')[0]}:" if ":" in written else ""
+        return f"{scheme}://{user}{MASK}@{after}"
+    return _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{MASK}@", masked)
+
+
+def unencoded_credentials(url: str) -> bool:
+    """Whether `url` holds an "@" where none belongs (its path, a query parameter's name,
+    its fragment): credentials written with an unencoded "#", "?" or "/", which ended the
+    authority before their "@". Split by hand: urlsplit refuses some such URLs ("[")."""
+    _, _, rest = url.partition("://")
+    ends = [i for i in map(rest.find, "/?#") if i >= 0]
+    path_and_query, _, fragment = rest[min(ends, default=len(rest)) :].partition("#")
+    path, _, query = path_and_query.partition("?")
+    names = [pair.partition("=")[0] for pair in query.split("&")]
+    return any("@" in part for part in (path, fragment, *names))
 
 
 def is_cluster(url: str) -> bool:
@@ -98,6 +125,8 @@ def redis_client(
     RedisUnreachable here. redis-py does not hand `health_check_interval` (nor unknown query
     options) to a cluster's node connections: it reconnects through its own retries instead.
     """
+    if unencoded_credentials(url):  # parsed, it would connect elsewhere or print the secret
+        raise bad_url(url, PERCENT_ENCODE)
     options: dict[str, Any] = {
         "socket_timeout": socket_timeout,
         "socket_connect_timeout": connect_timeout,

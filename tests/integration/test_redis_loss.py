@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 import redis
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from blackbox.client import Client
@@ -80,6 +82,42 @@ def test_a_wiped_redis_under_committed_offsets_stops_intake_and_says_so(
     again = start_service(BLACKBOX_REDIS_LOSS="reread")
     delivered = reader(target).wait_count(20, timeout=40)
     assert sorted(orjson.loads(r.value or b"")["n"] for r in delivered) == list(range(20))
+    assert again.metrics.value("blackbox_intake_stopped_partitions") == 0
+
+
+def test_a_gap_whose_records_aged_out_of_kafka_stops_intake_and_says_so(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """Guarantee 1: a failover's gap is read again from Kafka, but records Kafka no longer
+    holds (deleted by retention, or by an operator) cannot be: intake stops the partition
+    and says so (kind aged_out, /ready holds it) instead of the consumer going on from the
+    oldest record left. Started again with BLACKBOX_REDIS_LOSS=reread, it reads what Kafka
+    still holds and counts what it no longer does as given up."""
+    first = start_service()
+    before, target = unique("before-gap"), unique("aged-out")
+    _schedule(first, before, 10, countdown=0)  # offsets 0-9
+    reader(before).wait_count(10)
+    marks_before_gap = _marks(redis_client, first)
+    _schedule(first, target, 20, countdown=15)  # offsets 10-29: the gap
+    _stored(first, 20)
+    first.stop()
+    wipe_namespace(redis_client, first.settings.namespace, schedules_only=True)
+    _restore_marks(redis_client, marks_before_gap)  # the promoted replica's marks
+    _delete_before(first, 20)  # retention took offsets 0-19: the gap's first ten
+
+    stopped = start_service()
+    wait_until(lambda: stopped.metrics.value("blackbox_intake_stopped_partitions") == 1,
+               what="the intake partition stopped")  # fmt: skip
+    assert stopped.metrics.value("blackbox_redis_gaps_total", {"kind": "aged_out"}) == 1
+    assert not stopped.health.ready
+    assert "intake" in stopped.health.report()["held"]  # type: ignore[operator]
+    assert stopped.store.counts() == (0, 0)  # nothing read on as if nothing happened
+    stopped.stop()
+
+    again = start_service(BLACKBOX_REDIS_LOSS="reread")
+    delivered = reader(target).wait_count(10, timeout=60)
+    assert sorted(orjson.loads(r.value or b"")["n"] for r in delivered) == list(range(10, 20))
+    assert again.metrics.value("blackbox_intake_given_up_records_total") == 10
     assert again.metrics.value("blackbox_intake_stopped_partitions") == 0
 
 
@@ -159,3 +197,12 @@ def _restore_marks(client: redis.Redis, marks: dict[str, Any]) -> None:
     for key, fields in marks.items():
         if fields:
             client.hset(key, mapping=fields)
+
+
+def _delete_before(service: Service, offset: int) -> None:
+    """Delete the intake partition's records below `offset`, as retention would: Kafka's log
+    start offset moves to it."""
+    admin = AdminClient(dict(service.settings.kafka))
+    asked = [TopicPartition(service.settings.intake_topic, 0, offset)]
+    for future in admin.delete_records(asked).values():
+        assert future.result(15).low_watermark == offset

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from structlog.testing import capture_logs
 
 from blackbox.kafka import retention
+from tests.kafkatools import unique
 from tests.process import BlackboxProcess
 
 HOUR_MS = 3_600_000
@@ -73,3 +75,48 @@ def test_the_service_warns_when_the_intake_topic_keeps_less_than_needed(
     names = [t.topic for t in topics]
     assert retention.warn_if_short(bootstrap, names, 2 * HOUR_MS) == [names[0]]
     assert retention.warn_if_short(bootstrap, names, HOUR_MS) == []
+
+
+def test_the_service_warns_when_a_size_cap_or_compaction_deletes_requests(
+    env: dict[str, str],
+) -> None:
+    """Guarantee 1: retention.bytes deletes a partition's oldest records long before
+    retention.ms, and compaction drops a schedule's earlier versions and its creation
+    record: the check the service runs at start names each, and passes over a topic that
+    keeps every record for long enough."""
+    bootstrap = {"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}
+    capped, compacted, kept = (unique("capped"), unique("compacted"), unique("kept"))
+    _create(bootstrap, [
+        NewTopic(capped, 1, config={retention.RETENTION: "-1", retention.SIZE: "1048576"}),
+        NewTopic(compacted, 1, config={retention.RETENTION: "-1",
+                                       retention.CLEANUP: "compact,delete"}),
+        NewTopic(kept, 1, config={retention.RETENTION: "-1", retention.SIZE: "-1"}),
+    ])  # fmt: skip
+    with capture_logs() as logs:
+        warned = retention.warn_if_short(bootstrap, [capped, compacted, kept], HOUR_MS)
+    assert warned == sorted([capped, compacted])
+    found = {(e["event"], e["topic"]) for e in logs if e["log_level"] == "warning"}
+    assert found == {("intake_retention_size_capped", capped),
+                     ("intake_topic_compacted", compacted)}  # fmt: skip
+
+
+def test_create_topics_names_a_size_cap_and_compaction_and_leaves_them(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """`blackbox create-topics` raises retention.ms but does not change a retention.bytes or
+    cleanup.policy it finds on an intake topic (an operator's disk budget, or a topic shared
+    on purpose): it says what it found and what deletes requests, so it is never silent."""
+    bootstrap = {"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}
+    intake = env["BLACKBOX_INTAKE_TOPIC"]
+    _create(bootstrap, [NewTopic(intake, 1, config={
+        retention.RETENTION: str(HOUR_MS), retention.SIZE: "1048576",
+        retention.CLEANUP: "compact"})])  # fmt: skip
+
+    created = BlackboxProcess(env, tmp_path / "create.log", "create-topics")
+    assert created.wait(60) == 0, created.output()
+
+    assert "intake_retention_size_capped" in created.output()
+    assert "intake_topic_compacted" in created.output()
+    found = retention.kept(bootstrap, [intake])[intake]
+    assert (found.retention_bytes, found.cleanup_policy) == (1048576, "compact")
+    assert found.retention_ms is not None and found.retention_ms > HOUR_MS

@@ -267,3 +267,37 @@ def test_mask_url_masks_sentinel_urls(url: str, masked: str) -> None:
     """mask_url hides the master's password before a list of Sentinel hosts (even one with
     an unescaped "@") and the Sentinels' own `sentinel_password=` in the query."""
     assert mask_url(url) == masked
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://app:hunter#22@cache:6379/0",
+        "redis://:hunter?22@cache:6379/0",
+        "redis://:hunter/22@cache:6379/0",
+        "rediss://app:se/hunter22@cache/0",
+        "redis+cluster://:hunter/22@node-1:7000",
+        "redis+cluster://:hunter#22@node-1:7000",
+        "redis+sentinel://:hunter#22@s1:26379/mymaster/0",
+        "redis+sentinel://:hunter/22@s1:26379,s2/mymaster/0",
+        "redis+sentinel://:hunter?22@s1/mymaster/0",
+        "redis://cache:6379/0?password=hunter#22@x",
+        "redis://:hunter[22/x@cache:6379/0",
+    ],
+)
+def test_a_password_with_an_unencoded_delimiter_is_never_printed(url: str) -> None:
+    """A password holding an unencoded "#", "?" or "/" ends the URL's host part early, so the
+    URL is refused: the error names REDIS_URL, prints no part of the password, and tells the
+    user to percent-encode it; mask_url hides it as well."""
+    with pytest.raises(SettingsError, match="percent-encode") as raised:
+        connections.redis_client(url)
+    message = str(raised.value)
+    assert message.startswith("REDIS_URL=")
+    assert "hunter" not in message and "22" not in message, message
+    assert "hunter" not in mask_url(url) and "22" not in mask_url(url)
+
+
+def test_mask_url_masks_a_query_password_holding_a_hash() -> None:
+    """A `#` in a query password would end the query: the whole value is masked."""
+    url = "redis://cache:6379/0?password=hunter#22&db=1"
+    assert mask_url(url) == "redis://cache:6379/0?password=********&db=1"

@@ -3,7 +3,7 @@ what Redis confirmed (watermarks.Watermarks): pure logic, no process."""
 
 from __future__ import annotations
 
-from blackbox.intake.gaps import Kind, Verdict, verdict
+from blackbox.intake.gaps import Kind, Verdict, held_by_kafka, verdict
 from blackbox.storage.watermarks import REFRESH_OFFSETS, Watermarks
 
 LIMIT = 1000
@@ -130,3 +130,25 @@ def test_a_field_is_recorded_refreshed_once_every_shard_is_confirmed() -> None:
     assert marks.unrecorded(2) == []
     marks.reset("t:0", [5, 5])
     assert marks.unrecorded(2) == ["t:0"]
+
+
+def test_a_lag_whose_first_records_kafka_deleted_is_lost_data() -> None:
+    """Guarantee 1: a failover's gap that begins below the partition's log start offset
+    (retention deleted its first records) cannot be read again in full: lost data, never a
+    re-read that the consumer would silently begin at the oldest record left."""
+    found = held_by_kafka(Verdict(Kind.LAG, 10, 30), 20)
+    assert found == Verdict(Kind.AGED_OUT, 10, 30, kept_from=20)
+    assert found.lost and found.aged_out == 10 and found.records == 20
+
+
+def test_a_lag_kafka_still_holds_is_read_again() -> None:
+    """A gap at or above the log start offset is a failover's lag, read again as before."""
+    assert held_by_kafka(Verdict(Kind.LAG, 20, 30), 20).kind is Kind.LAG
+    assert held_by_kafka(Verdict(Kind.FINE), 99) == Verdict(Kind.FINE)
+
+
+def test_lost_data_keeps_its_kind_and_notes_what_kafka_deleted() -> None:
+    """A wiped Redis over a topic whose oldest records aged out stays no_watermark, and the
+    records gone from Kafka are counted up to the gap's end only."""
+    found = held_by_kafka(Verdict(Kind.NO_WATERMARK, 0, 30), 50)
+    assert (found.kind, found.aged_out) == (Kind.NO_WATERMARK, 30)

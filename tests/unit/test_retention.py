@@ -20,3 +20,21 @@ def test_forever_is_never_short() -> None:
     assert not retention.short(retention.FOREVER, 10**15)
     assert retention.short(1000, 1001)
     assert not retention.short(1001, 1001)
+
+
+def test_a_size_cap_and_compaction_are_shortfalls_whatever_retention_ms_says() -> None:
+    """Guarantee 1: retention.bytes (a size cap) and cleanup.policy with compact delete
+    requests however long retention.ms is; -1 (no cap) and delete alone do not."""
+    assert events(retention.Kept(-1, -1, "delete")) == []
+    assert events(retention.Kept(None, None, None)) == []  # a broker that does not tell
+    assert events(retention.Kept(-1, 1 << 30, "delete")) == ["intake_retention_size_capped"]
+    assert events(retention.Kept(-1, -1, "compact")) == ["intake_topic_compacted"]
+    assert events(retention.Kept(999, 0, "delete, compact")) == [
+        "intake_retention_short",
+        "intake_retention_size_capped",
+        "intake_topic_compacted",
+    ]
+
+
+def events(kept: retention.Kept) -> list[str]:
+    return [s.event for s in retention.shortfalls(kept, 1000)]
