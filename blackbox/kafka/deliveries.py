@@ -6,8 +6,14 @@ A rebuild of a lost Redis (intake/rebuild.py) reads them so that nothing deliver
 written back: a one-off version delivered is done, and a series goes on after the latest
 occurrence delivered, its count the occurrences delivered.
 
-The target topics are trusted: a producer that can write a `blackbox-id` header to them can
-make a rebuild pass over a schedule. Keep their write access to blackbox.
+A delivery counts only for a schedule of the topic it sits on (keys are (topic, id,
+version)), and blackbox's own headers come after the sender's, so the last of each name is
+read: a caller cannot hide another caller's schedule by writing its id to a topic of its
+own, or among the headers of what it schedules. Whoever can write to a target topic can
+still pass over that topic's schedules: keep write access to blackbox.
+
+A target topic whose retention removed records no longer shows what was delivered before
+its oldest kept record: `kept_from_ms` says from when on it does (per topic).
 """
 
 from __future__ import annotations
@@ -17,15 +23,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
+from blackbox.clock import now_ms
+from blackbox.kafka import readback
 from blackbox.kafka.clients import read_headers
 
 log = structlog.get_logger("blackbox.kafka.deliveries")
 
 ID, VERSION, OCCURRENCE = "blackbox-id", "blackbox-version", "blackbox-occurrence-ms"
-POLL_SECONDS = 1.0
-METADATA_TIMEOUT = 10.0
+MAX_MS = 2**63 - 1  # a due time as a payload encodes it: 64 bits, signed
+MAX_DIGITS = 19
+
+
+class BadHeader(ValueError):
+    """A blackbox header no record blackbox produced carries (forged or corrupt)."""
 
 
 @dataclass(slots=True)
@@ -40,83 +52,85 @@ class Delivered:
         return max(found) if found else None
 
 
-Versions = dict[tuple[str, str], Delivered]  # (blackbox-id, version) -> what was delivered
+Key = tuple[str, str, str]  # (target topic, blackbox-id, version)
+Versions = dict[Key, Delivered]
 
 
-def key_of(headers: Iterable[tuple[str, Any]]) -> tuple[tuple[str, str], int | None] | None:
-    """(id, version) and the occurrence a delivered record's headers name; None for a
-    record blackbox did not produce. The version of an id without one is the id itself."""
+@dataclass(slots=True)
+class Deliveries:
+    """What the target topics read so far show delivered."""
+
+    versions: Versions = field(default_factory=dict)
+    kept_from_ms: dict[str, int] = field(default_factory=dict)  # topic -> oldest kept, ms
+    skipped: int = 0  # records whose blackbox headers are out of bounds
+
+    def merge(self, other: Deliveries) -> None:
+        self.versions.update(other.versions)
+        self.kept_from_ms.update(other.kept_from_ms)
+        self.skipped += other.skipped
+
+
+def key_of(topic: str, headers: Iterable[tuple[str, Any]]) -> tuple[Key, int | None] | None:
+    """(topic, id, version) and the occurrence a delivered record's headers name (the last
+    of each name); None for a record blackbox did not produce; BadHeader for an occurrence
+    that is no due time. The version of an id without one is the id itself."""
     found: dict[str, bytes] = {}
     for name, value in headers:
         if name in (ID, VERSION, OCCURRENCE) and isinstance(value, bytes):
-            found.setdefault(name, value)
+            found[name] = value
     if ID not in found:
         return None
     blackbox_id = found[ID].decode("utf-8", "replace")
     version = found[VERSION].decode("utf-8", "replace") if VERSION in found else blackbox_id
     occurrence = found.get(OCCURRENCE)
-    return (blackbox_id, version), int(occurrence) if occurrence and occurrence.isdigit() else None
+    return (topic, blackbox_id, version), None if occurrence is None else due_time(occurrence)
 
 
-def read(config: Mapping[str, Any], topics: Iterable[str]) -> Versions:
-    """Every version delivered to `topics`, read from their start to their end now."""
-    delivered: Versions = {}
-    consumer = Consumer({**config, "group.id": "blackbox-deliveries",
-                         "enable.auto.commit": False, "enable.partition.eof": True})  # fmt: skip
+def due_time(text: bytes) -> int:
+    """An epoch-ms header value: ASCII digits within 64 bits, else BadHeader."""
+    if not (text.isdigit() and len(text) <= MAX_DIGITS) or int(text) > MAX_MS:
+        raise BadHeader(f"not a due time: {text[:40]!r}")
+    return int(text)
+
+
+def read(config: Mapping[str, Any], topics: Iterable[str]) -> Deliveries:
+    """Every version delivered to `topics`, read from their start to their end now;
+    readback.Unreadable for a topic the broker will not let us read."""
+    found, started = Deliveries(), now_ms()
+    bounds = readback.extents_of(config, topics)
+    first: set[tuple[str, int]] = set()
+    for message, extent in readback.records(config, bounds):
+        _take(message, found)
+        where = (message.topic() or "", message.partition() or 0)
+        if extent.low > 0 and where not in first:
+            first.add(where)
+            _note_oldest(message, found, started)
+    for (topic, _), extent in bounds.items():
+        if 0 < extent.low == extent.high:  # retention emptied it: nothing can be told
+            found.kept_from_ms[topic] = started
+    log.info("deliveries_read", topics=sorted(set(topics)), versions=len(found.versions),
+             kept_from_ms=found.kept_from_ms, skipped=found.skipped)  # fmt: skip
+    return found
+
+
+def _take(message: Message, found: Deliveries) -> None:
+    topic = message.topic() or ""
     try:
-        ends = _assign_all(consumer, sorted(set(topics)))
-        while ends:
-            message = consumer.poll(POLL_SECONDS)
-            if message is None:
-                continue
-            if message.error() is not None:
-                _at_end(message, ends)
-                continue
-            _take(read_headers(message) or [], delivered)
-            if (message.offset() or 0) + 1 >= ends.get(_where(message), 0):
-                ends.pop(_where(message), None)
-    finally:
-        consumer.close()
-    log.info("deliveries_read", topics=sorted(set(topics)), versions=len(delivered))
-    return delivered
-
-
-def _take(headers: Iterable[tuple[str, Any]], delivered: Versions) -> None:
-    found = key_of(headers)
-    if found is not None:
-        key, occurrence = found
-        delivered.setdefault(key, Delivered()).occurrences.add(occurrence)
-
-
-def _assign_all(consumer: Consumer, topics: list[str]) -> dict[tuple[str, int], int]:
-    """Assign every partition of `topics` from its start; the end offset of each one that
-    holds records."""
-    ends: dict[tuple[str, int], int] = {}
-    partitions = []
-    for topic in topics:
-        metadata = consumer.list_topics(topic, timeout=METADATA_TIMEOUT).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            log.warning("deliveries_topic_unreadable", topic=topic)
-            continue
-        for number in metadata.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, number),
-                                                       timeout=METADATA_TIMEOUT)  # fmt: skip
-            if high > low:
-                ends[(topic, number)] = high
-                partitions.append(TopicPartition(topic, number, OFFSET_BEGINNING))
-    if partitions:
-        consumer.assign(partitions)
-    return ends
-
-
-def _at_end(message: Any, ends: dict[tuple[str, int], int]) -> None:
-    """A partition read to its end is done; another error is raised."""
-    error = message.error()
-    if error.code() == KafkaError._PARTITION_EOF:
-        ends.pop(_where(message), None)
+        keyed = key_of(topic, read_headers(message) or [])
+    except BadHeader as e:
+        found.skipped += 1
+        log.warning("delivery_record_skipped", topic=topic, partition=message.partition(),
+                    offset=message.offset(), error=str(e))  # fmt: skip
         return
-    raise KafkaException(error)
+    if keyed is not None:
+        key, occurrence = keyed
+        found.versions.setdefault(key, Delivered()).occurrences.add(occurrence)
 
 
-def _where(message: Any) -> tuple[str, int]:
-    return message.topic() or "", message.partition() or 0
+def _note_oldest(message: Message, found: Deliveries, started: int) -> None:
+    """A partition's first record kept after retention removed some: what was delivered to
+    the topic before its time cannot be told (the latest such time over its partitions)."""
+    kind, stamp = message.timestamp()
+    kept = started if kind == TIMESTAMP_NOT_AVAILABLE else stamp
+    topic = message.topic() or ""
+    found.kept_from_ms[topic] = max(found.kept_from_ms.get(topic, 0), kept)

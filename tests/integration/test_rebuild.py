@@ -11,9 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import redis
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from blackbox.intake import rebuild, rebuilding
+from blackbox.schedule import Schedule
 from blackbox.service import Service
+from blackbox.signing import Parts, Signer, public_text
+from blackbox.storage.keys import Layout
 from tests.integration.conftest import ReaderFactory, ServiceFactory, wipe_namespace
 from tests.kafkatools import Received, produce, unique, wait_until
 from tests.process import BlackboxProcess
@@ -176,3 +184,209 @@ def test_a_redis_restored_from_an_old_snapshot_is_rebuilt_without_firing_twice(
     assert {f"fired-{n}": everything[f"fired-{n}"] for n in range(5)} == {
         f"fired-{n}": 1 for n in range(5)
     }
+
+
+# An attack review's findings: each case below delivered again (or crashed) before.
+
+
+def _pending(client: redis.Redis, service: Service) -> set[str]:
+    """The ids due in `service`'s namespace, over every shard."""
+    due = [client.zrange(k.due, 0, -1) for k in service.store.layout.shards]
+    return {bytes(i).decode() for ids in due for i in ids}  # type: ignore[arg-type]
+
+
+def _stored_ids(client: redis.Redis, service: Service) -> dict[str, Schedule]:
+    """Every schedule due in `service`'s namespace, by the message it carries."""
+    found = {}
+    for schedule_id in _pending(client, service):
+        raw = client.get(service.store.layout.keys_of(schedule_id).payload(schedule_id))
+        schedule = Schedule.decode(schedule_id, raw)  # type: ignore[arg-type]
+        found[(schedule.value or b"").decode()] = schedule
+    return found
+
+
+def _flush_and_rebuild(client: redis.Redis, service: Service) -> rebuild.Counts:
+    """Stop `service`, lose its Redis, rebuild from Kafka in this process."""
+    service.stop()
+    wipe_namespace(client, service.settings.namespace)
+    return rebuild.rebuild(service.settings)
+
+
+def _delivered(service: Service, count: int) -> None:
+    wait_until(lambda: service.metrics.value("blackbox_delivered_total") >= count,
+               what=f"{count} delivered")  # fmt: skip
+
+
+def _forget_before(bootstrap: str, topic: str, offset: int) -> None:
+    """What retention does: the partition's records before `offset` deleted."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, offset)]).values():
+        future.result(30)
+
+
+def test_a_delivery_the_target_topic_no_longer_keeps_is_not_delivered_again(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """C1: the target topic's retention removed the deliveries: one-offs due before its
+    oldest kept record are passed over (counted), those due after are written back."""
+    first = start_service()
+    target = unique("aged-target")
+    _send(first, *({"topic": target, "message": f"gone-{n}", "countdown": 0} for n in range(3)),
+          {"topic": target, "message": "pending", "countdown": 600}, caller=False)  # fmt: skip
+    _delivered(first, 3)
+    bootstrap = first.settings.kafka["bootstrap.servers"]
+    produce(bootstrap, target, [b"kept, after the deliveries"])
+    _forget_before(bootstrap, target, 3)
+    counts = _flush_and_rebuild(redis_client, first)
+    assert set(_stored_ids(redis_client, first)) == {"pending"}
+    assert counts.aged_out == 3
+
+
+def test_a_schedule_dead_lettered_when_it_fired_is_not_delivered_again(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """C2: a schedule whose delivery failed for good sits in the dead-letter topic: ended."""
+    first = start_service(BLACKBOX_MAX_ATTEMPTS="1")
+    target = unique("small-target")
+    admin = AdminClient(dict(first.settings.kafka))
+    small = NewTopic(target, 1, 1, config={"max.message.bytes": "2000"})
+    admin.create_topics([small])[target].result(30)
+    big = "x" * 5000
+    _send(first, {"topic": target, "message": big, "countdown": 0},
+          {"id": "big", "topic": target, "message": big, "countdown": 0},
+          {"topic": target, "message": "pending", "countdown": 600}, caller=False)  # fmt: skip
+    dead = reader(first.settings.dlq_topic)
+    dead.wait_count(2, timeout=60)
+    counts = _flush_and_rebuild(redis_client, first)
+    assert set(_stored_ids(redis_client, first)) == {"pending"}
+    assert counts.dead_lettered == 2
+
+
+def test_a_forged_blackbox_id_on_another_topic_hides_no_schedule(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """C3: a caller writes another caller's id and version as headers to its own topic (and
+    first among a delivered record's headers): the schedule is still written back."""
+    first = start_service()
+    victim_topic, own_topic = unique("victim"), unique("attacker")
+    _send(first, {"topic": own_topic, "message": "own", "countdown": 0}, caller=False)
+    _delivered(first, 1)  # read first by the rebuild, as a target topic
+    _send(first, {"id": "pay", "topic": victim_topic, "message": "victim", "countdown": 600})
+    wait_until(lambda: "victim" in _stored_ids(redis_client, first), what="stored")
+    victim = _stored_ids(redis_client, first)["victim"]
+    forged = [("blackbox-id", victim.id.encode()), ("blackbox-version", victim.version.encode())]
+    produce(first.settings.kafka["bootstrap.servers"], own_topic, [b"forged"], headers=forged)
+    _flush_and_rebuild(redis_client, first)
+    assert set(_stored_ids(redis_client, first)) == {"victim"}
+
+
+def test_an_if_absent_retry_answered_already_fired_is_not_delivered_again(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """I: a create retried with if_absent after the first fired was answered already_fired;
+    the rebuild leaves it so, and the id's ended marker is back."""
+    first = start_service()
+    target = unique("absent")
+    request = {"id": "once", "topic": target, "message": "once", "countdown": 0, "if_absent": True}
+    _send(first, request)
+    _delivered(first, 1)
+    _send(first, request, {"topic": target, "message": "pending", "countdown": 600})
+    wait_until(lambda: "pending" in _stored_ids(redis_client, first), what="stored")
+    _flush_and_rebuild(redis_client, first)
+    assert set(_stored_ids(redis_client, first)) == {"pending"}
+    ended = first.store.layout.keys_of("@billing/once").ended("@billing/once")
+    assert redis_client.get(ended) == b"f"
+
+
+def test_a_forged_occurrence_beyond_64_bits_is_skipped_not_a_crash(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """C4: a delivered record's blackbox-occurrence-ms too large for a due time is skipped
+    (counted); the series is written back."""
+    first = start_service()
+    target = unique("occurrence")
+    _send(first, {"id": "s", "topic": target, "message": "s", "every": 600, "start":
+                  time.time() + 600})  # fmt: skip
+    wait_until(lambda: "s" in _stored_ids(redis_client, first), what="stored")
+    series = _stored_ids(redis_client, first)["s"]
+    forged = [("blackbox-id", series.id.encode()), ("blackbox-version", series.version.encode()),
+              ("blackbox-occurrence-ms", b"9" * 30)]  # fmt: skip
+    produce(first.settings.kafka["bootstrap.servers"], target, [b"forged"], headers=forged)
+    counts = _flush_and_rebuild(redis_client, first)
+    assert set(_stored_ids(redis_client, first)) == {"s"}
+    assert counts.skipped == 1
+
+
+def test_a_target_partition_emptied_by_retention_ends_its_read(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """F: a target partition whose records were all deleted is read at once (empty)."""
+    first = start_service()
+    target = unique("emptied")
+    _send(first, {"topic": target, "message": "gone", "countdown": 0},
+          {"topic": target, "message": "pending", "countdown": 600}, caller=False)  # fmt: skip
+    _delivered(first, 1)
+    _forget_before(first.settings.kafka["bootstrap.servers"], target, 1)
+    _flush_and_rebuild(redis_client, first)
+    assert set(_stored_ids(redis_client, first)) == {"pending"}
+
+
+def test_intake_records_aged_out_stop_the_rebuild_unless_accepted(
+    start_service: ServiceFactory, redis_client: redis.Redis
+) -> None:
+    """G: the intake topic no longer holds its first records (a series' creation may be
+    among them): the rebuild refuses, deleting nothing, unless the loss is accepted."""
+    first = start_service()
+    target = unique("aged-intake")
+    _send(first, *({"topic": target, "message": f"m-{n}", "countdown": 600} for n in range(3)),
+          caller=False)  # fmt: skip
+    wait_until(lambda: len(_pending(redis_client, first)) == 3, what="stored")
+    first.stop()
+    _forget_before(first.settings.kafka["bootstrap.servers"], first.settings.intake_topic, 1)
+    with pytest.raises(rebuild.AgedOut, match="--accept-aged-out"):
+        rebuild.rebuild(first.settings)
+    assert len(_pending(redis_client, first)) == 3
+    rebuild.rebuild(first.settings, accept_aged_out=True)
+    assert set(_stored_ids(redis_client, first)) == {"m-1", "m-2"}
+
+
+def test_a_rebuild_in_progress_keeps_intake_stopped_and_the_replica_unready(
+    start_service: ServiceFactory, redis_client: redis.Redis, env: dict[str, str]
+) -> None:
+    """K: a rebuild that stopped half-way leaves its marker: a service started then takes
+    nothing from the intake topic and is not ready until a rebuild finishes."""
+    layout = Layout(env["BLACKBOX_NAMESPACE"], 1)
+    rebuilding.begin(redis_client, layout)
+    held = start_service()
+    target = unique("held")
+    _send(held, {"topic": target, "message": "held", "countdown": 600}, caller=False)
+    wait_until(lambda: "rebuild" in str(held.health.report()), what="unready for the rebuild")
+    assert not held.health.ready
+    assert _pending(redis_client, held) == set()
+    rebuilding.end(redis_client, layout)
+    wait_until(lambda: _pending(redis_client, held) != set(), what="intake started")
+
+
+def test_a_signed_copy_refused_for_its_age_is_not_taken_by_the_rebuild(
+    start_service: ServiceFactory, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """M: a signed record sent again long after it was signed (its create time kept) was
+    refused for its age; the rebuild, which judges no age, does not take it either."""
+    key = Ed25519PrivateKey.generate()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("callers:\n  billing:\n    require_signature: true\n"
+                      "    signature_max_age_seconds: 4\n"
+                      f'    keys: {{billing-1: "{public_text(key.public_key())}"}}\n')  # fmt: skip
+    first = start_service(BLACKBOX_POLICY_FILE=str(policy))
+    target = unique("stale")
+    old = int(time.time() * 1000) - 60_000
+    value = orjson.dumps({"topic": target, "message": "stale", "countdown": 600})
+    parts = Parts(first.settings.intake_topic, None, value, CALLER)
+    signed = [*CALLER, Signer(key, "billing-1").header(parts, issued_ms=old)]
+    produce(first.settings.kafka["bootstrap.servers"], first.settings.intake_topic, [value],
+            headers=signed, timestamp_ms=old)  # fmt: skip
+    _send(first, {"topic": target, "message": "pending", "countdown": 600}, caller=False)
+    wait_until(lambda: "pending" in _stored_ids(redis_client, first), what="stored")
+    counts = _flush_and_rebuild(redis_client, first)
+    assert set(_stored_ids(redis_client, first)) == {"pending"}
+    assert counts.refused_before == 1

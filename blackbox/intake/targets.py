@@ -1,0 +1,51 @@
+"""Targets: the topics the intake records to replay name, found before a rebuild deletes
+anything, so that one it may not read stops it while Redis is still whole.
+
+A cheap first read: the `topic` of a JSON request or the `scheduler-target-topic` header,
+no other check (a record refused later only costs a look at its topic's metadata).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from confluent_kafka import Message
+
+from blackbox.envelope import TARGET_TOPIC_HEADER, legal_topic_name
+from blackbox.kafka import readback
+from blackbox.kafka.clients import read_headers
+from blackbox.kafka.readback import Extent
+
+
+def named(config: Mapping[str, Any], spans: Mapping[tuple[str, int], tuple[int, int]]) -> set[str]:
+    """Every legal topic name the records of `spans` ([start, end) per partition) target."""
+    bounds = {where: Extent(start, end) for where, (start, end) in spans.items()}
+    found: set[str] = set()
+    for message, _ in readback.records(config, bounds):
+        topic = target_of(message)
+        if topic is not None and legal_topic_name(topic):
+            found.add(topic)
+    return found
+
+
+def target_of(message: Message) -> str | None:
+    """The topic one intake record names, if it names one."""
+    for name, value in read_headers(message) or []:
+        if name == TARGET_TOPIC_HEADER and isinstance(value, bytes):
+            return value.decode("utf-8", "replace")
+    value = message.value()
+    if not value or not value.lstrip().startswith(b"{"):
+        return None
+    try:
+        document = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    topic = document.get("topic") if isinstance(document, dict) else None
+    return topic if isinstance(topic, str) else None
+
+
+def check_readable(config: Mapping[str, Any], topics: set[str]) -> None:
+    """readback.Unreadable for the first of `topics` the broker will not describe."""
+    readback.extents_of(config, topics)
