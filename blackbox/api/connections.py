@@ -12,36 +12,56 @@ per refusal (`Throttled`).
 
 A client that does not read its answers holds nothing for long either: a connection counts
 until its socket is gone, and one whose answers have not left (writes held back for
-`header_seconds`, or unsent bytes when its head deadline passes) is aborted, its descriptor
-freed at once. Closed gracefully, a socket whose answer cannot leave keeps its descriptor
-for as long as the client does not read, out of any count. A pipelined request begun when
-the previous answer ends is a request in progress: the head deadline waits for an idle
-connection.
+`header_seconds`, unsent bytes when its head deadline passes, or answer bytes still unsent
+`answer_seconds` after the write that found nothing waiting, however fast it reads) is
+aborted, its descriptor freed at once. Closed gracefully, a socket whose answer cannot leave
+keeps its descriptor for as long as the client does not read, out of any count. A pipelined
+request begun when the previous answer ends is a request in progress: the head deadline
+waits for an idle connection.
+
+The probes outlive a full cap: PROBE_RESERVE connections beyond it are kept for /live,
+/ready and /metrics (anything else asked on one is answered 503 and closed), so clients
+holding every connection busy never get a healthy pod restarted. And one client address
+holds at most `per_client` connections (reserved ones included): over it, that address's
+connection waiting longest for a request is closed, or, with all of them busy, the new one
+is answered 503 and closed; other addresses are untouched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import h11
 import orjson
 import structlog
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+if TYPE_CHECKING:
+    from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallable, Scope
+
 log = structlog.get_logger("blackbox.api.connections")
 # Connections the kernel holds for the server to accept (uvicorn's default).
 LISTEN_BACKLOG = 2048
+# Connections beyond the cap kept for the probes: a kubelet and a scraper or two, with room.
+PROBE_RESERVE = 16
+# The paths a reserved connection may ask for.
+PROBE_PATHS = frozenset({"/live", "/ready", "/metrics"})
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """How long a connection has to send a request head, and how many may be open."""
+    """How long a connection has to send a request head and to take an answer, how many
+    may be open, and how many of one client address."""
 
     header_seconds: float = 10.0
     max_connections: int = 1000
+    answer_seconds: float = 30.0
+    per_client: int = 100
 
     @property
     def accept_batch(self) -> int:
@@ -85,25 +105,101 @@ class Throttled:
         self.times, self.last, self.pending = 0, loop.time(), None
 
 
+class Room(enum.Enum):
+    """Whether a new connection may open, and for what."""
+
+    ANY = "any"  # any request
+    PROBES = "probes"  # /live, /ready and /metrics alone (a reserved connection)
+    NONE = "none"  # refused
+
+
 @dataclass
 class Gate:
-    """What the connections of one server share: the limits, those open, and those waiting
-    for a request head (the one waiting longest first)."""
+    """What the connections of one server share: the limits, those open (reserved ones
+    apart), each client address's, and those waiting for a request head (the one waiting
+    longest first)."""
 
     limits: Limits
     refused: Throttled
+    cut: Throttled | None = None  # answers that did not leave in time
     open: set[Guarded] = field(default_factory=set)
+    reserved: set[Guarded] = field(default_factory=set)
+    clients: dict[str, set[Guarded]] = field(default_factory=dict)
     waiting: dict[Guarded, None] = field(default_factory=dict)
 
-    def make_room(self) -> bool:
-        """Whether one more connection may open: under the cap, or once the connection
-        waiting longest for a request is closed."""
-        if len(self.open) < self.limits.max_connections:
-            return True
-        longest = next(iter(self.waiting), None)
-        if longest is not None:
-            longest.time_out()
-        return longest is not None
+    def make_room(self, client: str) -> Room:
+        """Whether one more connection from `client` may open, and for what: over the
+        client's share, in the place of its own connection waiting longest for a request;
+        else under the cap, or in the place of any connection waiting longest; else in the
+        probes' reserve while it has room."""
+        own = self.clients.get(client)
+        if own is not None and len(own) >= self.limits.per_client:
+            return self._replace(own)
+        if len(self.open) - len(self.reserved) < self.limits.max_connections:
+            return Room.ANY
+        taken = self._replace(self.open)
+        if taken is Room.NONE and len(self.reserved) < PROBE_RESERVE:
+            return Room.PROBES
+        return taken
+
+    def _replace(self, among: set[Guarded]) -> Room:
+        """Close the connection of `among` waiting longest for a request; the new one takes
+        its place (NONE: none waits)."""
+        longest = next((c for c in self.waiting if c in among), None)
+        if longest is None:
+            return Room.NONE
+        longest.time_out()
+        return Room.PROBES if longest in self.reserved else Room.ANY
+
+    def enter(self, connection: Guarded, room: Room) -> None:
+        self.open.add(connection)
+        self.clients.setdefault(connection.client_host, set()).add(connection)
+        if room is Room.PROBES:
+            self.reserved.add(connection)
+
+    def leave(self, connection: Guarded) -> None:
+        self.open.discard(connection)
+        self.reserved.discard(connection)
+        own = self.clients.get(connection.client_host)
+        if own is not None:
+            own.discard(connection)
+            if not own:
+                del self.clients[connection.client_host]
+
+
+class Sending:
+    """A connection's transport, telling each run of answer bytes it could not send at once:
+    `started` is called when a write leaves bytes waiting where none waited before.
+    Everything else is the transport's own."""
+
+    def __init__(self, transport: asyncio.Transport, started: Callable[[], None]) -> None:
+        self._transport, self._started = transport, started
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        fresh = self._transport.get_write_buffer_size() == 0
+        self._transport.write(data)
+        if fresh and self._transport.get_write_buffer_size():
+            self._started()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def probes_only(app: ASGI3Application) -> ASGI3Application:
+    """`app` for the probe paths; 503 and close for any other (a reserved connection)."""
+
+    async def guarded(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        if scope["type"] != "http" or scope["path"] in PROBE_PATHS:
+            await app(scope, receive, send)
+            return
+        body = orjson.dumps({"error": "unavailable",
+                             "reason": "too many connections: try again"})  # fmt: skip
+        await send({"type": "http.response.start", "status": 503, "headers": [
+            (b"content-type", b"application/json"), (b"connection", b"close"),
+            (b"retry-after", b"1"), (b"content-length", b"%d" % len(body))]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
+
+    return guarded
 
 
 class Guarded(H11Protocol):
@@ -116,15 +212,24 @@ class Guarded(H11Protocol):
         super().__init__(*args, **kwargs)
         self.deadline: asyncio.TimerHandle | None = None
         self.stalled: asyncio.TimerHandle | None = None  # writes held back: abort at this
+        self.sending: asyncio.TimerHandle | None = None  # answer bytes waiting: check at this
+        self.sending_since = 0.0  # when the waiting answer bytes began to wait
         self.head_begun = False  # some bytes of the awaited request head have come
         self.refused = False
+        self.client_host = ""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if not self.gate.make_room():
+        peer = transport.get_extra_info("peername")
+        self.client_host = str(peer[0]) if isinstance(peer, tuple) else ""
+        room = self.gate.make_room(self.client_host)
+        if room is Room.NONE:
             self._refuse(transport)
             return
-        self.gate.open.add(self)
+        self.gate.enter(self, room)
         super().connection_made(transport)
+        self.transport = cast(asyncio.Transport, Sending(transport, self._answer_waits))
+        if room is Room.PROBES:
+            self.app = probes_only(self.app)
         self._await_head()
 
     def data_received(self, data: bytes) -> None:
@@ -161,7 +266,9 @@ class Guarded(H11Protocol):
             return
         self._stop_waiting()
         self._stop_stall()
-        self.gate.open.discard(self)  # only now: till then the socket holds a descriptor
+        if self.sending is not None:
+            self.sending.cancel()
+        self.gate.leave(self)  # only now: till then the socket holds a descriptor
         super().connection_lost(exc)
 
     def time_out(self) -> None:
@@ -174,6 +281,25 @@ class Guarded(H11Protocol):
             self.transport.abort()  # the client does not read: close() would wait for it
         else:
             self.transport.close()
+
+    def _answer_waits(self) -> None:
+        """Answer bytes wait to leave, none waited before: they have answer_seconds."""
+        self.sending_since = self.loop.time()
+        if self.sending is None:
+            self._check_sending()
+
+    def _check_sending(self) -> None:
+        """Abort once answer bytes have waited answer_seconds; check again at their end."""
+        self.sending = None
+        if not self.transport.get_write_buffer_size() or self.transport.is_closing():
+            return
+        due = self.sending_since + self.gate.limits.answer_seconds
+        if self.loop.time() >= due:
+            self.transport.abort()
+            if self.gate.cut is not None:
+                self.gate.cut.note(self.loop, answer_seconds=self.gate.limits.answer_seconds)
+            return
+        self.sending = self.loop.call_at(due, self._check_sending)
 
     def _await_head(self) -> None:
         self._stop_waiting()
@@ -197,10 +323,9 @@ class Guarded(H11Protocol):
         self.refused, self.transport = True, transport
         most = self.gate.limits.max_connections
         transport.write(_raw("503 Service Unavailable", "unavailable",
-                             f"too many connections (at most {most}): try again",
-                             b"retry-after: 1"))  # fmt: skip
+                             "too many connections: try again", b"retry-after: 1"))  # fmt: skip
         transport.close()
-        self.gate.refused.note(self.loop, most=most)
+        self.gate.refused.note(self.loop, most=most, per_client=self.gate.limits.per_client)
 
 
 def protocol_for(gate: Gate) -> type[Guarded]:

@@ -1,10 +1,18 @@
 """Pending: read-only views of what is scheduled, for the HTTP API and its page.
 
 Every view reads all shards and is bounded in the work it asks of Redis, whatever the number
-pending: a listing takes at most `SCAN_BUDGET` ids per call from the shards' merged order
-(a rare filter answers a partial page with a cursor rather than walking a million ids at
-once; see listing.py for what positioning and reading ahead add), and the counts are
-ZCARD/ZCOUNT calls, each O(log n), per shard in one pipeline.
+pending: a listing reads at most `SCAN_BUDGET` ids of the listed caller per call from the
+shards' merged order (a rare filter answers a partial page with a cursor rather than walking
+a million ids at once; see listing.py for what positioning and reading ahead add), and the
+counts are ZCARD/ZCOUNT calls, each O(log n), per shard in one pipeline.
+
+A listing of one caller (all a token scoped to callers may make) walks every caller's ids,
+but only the listed caller's count against its budget: where its page ends, and whether it
+comes with a cursor, follow from that caller's own ids, so a scoped token cannot bisect when
+others' ids fall due by watching its pages stop early. Other callers' own ids (`@caller/...`)
+are passed over by their name, unread, an intake-derived id once the start of its payload
+names another caller; `WALK_BUDGET` bounds the ids of any caller one call walks, the only
+point where others' ids still shape a page.
 
 A listing's cursor is sealed (cursors.py): it may stop on an id the token may not see,
 and it names none. Whether an id is pending, and whose it is, is read from the head of its
@@ -32,7 +40,7 @@ from blackbox.api.cursors import Cursors, Position, key_name, redis_key
 from blackbox.api.views import Bucket, Detail, Item, Kind, Page, State, Stats, detail_of, item_of
 from blackbox.clock import now_ms
 from blackbox.errors import CorruptSchedule
-from blackbox.schedule import CALLER_WITHIN, Schedule, caller_from_prefix
+from blackbox.schedule import CALLER_WITHIN, Schedule, caller_from_prefix, split_scoped
 from blackbox.storage import listing
 from blackbox.storage.keys import Keys
 from blackbox.storage.listing import Member
@@ -40,8 +48,15 @@ from blackbox.storage.store import RedisStore
 
 log = structlog.get_logger("blackbox.api.pending")
 
-# The most ids one listing call reads from Redis (a few ms at most at 1,000,000 pending).
+# The most ids of the listed caller one listing call reads from Redis (a few ms at most at
+# 1,000,000 pending).
 SCAN_BUDGET = 1_000
+# The most ids of any caller one listing call walks: another caller's own id costs its
+# sorted-set read, an intake-derived id the read of its payload's first CALLER_WITHIN bytes
+# (10,000 such: about 0.4 s on a loaded 2-core machine, as 1,000 heads read and decoded).
+WALK_BUDGET = 10_000
+# Ids read of one shard per round trip while a listing of one caller walks.
+WALK_STEP = 1_000
 # Ids read per round trip while listing.
 SCAN_STEP = 200
 # The fewest ids a page reads of each shard at first (more: a share of the page).
@@ -109,6 +124,8 @@ class Pending:
         # Members read of each shard per round trip: the first read of every shard, made
         # before the merge can pick any, stays within the budget.
         self.step = max(1, min(SCAN_STEP, SCAN_BUDGET // self.layout.count))
+        # A listing of one caller walks past others' ids in longer reads (fewer round trips).
+        self.walk_step = max(1, min(WALK_STEP, WALK_BUDGET // self.layout.count))
 
     def get(self, schedule_id: str) -> Detail | None:
         """One schedule with its message and headers; None unless it is pending."""
@@ -145,25 +162,28 @@ class Pending:
 
     def page(self, kept: Filter, cursor: str | None, limit: int) -> Page:
         """Up to `limit` schedules by due time (lease expiry in flight) from `cursor` on,
-        over all shards, taking at most SCAN_BUDGET ids from their merged order."""
+        over all shards, reading at most SCAN_BUDGET ids of the listed caller and walking at
+        most WALK_BUDGET ids from their merged order."""
         names = self._sets(kept.state)
         starts = self._starts(names, kept, self.cursors.open(cursor) if cursor else None)
-        members = listing.merged(self.client, names, starts, self._reads(limit, self.step))
+        step = self.step if kept.caller is None else self.walk_step
+        members = listing.merged(self.client, names, starts, self._reads(limit, step))
         if kept.state is State.PENDING and kept.due_to_ms is not None:
             members = itertools.takewhile(lambda m: m[0] <= (kept.due_to_ms or 0), members)
         items: list[Item] = []
-        read, counted, last = 0, 0, None
-        while read < SCAN_BUDGET:
+        walked, counted, last = 0, 0, None
+        while counted < SCAN_BUDGET and walked < WALK_BUDGET:
             # The first read is the page's size; later ones are full: a filter drops ids.
-            size = min(SCAN_STEP, SCAN_BUDGET - read, SCAN_STEP if read else limit)
+            size = min(SCAN_STEP, WALK_BUDGET - walked, SCAN_STEP if walked else limit)
             chunk = list(itertools.islice(members, size))
-            for (score, member), head, attempt in zip(chunk, *self._loaded(chunk), strict=True):
-                read, last = read + 1, Position(score, member)
+            for (score, member), head, attempt in zip(chunk, *self._loaded(chunk, kept),
+                                                      strict=True):  # fmt: skip
+                walked, last = walked + 1, Position(score, member)
                 schedule = None if head is None else head.schedule
                 counted += kept.of_caller(schedule)
                 if head is not None and kept.keeps(head.schedule):
                     items.append(item_of(head.schedule, kept.state, attempt, head.size))
-                if len(items) >= limit:
+                if len(items) >= limit or counted >= SCAN_BUDGET:
                     return Page(items, self.cursors.seal(last), counted)
             if len(chunk) < size:
                 return Page(items, None, counted)
@@ -191,10 +211,37 @@ class Pending:
             return [keys.due for keys in self.layout.shards]
         return [keys.in_flight for keys in self.layout.shards]
 
-    def _loaded(self, members: Sequence[Member]) -> tuple[list[Head | None], list[int]]:
-        """The head of each member's schedule (None once gone or unreadable) and its
+    def _loaded(
+        self, members: Sequence[Member], kept: Filter
+    ) -> tuple[list[Head | None], list[int]]:
+        """The head of each member's schedule (None once gone or unreadable, or where the
+        listing names a caller, another caller's, whose head is never read) and its
         attempts, in one round trip per Redis node."""
-        ids = [m for _, m in members]
+        wanted = list(range(len(members)))
+        if kept.caller is not None:
+            owners = self._owners([m for _, m in members])
+            wanted = [i for i, owner in zip(wanted, owners, strict=True) if owner == kept.caller]
+        heads, attempts = self._read([members[i][1] for i in wanted])
+        loaded: list[Head | None] = [None] * len(members)
+        tries = [0] * len(members)
+        for index, head, attempt in zip(wanted, heads, attempts, strict=True):
+            loaded[index], tries[index] = head, attempt
+        return loaded, tries
+
+    def _owners(self, ids: Sequence[str]) -> list[str | None]:
+        """The caller of each id: a caller's own id names it; an intake-derived id's is read
+        from the first CALLER_WITHIN bytes of its payload (one pipeline), never decoding
+        the rest of another caller's schedule."""
+        unnamed = [i for i in ids if split_scoped(i) is None]
+        pipe = self.client.pipeline(transaction=False)
+        for schedule_id in unnamed:
+            pipe.getrange(self.layout.keys_of(schedule_id).payload(schedule_id), 0,
+                          CALLER_WITHIN - 1)  # fmt: skip
+        read = dict(zip(unnamed, pipe.execute() if unnamed else [], strict=True))
+        return [_owner_of(i, read.get(i)) for i in ids]
+
+    def _read(self, ids: Sequence[str]) -> tuple[list[Head | None], list[int]]:
+        """The head of each id's schedule and its attempts (one pipeline)."""
         pipe = self.client.pipeline(transaction=False)
         self._queue_heads(pipe, ids)
         groups: dict[int, list[int]] = {}
@@ -293,6 +340,19 @@ class Pending:
         members = listing.merged(self.client, names, [0] * len(names), reads)
         heads = self._heads([m for _, m in itertools.islice(members, TOPIC_SAMPLE)])
         return Counter(h.schedule.topic for h in heads if h is not None)
+
+
+def _owner_of(schedule_id: str, prefix: bytes | None) -> str | None:
+    """The caller an id names, else the one its payload's `prefix` holds (None: none, or
+    gone, or unreadable: the listing passes it over)."""
+    scoped = split_scoped(schedule_id)
+    if scoped is not None:
+        return None if scoped[0] is None else scoped[0].decode("utf-8", "replace")
+    try:
+        caller = caller_from_prefix(prefix) if prefix else None
+    except CorruptSchedule:
+        return None
+    return None if caller is None else caller.decode("utf-8", "replace")
 
 
 def _earliest(firsts: Iterable[Any]) -> int | None:

@@ -42,7 +42,8 @@ class Endpoints:
     ) -> None:  # fmt: skip
         self.socket = socket.create_server((host, port), reuse_port=False)
         self.limits = _fitted(limits)
-        gate = Gate(self.limits, Throttled("http_connections_refused", LOG_EVERY_SECONDS))
+        gate = Gate(self.limits, Throttled("http_connections_refused", LOG_EVERY_SECONDS),
+                    Throttled("http_answers_cut", LOG_EVERY_SECONDS))  # fmt: skip
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
                                 loop="asyncio", http=protocol_for(gate), ws="none",
                                 backlog=self.limits.accept_batch)  # fmt: skip
@@ -59,7 +60,8 @@ class Endpoints:
         self._thread.start()
         log.info("http_listening", host=self.socket.getsockname()[0], port=self.port,
                  paths=["/", "/api/v1", "/live", "/ready", "/metrics"],
-                 max_connections=self.limits.max_connections)  # fmt: skip
+                 max_connections=self.limits.max_connections,
+                 per_client=self.limits.per_client)  # fmt: skip
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -16,8 +16,9 @@ import orjson
 import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from prometheus_client.parser import text_string_to_metric_families
 
-from blackbox.api.pending import SCAN_BUDGET
+from blackbox.api.pending import SCAN_BUDGET, WALK_BUDGET
 from blackbox.client import Client
 from blackbox.clock import now_ms
 from blackbox.kafka import answers
@@ -231,10 +232,10 @@ def test_the_api_signs_for_callers_that_must_sign(
 
 def _foreign_and_own(service: Service, target: str, big: bytes) -> list[str]:
     """billing's ids (a caller's own and one derived from an intake record, each with a
-    large message) stored beyond a listing's read budget, then one id of shop's."""
+    large message) stored beyond the ids a listing walks in one call, then one id of shop's."""
     base = now_ms() + 3_600_000
     billing = [Schedule(f"@billing/customer-{i:04d}-invoice", target, b"x", base + i,
-                        caller=b"billing") for i in range(SCAN_BUDGET + 10)]  # fmt: skip
+                        caller=b"billing") for i in range(WALK_BUDGET + 10)]  # fmt: skip
     secrets = [Schedule("@billing/secret", target, big, base, caller=b"billing"),
                Schedule(intake_id(target, 0, 7), target, big, base, caller=b"billing")]  # fmt: skip
     fill(service, [*billing, *secrets,
@@ -252,8 +253,9 @@ def _decoded(cursor: str) -> bytes:
 def test_a_scoped_tokens_cursor_names_no_other_callers_id(
     callers_api: tuple[Service, httpx.Client],
 ) -> None:
-    """Guarantee 7: a listing that stops at its read budget among billing's ids hands shop's
-    token a cursor that names none of them, as text or decoded, and still reaches shop's id."""
+    """Guarantee 7: a listing that stops among billing's ids (more than one call walks) hands
+    shop's token a cursor that names none of them, as text or decoded, and still reaches
+    shop's id."""
     service, client = callers_api
     _foreign_and_own(service, unique("cursor"), b"x")
     first = client.get("/api/v1/schedules", headers=_auth(SHOP)).json()
@@ -287,6 +289,52 @@ def test_a_scoped_listing_counts_none_of_another_callers_ids(
     assert scanned(SHOP, due_from_ms=base, due_to_ms=base + 29) == 0
     assert scanned(BILLING, due_from_ms=base + 7, due_to_ms=base + 7) == 1
     assert scanned(BILLING) == 30
+
+
+def test_a_scoped_listing_answers_the_same_whatever_other_callers_hold(
+    callers_api: tuple[Service, httpx.Client],
+) -> None:
+    """Guarantee 7: shop's listing of a due window is a function of shop's ids alone: the
+    same items, `scanned` and end (no cursor) in a window where billing holds nothing as in
+    one where billing holds more ids than a listing's read budget, interleaved with shop's.
+    Before, the busy window's page stopped early with a cursor, so a scoped token could
+    bisect when another caller's ids fall due."""
+    service, client = callers_api
+    target, quiet = unique("shape"), now_ms() + 3_600_000
+    busy, offsets = quiet + 10**6, [0, 500, 999, 1500]
+    fill(service, [*(Schedule(f"@shop/{start}-{o}", target, b"x", start + o, caller=b"shop")
+                     for start in (quiet, busy) for o in offsets),
+                   *(Schedule(f"@billing/b-{i}", target, b"x", busy + i, caller=b"billing")
+                     for i in range(SCAN_BUDGET + 10))])  # fmt: skip
+
+    def shape(start: int) -> tuple[list[int], bool, int]:
+        window = {"due_from_ms": start, "due_to_ms": start + 2000, "limit": 10}
+        page = client.get("/api/v1/schedules", params=window, headers=_auth(SHOP)).json()
+        return [i["due_ms"] - start for i in page["items"]], page["cursor"] is None, page["scanned"]
+
+    assert shape(quiet) == (offsets, True, 4)
+    assert shape(busy) == shape(quiet)
+
+
+def test_metrics_name_no_caller_topic_or_id(callers_api: tuple[Service, httpx.Client]) -> None:
+    """Guarantee 7: /metrics, an operator's endpoint answered without a token, counts every
+    caller's schedules together: once two callers' schedules are taken, listed and one
+    cancelled, no label value names a caller, the target topic or an id."""
+    service, client = callers_api
+    target = unique("metered")
+    for token, own in ((BILLING, "metered-b"), (SHOP, "metered-s")):
+        assert _create(client, token, target, own).status_code == 202
+    stored = ["@billing/metered-b", "@shop/metered-s"]
+    wait_until(lambda: all(service.store.load(i) for i in stored), 30, "both scheduled")
+    assert client.get("/api/v1/schedules", headers=_auth(SHOP)).status_code == 200
+    cancel = client.delete(f"/api/v1/schedules/{stored[1]}", headers=_auth(SHOP))
+    assert cancel.status_code == 200
+    text = client.get("/metrics").text
+    values = {value for family in text_string_to_metric_families(text)
+              for sample in family.samples for value in sample.labels.values()}  # fmt: skip
+    named = ("billing", "shop", target, "metered-")
+    assert [v for v in values if any(word in v for word in named)] == []
+    assert "blackbox_intake_records_total" in text
 
 
 def _asked(client: httpx.Client, method: str, path: str) -> tuple[int, str]:

@@ -31,6 +31,14 @@ HALF_HEAD = b"GET /live HTTP/1.1\r\nHost: localhost\r\n"
 # 400 requests sent at once (pipelined), 31 KB of answer each: more than the buffers hold
 # for a client that never reads.
 PIPELINED = b"GET /api/openapi.json HTTP/1.1\r\nHost: localhost\r\n\r\n" * 400
+# The same, of the service's own OpenAPI document (/openapi.json, about as large).
+DOCUMENTS = b"GET /openapi.json HTTP/1.1\r\nHost: localhost\r\n\r\n" * 400
+# A call of the API, whole.
+STATS = (
+    b"GET /api/v1/stats HTTP/1.1\r\nHost: localhost\r\nAuthorization: "
+    + AUTH["Authorization"].encode()
+    + b"\r\n\r\n"
+)
 # A create whose body is announced, then sent a byte at a time.
 SLOW_POST = (
     b"POST /api/v1/schedules HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
@@ -87,10 +95,12 @@ def _live(port: int) -> int:
 class Conn:
     """One client connection: what the server sent on it, and whether it closed it."""
 
-    def __init__(self, port: int, first: bytes = b"", receive_buffer: int = 0) -> None:
+    def __init__(self, port: int, first: bytes = b"", receive_buffer: int = 0,
+                 source: str = "127.0.0.1") -> None:  # fmt: skip
         self.sock = socket.socket()
         if receive_buffer:  # set before connecting: it sizes the window the server sees
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        self.sock.bind((source, 0))  # another loopback address: another client
         self.sock.connect(("127.0.0.1", port))
         self.sock.sendall(first)
         self.received = b""
@@ -112,8 +122,14 @@ class Conn:
         return parsed
 
 
-def _open(port: int, count: int, first: bytes = b"", receive_buffer: int = 0) -> list[Conn]:
-    return [Conn(port, first, receive_buffer) for _ in range(count)]
+def _open(port: int, count: int, first: bytes = b"", receive_buffer: int = 0,
+          source: str = "127.0.0.1") -> list[Conn]:  # fmt: skip
+    return [Conn(port, first, receive_buffer, source) for _ in range(count)]
+
+
+def _clients(port: int, count: int, first: bytes) -> list[Conn]:
+    """One connection from each of `count` loopback addresses (127.0.0.2 on): `count` clients."""
+    return [Conn(port, first, source=f"127.0.0.{2 + n}") for n in range(count)]
 
 
 def _closed(conns: list[Conn]) -> list[Conn]:
@@ -183,8 +199,8 @@ def test_connections_over_the_cap_replace_idle_ones_or_are_refused_503(
 ) -> None:
     """Guarantee 4: with a cap of 10 connections, 30 idle ones leave the 10 newest open
     (each over the cap closed the one waiting longest) and /live answers; with the 10 all
-    busy (bodies on their way), one more is answered 503 and closed at once; once the
-    busy ones end, /live answers again."""
+    busy (bodies on their way), a call of the API on one more is answered 503 and closed
+    at once; once the busy ones end, /live answers again."""
     service = start_service(BLACKBOX_API_TOKEN=TOKEN, BLACKBOX_HTTP_MAX_CONNECTIONS="10",
                             BLACKBOX_HTTP_HEADER_TIMEOUT="30",
                             BLACKBOX_HTTP_BODY_TIMEOUT="30")  # fmt: skip
@@ -195,12 +211,98 @@ def test_connections_over_the_cap_replace_idle_ones_or_are_refused_503(
         assert _live(port) == 200
     with _closing(_open(port, 10, SLOW_POST)) as busy:
         wait_until(lambda: _tasks(service) == 10, 10, "10 requests in progress")
-        with _closing(_open(port, 1)) as (over,):
+        with _closing(_open(port, 1, STATS)) as (over,):
             wait_until(over.poll, 5, "the refusal")
         assert over.received.startswith(b"HTTP/1.1 503 "), over.received
         assert over.body()["error"] == "unavailable"
         assert _closed(busy) == []
     wait_until(lambda: _live(port) == 200, 10, "/live once the busy connections ended")
+
+
+def test_probes_answer_while_every_connection_is_busy(start_service: ServiceFactory) -> None:
+    """Guarantee 4: with the cap of 10 connections all busy (10 clients each sending a
+    body slowly), /live, /ready and /metrics still answer 200 on new connections (a few
+    are kept beyond the cap for them), so the pod is not restarted; a call of the API over
+    the cap is answered 503 and closed."""
+    service = start_service(BLACKBOX_API_TOKEN=TOKEN, BLACKBOX_HTTP_MAX_CONNECTIONS="10",
+                            BLACKBOX_HTTP_HEADER_TIMEOUT="30",
+                            BLACKBOX_HTTP_BODY_TIMEOUT="30")  # fmt: skip
+    port = _port(service)
+    with _closing(_clients(port, 10, SLOW_POST)) as busy:
+        wait_until(lambda: _tasks(service) == 10, 10, "10 requests in progress")
+        for path in ("/live", "/ready", "/metrics"):
+            answer = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=5)
+            assert answer.status_code == 200, (path, answer.text)
+        over = httpx.get(f"http://127.0.0.1:{port}/api/v1/stats", headers=AUTH, timeout=5)
+        assert (over.status_code, over.json()["error"]) == (503, "unavailable")
+        assert _closed(busy) == []
+
+
+def test_a_client_that_reads_its_answers_slowly_is_cut_off_at_the_answer_timeout(
+    start_service: ServiceFactory,
+) -> None:
+    """Guarantee 4: a client that pipelines requests and reads their answers a little at a
+    time (its writes never held back as long as the header timeout) is aborted once its
+    answer bytes have waited the answer timeout (1 s): the server holds its connection no
+    more (what the kernel still sends it holds no descriptor); /live answers meanwhile."""
+    service = start_service(BLACKBOX_HTTP_HEADER_TIMEOUT="30",
+                            BLACKBOX_HTTP_ANSWER_TIMEOUT="1")  # fmt: skip
+    port = _port(service)
+    with _closing(_open(port, 1, DOCUMENTS, receive_buffer=1024)) as (slow,):
+        stop = threading.Event()
+        reading = threading.Thread(target=_sip, args=(slow, stop), daemon=True)
+        reading.start()
+        try:
+            wait_until(lambda: slow.received.startswith(b"HTTP/1.1 200 "), 10, "answers")
+            wait_until(lambda: _live(port) == 200 and not _holds(service, slow), 15,
+                       "the slow reader cut")  # fmt: skip
+        finally:
+            stop.set()
+            reading.join(5)
+
+
+def _holds(service: Service, conn: Conn) -> bool:
+    """Whether the service's server holds a connection of `conn`."""
+    assert service.endpoints is not None
+    address = conn.sock.getsockname()
+    return any(tuple(getattr(c, "client", None) or ()) == address
+               for c in service.endpoints.server.server_state.connections)  # fmt: skip
+
+
+def _sip(conn: Conn, stop: threading.Event) -> None:
+    """A slow reader: 2 KiB every 0.1 s until stopped or closed."""
+    while not stop.wait(0.1):
+        try:
+            part = conn.sock.recv(2048)
+        except OSError:  # aborted, or closed by the test
+            return
+        conn.received += part
+        if not part:
+            return
+
+
+def test_one_client_address_holds_at_most_its_share_of_connections(
+    start_service: ServiceFactory,
+) -> None:
+    """Guarantee 4: with at most 3 connections per client address, a 4th busy request from
+    one address is answered 503 and closed at once while the cap (100) has room, and
+    another address is served; idle connections over the share close that address's
+    oldest idle one."""
+    service = start_service(BLACKBOX_API_TOKEN=TOKEN, BLACKBOX_HTTP_HEADER_TIMEOUT="30",
+                            BLACKBOX_HTTP_BODY_TIMEOUT="30",
+                            BLACKBOX_HTTP_MAX_CONNECTIONS_PER_CLIENT="3")  # fmt: skip
+    port = _port(service)
+    with _closing(_open(port, 3, SLOW_POST, source="127.0.0.2")) as busy:
+        wait_until(lambda: _tasks(service) == 3, 10, "3 requests in progress")
+        with _closing(_open(port, 1, source="127.0.0.2")) as (over,):
+            wait_until(over.poll, 5, "the refusal")
+        assert over.received.startswith(b"HTTP/1.1 503 "), over.received
+        assert "127.0.0.2" not in over.body()["reason"]
+        assert _live(port) == 200
+        assert _closed(busy) == []
+    with _closing(_open(port, 5, source="127.0.0.3")) as idle:
+        wait_until(lambda: len(_closed(idle)) >= 2, 10, "the 2 oldest idle closed")
+        assert _closed(idle) == idle[:2]
 
 
 def _tasks(service: Service) -> int:

@@ -130,11 +130,11 @@ def test_filters_and_a_partial_page_over_shards(store: RedisStore) -> None:
     assert ids(walk(pending, Filter(due_from_ms=base - 1, due_to_ms=base), 6)) == order(window)
     common = [Schedule(f"@c/x{i}", "t", b"x", base + 10 + i, caller=b"c")
               for i in range(SCAN_BUDGET + 50)]  # fmt: skip
-    fill(store, [*common, Schedule("@rare/one", "t", b"x", base + 10**6, caller=b"rare")])
-    first = pending.page(Filter(caller="rare"), None, 10)
-    assert (first.items, first.scanned) == ([], 0) and first.cursor is not None
-    second = pending.page(Filter(caller="rare"), first.cursor, 10)
-    assert ids(second.items) == ["@rare/one"]
+    fill(store, [*common, Schedule("@c/rare", "rare", b"x", base + 10**6, caller=b"c")])
+    first = pending.page(Filter(topic="rare"), None, 10)
+    assert (first.items, first.scanned) == ([], SCAN_BUDGET) and first.cursor is not None
+    second = pending.page(Filter(topic="rare"), first.cursor, 10)
+    assert ids(second.items) == ["@c/rare"]
 
 
 def claim_all(store: RedisStore) -> list[tuple[float, str]]:
