@@ -21,7 +21,7 @@ from __future__ import annotations
 import base64
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 from confluent_kafka import KafkaError, Message, Producer
 
+from blackbox import tracecontext
 from blackbox.envelope import CALLER_HEADER, Header
 from blackbox.errors import BlackboxError
 from blackbox.recurrence import Missed
@@ -171,15 +172,18 @@ class Client:
         caller: str | None = None,
         intake_topic: str = DEFAULT_INTAKE_TOPIC,
         signer: Signer | None = None,
+        context: Callable[[], list[Header]] = tracecontext.current,
     ) -> None:
         """`signer` signs every request with the caller's key (see blackbox.signing), for
-        callers whose policy requires it."""
+        callers whose policy requires it. Each request carries the W3C trace `context` it
+        is sent in (OpenTelemetry's current one by default) to the delivered record."""
         self.producer = (
             producer if isinstance(producer, Producer) else Producer(producer_config(producer))
         )
         self.intake_topic = intake_topic
         self.caller = caller
         self.signer = signer
+        self.context = context
         if signer is not None and caller is None:
             raise ValueError("a signed request must name its caller")
         self.failures: list[KafkaError] = []
@@ -233,6 +237,7 @@ class Client:
         headers: list[Header] = []
         if self.caller is not None:
             headers.append((CALLER_HEADER, self.caller.encode()))
+        headers += self.context()
         if self.signer is not None:
             parts = Parts(self.intake_topic, key, value, headers)
             headers.append(self.signer.header(parts, issued_ms=time.time_ns() // 1_000_000))

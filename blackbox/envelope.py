@@ -357,7 +357,8 @@ def _tombstone(key: bytes | None, caller: bytes | None) -> Cancel:
     return Cancel(_id(_key_text(key), "record key"), caller)
 
 
-_NOT_PASSED = frozenset({CALLER_HEADER, SIGNATURE_HEADER})
+# The trace context (traceparent, tracestate, baggage) is checked and carried by the intake.
+_NOT_PASSED = frozenset({CALLER_HEADER, SIGNATURE_HEADER, "traceparent", "tracestate", "baggage"})
 
 
 def _header_mode(

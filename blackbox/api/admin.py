@@ -116,9 +116,11 @@ class Admin:
                  partition=delivered.partition(), offset=delivered.offset())  # fmt: skip
         return (topic, delivered.partition() or 0, delivered.offset() or 0)
 
-    def create(self, caller: str | None, document: dict[str, object]) -> str:
-        """Produce an envelope to the caller's intake topic as `caller`; return the id it
-        will have.
+    def create(
+        self, caller: str | None, document: dict[str, object], context: Sequence[Header] = ()
+    ) -> str:
+        """Produce an envelope to the caller's intake topic as `caller`, with the request's
+        trace `context` headers; return the id it will have.
 
         Raises InvalidEnvelope when the intake would dead-letter it for its form, a series
         whose end has passed included (the caller's policy is still the intake's to apply)."""
@@ -131,7 +133,8 @@ class Admin:
         own = request.schedule_id
         topic = self.topic_for(caller)
         key = None if own is None else own.encode()
-        delivered = self._send(topic, value, key, self._signed(topic, key, value, headers))
+        sent = [*headers, *context]
+        delivered = self._send(topic, value, key, self._signed(topic, key, value, sent))
         if own is not None:
             return scoped_id(None if caller is None else caller.encode("utf-8"), own)
         tag = tag_of(self.lookup([topic]).get(topic))
@@ -141,7 +144,7 @@ class Admin:
         self, topic: str, key: bytes | None, value: bytes, headers: list[Header]
     ) -> list[Header]:
         """The headers of a request for a caller, signed by the API's key where it has one."""
-        if self.signer is None or not headers:
+        if self.signer is None or not any(name == CALLER_HEADER for name, _ in headers):
             return headers
         issued = now_ms()
         return [*headers, self.signer.header(Parts(topic, key, value, headers), issued_ms=issued)]

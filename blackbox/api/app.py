@@ -63,6 +63,7 @@ from blackbox.health import Health
 from blackbox.kafka.events import Outcome
 from blackbox.metrics import Metrics
 from blackbox.schedule import split_scoped
+from blackbox.tracecontext import TRACE_HEADERS
 from blackbox.version import version
 
 PREFIX = "/api/v1"
@@ -370,11 +371,14 @@ def _sent_to_intake(
 
 
 @router.post("/schedules", status_code=202, response_model=Created)
-def create(body: NewSchedule, call: Writer, idempotency_key: IdempotencyKey = None) -> Created:
+def create(
+    body: NewSchedule, call: Writer, request: Request, idempotency_key: IdempotencyKey = None
+) -> Created:
     """Produce an envelope to the intake topic as `caller` (the token's own caller when it
     acts for one): the caller's policy and answers are those of any producer. With an
     `Idempotency-Key` (the schedule's id when the envelope has none), a retried create
-    never schedules twice, even once the first one fired."""
+    never schedules twice, even once the first one fired. The request's W3C trace context
+    (`traceparent`, `tracestate`, `baggage`) goes with it to the delivered record."""
     caller = body.caller or call.grant.sole_caller
     if not call.grant.acts_for(caller):
         raise ApiError(403, "forbidden", f"this token does not act for {caller!r}")
@@ -385,13 +389,19 @@ def create(body: NewSchedule, call: Writer, idempotency_key: IdempotencyKey = No
     if idempotency_key is not None:
         document = {"id": idempotency_key, **document, "if_absent": True}
     try:
-        blackbox_id = call.backend.admin.create(caller, document)
+        blackbox_id = call.backend.admin.create(caller, document, _trace_context(request))
     except InvalidEnvelope as e:
         raise ApiError(422, e.reason.value, e.detail) from e
     except (orjson.JSONEncodeError, UnicodeEncodeError) as e:  # lone surrogates in the JSON
         raise ApiError(422, "invalid_text", f"not encodable as UTF-8 JSON: {e}") from e
     topic = call.backend.admin.topic_for(caller)
     return Created(blackbox_id=blackbox_id, intake_topic=topic)
+
+
+def _trace_context(request: Request) -> list[envelope.Header]:
+    """The HTTP request's trace headers, as sent (the intake checks and counts them)."""
+    found = ((name, request.headers.getlist(name)) for name in TRACE_HEADERS)
+    return [(name, value.encode("latin-1")) for name, values in found for value in values]
 
 
 @router.get("/stats", response_model=Stats)

@@ -30,7 +30,7 @@ from blackbox.clock import now_ms
 from blackbox.envelope import Cancel, Header, Hold, Limits, Request, Reschedule
 from blackbox.errors import BlackboxError, DeadLetterReason, InvalidEnvelope
 from blackbox.firing.nudges import Nudge
-from blackbox.intake import answering
+from blackbox.intake import answering, traces
 from blackbox.intake.batch import Batch, Signed
 from blackbox.intake.crashguard import CRASH_LIMIT, CrashGuard
 from blackbox.intake.gaps import GapCheck, GapConfig, Partition
@@ -50,6 +50,7 @@ from blackbox.signing import Parts
 from blackbox.storage.applying import Applied, Cancellation, Holding, Move, Write
 from blackbox.storage.store import RedisStore
 from blackbox.storage.watermarks import Watermarks
+from blackbox.tracecontext import Carried
 
 log = structlog.get_logger("blackbox.intake.loop")
 # How long one poll waits for a record; also how soon intake sees a stop.
@@ -292,6 +293,14 @@ class Intake:
             self._refuse(batch, message, where, headers=headers, request=None, error=error)
             return
         headers = read_headers(message)  # once: a second read of bad names crashed the client
+        context = traces.context_of(headers, self.metrics)
+        with traces.logged(context):
+            self._sort_read(message, where, headers, context=context, now=now, batch=batch)
+
+    def _sort_read(  # noqa: PLR0913 - one record and what was read of it
+        self, message: Message, where: tuple[str, int, int], headers: list[Header] | None, *,
+        context: Carried, now: int, batch: Batch,
+    ) -> None:  # fmt: skip
         request: Request | None = None
         try:
             if headers is None:
@@ -299,7 +308,8 @@ class Intake:
             checked, proof = self._identified(message, headers, now)
             request = envelope.parse(message.value(), checked, self.config.limits, message.key())
             origin = intake_id(*where, batch.tags[where[0]])
-            write = self._write(request, message, now, origin, proof)
+            write = traces.traced(self._write(request, message, now, origin, proof), context,
+                                  where)  # fmt: skip
             if proof is not None:
                 batch.signed.append(Signed(proof, origin, message, where, headers))
         except InvalidEnvelope as e:
@@ -365,6 +375,7 @@ class Intake:
         )
         log.warning("dead_lettered", reason=error.reason.value, detail=error.detail,
                     topic=where[0], partition=where[1], offset=where[2])  # fmt: skip
+        traces.refused(self.config.dlq_topic, error.reason.value, headers)
 
     def _write(
         self, request: Request, message: Message, now: int, origin: str, proof: Proof | None

@@ -68,6 +68,8 @@ def _schedule_options(jobs: Any) -> None:
         help="default: by type (string: text, bytes: binary, struct: its JSON)",
     )
     p.add_argument("--key", metavar="COLUMN", help="the delivered record's key")
+    p.add_argument("--traceparent", metavar="COLUMN",
+                   help="each row's W3C traceparent, carried to its delivered record")  # fmt: skip
     due = p.add_mutually_exclusive_group(required=True)
     due.add_argument("--due", metavar="COLUMN", help="the column saying when (see --due-as)")
     due.add_argument("--at", help="one instant for all: RFC 3339 with an offset, or epoch s")
@@ -88,7 +90,12 @@ def _schedule_options(jobs: Any) -> None:
         help="spread each due time by a stable share of this window",
     )
     p.add_argument("--rejects", metavar="PATH", help="write rejected rows here (overwritten)")
-    p.add_argument("--rejects-format", choices=("json", "parquet", "csv"), default="json")
+    p.add_argument(
+        "--rejects-format",
+        choices=("json", "parquet", "csv"),
+        default="json",
+        help="the rejected rows' format (default json)",
+    )
     p.add_argument("--dry-run", action="store_true", help="judge the rows, send nothing")
     p.add_argument("--show", type=int, default=0, metavar="N", help="print the first N good "
                    "rows' intake records exactly as they are (or would be) produced")  # fmt: skip
@@ -163,7 +170,7 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
         message_kind=MessageKind(args.message_kind) if args.message_kind else None,
         key=args.key, due=args.due, due_source=args.due_as,
         at_ms=instant_ms(args.at) if args.at else None, countdown=args.countdown,
-        zone=args.zone_column,
+        zone=args.zone_column, traceparent=args.traceparent,
     )  # fmt: skip
     job = _schedule_run(args, settings)
     session_ = session.start(args.master, "blackbox-schedule", ui=sys.stderr.isatty())

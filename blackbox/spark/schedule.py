@@ -23,12 +23,13 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from blackbox.envelope import CALLER_HEADER, SIGNATURE_HEADER
+from blackbox.envelope import CALLER_HEADER, SIGNATURE_HEADER, Header
 from blackbox.errors import DeadLetterReason, SettingsError
 from blackbox.kafka.events import Outcome
 from blackbox.signing import Parts, Signer
 from blackbox.spark import inputs, topics
 from blackbox.spark.rows import MALFORMED_ROW, DueKind, Judge, MessageKind
+from blackbox.tracecontext import TRACEPARENT
 
 log = structlog.get_logger("blackbox.spark.schedule")
 _REPEATED = DeadLetterReason.INVALID_ID.value
@@ -44,6 +45,7 @@ JUDGED = T.StructType(
         T.StructField("reason", T.StringType()),
         T.StructField("detail", T.StringType()),
         T.StructField("source", T.StringType()),
+        T.StructField("traceparent", T.StringType()),
     ]
 )
 _ARROW_JUDGED = pa.schema(
@@ -67,6 +69,7 @@ class Columns:
     at_ms: int | None = None
     countdown: float | None = None
     zone: str | None = None
+    traceparent: str | None = None  # W3C traceparent of each row, carried to its delivery
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,8 @@ def canonical(
         .alias("zone"),
         F.col(inputs.MALFORMED).alias("malformed"),
         source.alias("source"),
+        (optional(F.col(f"`{mapping.traceparent}`").cast("string")) if mapping.traceparent
+         else F.lit(None).cast("string")).alias("traceparent"),
     )  # fmt: skip
     return selected, kind, due_kind
 
@@ -146,7 +151,7 @@ def _blank_is_none(column: Column) -> Column:
 
 def _check_columns(frame: DataFrame, mapping: Columns) -> None:
     named = [mapping.id, mapping.topic_column, mapping.message, mapping.key, mapping.due,
-             mapping.zone]  # fmt: skip
+             mapping.zone, mapping.traceparent]  # fmt: skip
     have = inputs.columns(frame)
     missing = [c for c in named if c is not None and c not in have]
     if missing:
@@ -244,7 +249,8 @@ def _verdict(
                     detail=f"the id appears {copies} times in the input")  # fmt: skip
     return {"row": row["row"], "id": v.schedule_id, "blackbox_id": v.blackbox_id,
             "topic": v.topic, "due_ms": v.due_ms, "value": v.value, "reason": v.reason,
-            "detail": v.detail, "source": row["source"] if v.reason else None}  # fmt: skip
+            "detail": v.detail, "source": row["source"] if v.reason else None,
+            "traceparent": None if v.reason else row.get("traceparent")}  # fmt: skip
 
 
 def known_ids(
@@ -268,31 +274,42 @@ def known_ids(
 def intake_records(
     good: DataFrame, caller: str, topic: str = "", signing: tuple[bytes, str] | None = None
 ) -> DataFrame:
-    """The intake records of the good rows: keyed by id, CALLER_SERVICE as a header, and
-    signed for `topic` with `signing`'s key where given (see blackbox.signing)."""
+    """The intake records of the good rows: keyed by id, CALLER_SERVICE as a header, the
+    row's traceparent where it has one, and signed for `topic` with `signing`'s key where
+    given (see blackbox.signing)."""
     caller_header = F.struct(F.lit(CALLER_HEADER).alias("key"),
                              F.lit(caller.encode("utf-8")).alias("value"))  # fmt: skip
-    headers = [caller_header]
+    trace_header = F.struct(F.lit(TRACEPARENT).alias("key"),
+                            F.col("traceparent").cast("binary").alias("value"))  # fmt: skip
+    headers = F.when(F.col("traceparent").isNull(), F.array(caller_header)).otherwise(
+        F.array(caller_header, trace_header)
+    )
     if signing is not None:
         sign = F.udf(_signer(topic, caller, *signing), T.BinaryType(), useArrow=False)
-        headers.append(F.struct(F.lit(SIGNATURE_HEADER).alias("key"),
-                                sign(F.col("id"), F.col("value")).alias("value")))  # fmt: skip
+        signature = F.struct(F.lit(SIGNATURE_HEADER).alias("key"),
+                             sign(F.col("id"), F.col("value"), F.col("traceparent"))
+                             .alias("value"))  # fmt: skip
+        headers = F.concat(headers, F.array(signature))
     return good.select(
         F.col("id").cast("binary").alias("key"),
         F.col("value"),
-        F.array(*headers).alias("headers"),
+        headers.alias("headers"),
     )
 
 
-def _signer(topic: str, caller: str, pem: bytes, key_id: str) -> Callable[[str, bytes], bytes]:
+def _signer(
+    topic: str, caller: str, pem: bytes, key_id: str
+) -> Callable[[str, bytes, str | None], bytes]:
     """A row's signature header value, made on the worker when the row is sent."""
     signed: list[Signer] = []  # made once per worker process, not pickled
 
-    def sign(schedule_id: str, value: bytes) -> bytes:
+    def sign(schedule_id: str, value: bytes, traceparent: str | None) -> bytes:
         if not signed:
             signed.append(Signer.from_pem(pem, key_id))
-        parts = Parts(topic, schedule_id.encode("utf-8"), bytes(value),
-                      [(CALLER_HEADER, caller.encode("utf-8"))])  # fmt: skip
+        headers: list[Header] = [(CALLER_HEADER, caller.encode("utf-8"))]
+        if traceparent is not None:
+            headers.append((TRACEPARENT, traceparent.encode("utf-8")))
+        parts = Parts(topic, schedule_id.encode("utf-8"), bytes(value), headers)
         _, header = signed[0].header(parts, issued_ms=time.time_ns() // 1_000_000)
         return header or b""
 

@@ -298,3 +298,30 @@ def test_spark_signs_and_keys_like_the_client_on_six_partitions(  # noqa: PLR091
     assert len({p for ps in partitions.values() for p in ps}) > 1  # spread over partitions
     assert service.store.counts() == (0, 0)
     assert reader(job_env["BLACKBOX_DLQ_TOPIC"]).read_to_end() == []
+
+
+def test_spark_carries_each_rows_traceparent_to_its_delivery(
+    spark: SparkSession,
+    job_env: dict[str, str],
+    start_service: ServiceFactory,
+    reader: ReaderFactory,
+    tmp_path: Path,
+) -> None:
+    """Guarantee 9, for the trace: a row's `--traceparent` column arrives on its delivered
+    record byte for byte; a row with an empty one is delivered without a traceparent."""
+    start_service()
+    target = unique("traced")
+    parents = {f"t-{n}": f"00-{n:032x}-{n + 7:016x}-01" for n in range(1, 4)}
+    rows = tmp_path / "rows.csv"
+    with rows.open("w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out)
+        writer.writerow(["user_id", "payload", "tp"])
+        writer.writerows([i, "x", tp] for i, tp in [*parents.items(), ("t-none", "")])
+    code = cli.main(["spark", "schedule", str(rows), "--caller", CALLER, "--id", "user_id",
+                     "--topic", target, "--message", "payload", "--countdown", "0",
+                     "--traceparent", "tp"])  # fmt: skip
+    assert code == EXIT_OK
+    records = {r.header("blackbox-id"): r for r in reader(target).wait_count(4, timeout=60)}
+    for schedule_id, parent in parents.items():
+        assert records[scoped_id(CALLER.encode(), schedule_id)].header("traceparent") == parent
+    assert "traceparent" not in records[scoped_id(CALLER.encode(), "t-none")].headers
