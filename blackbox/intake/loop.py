@@ -213,7 +213,8 @@ class Intake:
         return records
 
     def handle(self, records: Sequence[Message], stop: threading.Event) -> None:
-        """Dead-letter bad records, apply the rest, answer each, then store the offsets.
+        """Dead-letter bad records, apply the rest, answer each, store the offsets, then
+        clear the crash guard's note of them.
         The partition counts a signed record is checked against are read first: a broker
         that cannot tell them fails the batch before anything of it is applied."""
         self.placement.prepare({(m.topic() or "", m.partition() or 0) for m in records})
@@ -222,8 +223,10 @@ class Intake:
         batch.poisoned = self.guard.note(records)
         codes = self._apply_in_parts(records, now, batch, stop)
         self.gaps.record_refreshed()
-        self.guard.ended(records)
         self._answer(batch, codes, now, stop, batch.next_offsets())
+        # Last: a death anywhere before (answering, encoding, the producer's native code)
+        # is charged to the records it met.
+        self.guard.ended(records)
 
     def _apply_in_parts(
         self, records: Sequence[Message], now: int, batch: Batch, stop: threading.Event

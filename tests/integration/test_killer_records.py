@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from blackbox.envelope import CALLER_HEADER
@@ -15,7 +16,7 @@ from blackbox.errors import DeadLetterReason
 from blackbox.intake.crashguard import CRASH_LIMIT
 from blackbox.kafka import clients
 from blackbox.settings import Settings
-from tests.dying import KILLER
+from tests.dying import DIES_IN, KILLER
 from tests.integration.conftest import ReaderFactory
 from tests.kafkatools import unique, wait_until
 from tests.process import BlackboxProcess
@@ -59,7 +60,7 @@ def _committed(settings: Settings) -> list[int]:
 
 
 def _dying(env: dict[str, str], log: Path) -> BlackboxProcess:
-    """`blackbox run` that dies when it parses the killer."""
+    """`blackbox run` that dies when it touches the killer (where: env[DIES_IN])."""
     return BlackboxProcess(env, log, "run", program=(sys.executable, "-m", "tests.dying"))
 
 
@@ -80,14 +81,27 @@ def _run_until_done(env: dict[str, str], settings: Settings, logs: Path, ends: l
         assert deaths <= CRASH_LIMIT + 1, "the guard never set the killer aside"
 
 
+def _killer(target: str, dies_in: str) -> Record:
+    """The record that kills the intake: its value when parsed, or its schedule's answer
+    when encoded (a valid request, applied before the death)."""
+    if dies_in == "parsing":
+        return 3, MALLORY, "killer", orjson.dumps({"topic": target, "message": KILLER.decode()})
+    own = KILLER.decode()
+    return 3, MALLORY, own, orjson.dumps({"topic": target, "message": "m", "id": own,
+                                          "countdown": 3600})  # fmt: skip
+
+
+@pytest.mark.parametrize("dies_in", ["parsing", "answering"])
 def test_only_the_record_that_kills_the_intake_is_set_aside(
-    env: dict[str, str], reader: ReaderFactory, tmp_path: Path
+    env: dict[str, str], reader: ReaderFactory, tmp_path: Path, dies_in: str
 ) -> None:
     """Guarantee 4 (one record never stops a partition, and one caller never harms another):
     with committed offsets on 4 partitions, a record on partition 3 that kills the process
     when parsed, polled together with good records of other callers on partitions 0-2, is
     the only record dead-lettered (`unreadable`, its headers kept, its answer naming its
-    caller); every good record is delivered, however many restarts it took."""
+    caller); every good record is delivered, however many restarts it took. The same where
+    the process dies after the record was applied, while its answer is encoded."""
+    env = {**env, DIES_IN: dies_in}
     settings = Settings.from_env(env)
     clients.ensure_topics(settings.kafka, [settings.intake_topic], PARTITIONS)
     clients.ensure_topics(settings.kafka, settings.own_topics)
@@ -104,7 +118,7 @@ def test_only_the_record_that_kills_the_intake_is_set_aside(
     assert running.terminate() == 0
 
     # Behind the committed offsets: the killer first on partition 3, good records elsewhere.
-    killer = (3, MALLORY, "killer", orjson.dumps({"topic": target, "message": KILLER.decode()}))
+    killer = _killer(target, dies_in)
     second = [_good(target, 2, p, n) for p in range(3) for n in range(PER_PARTITION)]
     second += [killer, _good(target, 2, 3, 0)]
     _produce(bootstrap, settings.intake_topic, second)
@@ -116,13 +130,13 @@ def test_only_the_record_that_kills_the_intake_is_set_aside(
     assert where == [("3", str(PER_PARTITION))], "only the killer is set aside"
     (letter,) = letters
     assert letter.header("blackbox-dlq-reason") == DeadLetterReason.UNREADABLE
-    assert (letter.value, letter.key) == (killer[3], b"killer")
+    assert (letter.value, letter.key) == (killer[3], killer[2].encode())
     assert letter.header(CALLER_HEADER) == MALLORY, "the killer's headers are kept"
     got = {(r.value or b"").decode() for r in delivered.read_to_end()}  # a string goes as is
     assert got == {orjson.loads(v)["message"] for *_, v in first + second if v != killer[3]}
     answers = [orjson.loads(r.value or b"") for r in reader(settings.events_topic).read_to_end()]
     refused = [a for a in answers if a["outcome"] == "dead_lettered"]
     assert [(a["caller"], a["id"], a["intake"]["partition"]) for a in refused] == [
-        (MALLORY, "killer", 3)
+        (MALLORY, killer[2], 3)
     ]
     assert deaths >= CRASH_LIMIT
