@@ -43,7 +43,7 @@ from benchmarks.stack import Stack, local_stack, start_service
 from blackbox.dev.servers import free_port
 from blackbox.envelope import normalize_headers
 from blackbox.kafka import clients
-from blackbox.storage.keys import Keys
+from blackbox.storage.store import pending_counts
 
 Result = dict[str, object]
 CHAOS_SETTINGS = {
@@ -117,8 +117,10 @@ def crash(messages: int = 5000, kills: int = 20, seed: int = 11) -> Result:
         final.wait(15)
     duplicated = {k: c for k, c in got.copies.items() if len(c) > 1}
     return {
-        "scenario": "crash", "kills": kills, "sent": messages, "accepted": sender.accepted,
-        **got.tally(sender.accepted), **phases.counts,
+        "scenario": "crash", "shards": stack.layout.count, "kills": kills, "sent": messages,
+        "accepted": sender.accepted, **got.tally(sender.accepted),
+        "duplicates_per_kill": round(got.duplicated() / kills, 1),
+        "duplicates_by_attempt": got.copies_by_attempt(), **phases.counts,
         # Copies of one id are one schedule: the same due time on every copy.
         "duplicates_consistent": all(len({d for _, d in c}) == 1 for c in duplicated.values()),
     }  # fmt: skip
@@ -131,7 +133,7 @@ class _Phases:
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
         self.redis = redis.Redis.from_url(stack.redis.url)
-        self.keys = Keys(stack.settings.namespace)
+        self.layout = stack.layout
         self.offsets = Consumer({"bootstrap.servers": stack.broker.bootstrap,
                                  "group.id": stack.settings.group_id})  # fmt: skip
         self.counts = {"kills_mid_fire": 0, "kills_mid_intake": 0}
@@ -160,11 +162,14 @@ class _Phases:
     def await_work(self, timeout: float = 2.0) -> None:
         """Wait (briefly) until an id is in flight, so the kill lands mid-fire when it can."""
         deadline = time.monotonic() + timeout
-        while self.redis.zcard(self.keys.in_flight) == 0 and time.monotonic() < deadline:
+        while self._in_flight() == 0 and time.monotonic() < deadline:
             time.sleep(0.001)
 
+    def _in_flight(self) -> int:
+        return pending_counts(self.redis, self.layout)[1]
+
     def sample(self) -> None:
-        self.counts["kills_mid_fire"] += self.redis.zcard(self.keys.in_flight) > 0
+        self.counts["kills_mid_fire"] += self._in_flight() > 0
         self.counts["kills_mid_intake"] += self._uncommitted() > 0
 
     def _uncommitted(self) -> int:

@@ -23,12 +23,32 @@ class Deliveries:
 
     copies: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     ids_by_value: dict[bytes, set[str]] = field(default_factory=dict)
+    # Per id, its first copy's record timestamp (its producer's create time, ms).
+    created: dict[str, int] = field(default_factory=dict)
+    # Per id, each copy's `blackbox-attempt` header, in arrival order.
+    attempts: dict[str, list[int]] = field(default_factory=dict)
 
     def first_copies(self) -> list[tuple[int, int]]:
         return [c[0] for c in self.copies.values()]
 
     def lateness_ms(self) -> list[int]:
         return [arrived - due for arrived, due in self.first_copies()]
+
+    def own_lateness_ms(self) -> list[int]:
+        """The service's own part of each first copy's lateness: the record's create time
+        (stamped as the service handed it to its producer) minus its due time."""
+        return [self.created[i] - c[0][1] for i, c in self.copies.items() if i in self.created]
+
+    def copies_by_attempt(self) -> dict[str, int]:
+        """The copies beyond each id's first: `again` carry a later attempt (the id was
+        fired again, its lease run out or its delivery failed), `as_new` the first attempt
+        again (the id was stored and fired anew, as from an intake record read again)."""
+        again = as_new = 0
+        for numbers in self.attempts.values():
+            for attempt in numbers[1:]:
+                again += attempt > 1
+                as_new += attempt <= 1
+        return {"again": again, "as_new": as_new}
 
     def duplicated(self) -> int:
         return sum(len(c) - 1 for c in self.copies.values())
@@ -38,7 +58,8 @@ class Deliveries:
         probes = [a - d for i, ((a, d), *_) in self.copies.items() if i.startswith(PROBE_PREFIX)]
         copies = {i: c for i, c in self.copies.items() if not i.startswith(PROBE_PREFIX)}
         values = {v: i for v, i in self.ids_by_value.items() if v != PROBE_VALUE}
-        return Deliveries(copies, values), probes
+        created = {i: t for i, t in self.created.items() if i in copies}
+        return Deliveries(copies, values, created), probes
 
     def tally(self, accepted: int) -> dict[str, int]:
         """Counted by message, not by id: a message missing and another delivered twice
@@ -194,6 +215,9 @@ class Collector:
             due = int(headers["blackbox-due-ms"] or b"0")
             key = (headers["blackbox-id"] or b"").decode()
             self.deliveries.copies.setdefault(key, []).append((arrived, due))
+            self.deliveries.created.setdefault(key, m.timestamp()[1])
+            attempt = int(headers.get("blackbox-attempt") or b"1")
+            self.deliveries.attempts.setdefault(key, []).append(attempt)
             self.deliveries.ids_by_value.setdefault(m.value() or b"", set()).add(key)
 
     def close(self) -> None:

@@ -49,7 +49,7 @@ def main() -> int:
         producer.flush(30)
         got = collector.result(timeout=args.max_countdown + 70)
     result = {
-        "benchmark": "lateness", "messages": args.messages,
+        "benchmark": "lateness", "shards": stack.layout.count, "messages": args.messages,
         "countdown_s": [args.min_countdown, args.max_countdown],
         "poll_interval_s": float(args.poll_interval), "rate_per_s": args.rate or None,
         "delivered": len(got.copies),

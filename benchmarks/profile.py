@@ -34,7 +34,9 @@ from benchmarks.scenarios import SCENARIOS, table
 from benchmarks.stack import cpu_seconds, redis_cpu_seconds
 from blackbox.dev.servers import scratch_dir
 from blackbox.settings import Settings
-from blackbox.storage.keys import Keys
+from blackbox.storage.keys import Layout
+from blackbox.storage.shardcount import DEFAULT_SHARDS
+from blackbox.storage.store import pending_counts
 
 REPO = Path(__file__).resolve().parent.parent
 PREFIXES = sorted(
@@ -135,11 +137,13 @@ class Watcher:
             args.append("--gil")
         self.spy = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         # Redis stops right after the service: keep the last reading taken while it ran.
-        due = Keys(Settings.from_env(env).namespace).due
+        settings = Settings.from_env(env)
+        layout = Layout(settings.namespace, settings.shards or DEFAULT_SHARDS)
         while _alive(pid):
             try:
                 self.after = client.info("commandstats")
-                reading = (cpu_seconds(pid), redis_cpu_seconds(client), client.zcard(due))
+                due = pending_counts(client, layout)[0]
+                reading = (cpu_seconds(pid), redis_cpu_seconds(client), due)
             except (redis.RedisError, OSError, IndexError):
                 break
             self.timeline.append((*reading, self.after))

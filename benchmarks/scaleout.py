@@ -52,12 +52,13 @@ from blackbox.schedule import Schedule, intake_id
 from blackbox.storage.applying import IntakeSlice
 from blackbox.storage.connections import RedisClient, primaries, redis_client
 from blackbox.storage.keys import Layout
+from blackbox.storage.shardcount import DEFAULT_SHARDS
 from blackbox.storage.store import RedisStore, pending_counts
 
 Result = dict[str, object]
 
 PARTITIONS = 6  # of the intake topic: up to 6 intake processes share it
-SHARDS = 6  # two per master of the three-master cluster
+SHARDS = DEFAULT_SHARDS  # what a user gets; --shards names others
 S3_RECORDS = 100_000
 S1_MESSAGES = 20_000
 S1_AHEAD_S = 10.0
@@ -328,7 +329,7 @@ def main() -> int:
     )
     parser.add_argument(
         "--shards", type=int, nargs="+", default=[SHARDS],
-        help="shard counts, alternated within each repeat (default: 6)",
+        help=f"shard counts, alternated within each repeat (default: {SHARDS})",
     )  # fmt: skip
     parser.add_argument("--repeat", type=int, default=1, help="runs of each setting")
     args = parser.parse_args()  # fmt: skip

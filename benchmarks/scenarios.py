@@ -6,7 +6,8 @@
 S1 burst: 20,000 messages due at one instant 10 s ahead (beside the firing floor).
 S2 steady: 1,000 messages/s for 20 s, countdowns uniform in 2-10 s.
 S3 intake: 100,000 messages due in an hour, sent as fast as possible: records/s stored.
-S4 capacity: 1,000,000 pending 100-byte messages: Redis bytes per message, claim time.
+S4 capacity: 1,000,000 pending 100-byte messages: Redis bytes per message, claim time
+    (written straight into one shard's due set: what the layout costs, not the service).
 Lateness is measured by a consumer outside the service (benchmarks.collect).
 """
 
@@ -38,6 +39,7 @@ from benchmarks.stack import (
     Stack,
     broker_name,
     cpu_seconds,
+    due_count,
     local_stack,
     redis_cpu_seconds,
     service_process,
@@ -47,7 +49,7 @@ from blackbox.clock import now_ms
 from blackbox.kafka import clients
 from blackbox.schedule import Schedule, intake_id
 from blackbox.storage.applying import IntakeSlice
-from blackbox.storage.keys import Keys, Layout
+from blackbox.storage.keys import Layout
 from blackbox.storage.store import RedisStore
 
 Result = dict[str, object]
@@ -121,7 +123,8 @@ def s1_burst(count: int = 20_000, ahead_s: float = 10.0) -> Result:
     instant = min((d for _, d in got.first_copies()), default=due)
     span_s = (max(arrivals) - min(arrivals)) / 1000 if arrivals else 0
     return {
-        "scenario": "S1 burst", "messages": count, "delivered": len(got.copies),
+        "scenario": "S1 burst", "shards": stack.layout.count, "messages": count,
+        "delivered": len(got.copies),
         "lost": count - len(got.copies), "duplicated": got.duplicated(),
         "last_after_due_ms": max(arrivals) - instant if arrivals else None,
         "fire_rate_per_s": round(len(arrivals) / span_s) if span_s else None,
@@ -176,11 +179,13 @@ def s2_steady(rate: int = 1000, seconds: int = 20) -> Result:
         got, probes = collector.result(timeout=seconds + 70).without_probes()
         service = service_lateness(stack)
     return {
-        "scenario": "S2 steady", "broker": broker_name(), "rate_per_s": rate,
+        "scenario": "S2 steady", "broker": broker_name(), "shards": stack.layout.count,
+        "rate_per_s": rate,
         "seconds": seconds, "messages": count,
         "target_topics": len(targets), "delivered": len(got.copies),
         "lost": count - len(got.copies), "duplicated": got.duplicated(),
         "lateness_ms": summary(got.lateness_ms()),
+        "own_lateness_ms": summary(got.own_lateness_ms()),
         "service_send_lateness_ms": service["send"], "service_ack_lateness_ms": service["ack"],
         "broker_probe_ms": summary(probes),
     }  # fmt: skip
@@ -194,14 +199,14 @@ def s3_intake(count: int = 100_000) -> Result:
             send(producer, stack.settings.intake_topic, target, n, 3600)
         producer.flush(60)
         client = redis.Redis.from_url(stack.redis.url)
-        due_key = Keys(stack.settings.namespace).due
         with service_process(stack) as process:
-            storing = time_storing(client, due_key, count, process.pid)
-            stored = client.zcard(due_key)
+            storing = time_storing(client, stack.layout, count, process.pid)
+            stored = due_count(client, stack.layout)
         client.close()
         elapsed, cpu, redis_cpu = storing.seconds, storing.service_cpu, storing.redis_cpu
         floor = intake_floor(stack, count)
-    return {"scenario": "S3 intake", "messages": count, "stored": stored,
+    return {"scenario": "S3 intake", "shards": stack.layout.count, "messages": count,
+            "stored": stored,
             "seconds": round(elapsed, 3), "records_per_s": round(count / elapsed),
             "service_cpu_us_per_record": round(cpu / count * 1e6, 1),
             "redis_cpu_us_per_record": round(redis_cpu / count * 1e6, 1),
@@ -222,7 +227,7 @@ def s4_capacity(count: int = 1_000_000, payload_bytes: int = 100, claims: int = 
         floor = _layout_floor(client, count, payload_bytes)
         client.close()
     return {
-        "scenario": "S4 capacity", "pending": count, "payload_bytes": payload_bytes,
+        "scenario": "S4 capacity", "shards": 1, "pending": count, "payload_bytes": payload_bytes,
         "redis_bytes_per_message": round(per_message, 1),
         "redis_bytes_beyond_payload": round(per_message - payload_bytes, 1),
         "design_card_floor_beyond_payload": round(floor - payload_bytes, 1),

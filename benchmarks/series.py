@@ -45,7 +45,7 @@ from benchmarks.stack import (
 from blackbox.clock import now_ms
 from blackbox.envelope import CALLER_HEADER
 from blackbox.schedule import scoped_id
-from blackbox.storage.keys import Keys, Layout
+from blackbox.storage.keys import Layout
 
 Result = dict[str, object]
 CALLER = b"bench"
@@ -79,12 +79,13 @@ def send_series(  # noqa: PLR0913 - the load's shape, by name
         raise SystemExit("the intake topic did not take every series")
 
 
-def memory_per_series(client: redis.Redis, keys: Keys, count: int, before: int) -> Result:
+def memory_per_series(client: redis.Redis, layout: Layout, count: int, before: int) -> Result:
     """Redis bytes per pending series: all of used_memory, and one payload's and the due
-    index's share as MEMORY USAGE reads them."""
+    indexes' share (every shard's) as MEMORY USAGE reads them."""
     used = int(client.info("memory")["used_memory"]) - before
-    sample = keys.payload(scoped_id(CALLER, "s0"))
-    index = int(client.memory_usage(keys.due, samples=0) or 0)
+    first = scoped_id(CALLER, "s0")
+    sample = layout.keys_of(first).payload(first)
+    index = sum(int(client.memory_usage(k.due, samples=0) or 0) for k in layout.shards)
     return {
         "used_memory_per_series": round(used / count, 1),
         "payload_memory_usage": client.memory_usage(sample, samples=0),
@@ -113,7 +114,6 @@ def run(count: int, spread_s: float, lead_s: float, *, one_off: bool = False) ->
     began = time.monotonic()
     with local_stack() as stack:
         client = redis.Redis.from_url(stack.redis.url)
-        keys = Layout(stack.settings.namespace).shards[0]  # local_stack: one shard
         target = f"series-{uuid.uuid4().hex[:8]}"
         collector = collector_for(stack, target, count, lead_s + spread_s + 600)
         before = int(client.info("memory")["used_memory"])
@@ -121,10 +121,10 @@ def run(count: int, spread_s: float, lead_s: float, *, one_off: bool = False) ->
         send_series(stack, target, count, first_ms, spread_s, one_off=one_off)
         service = ServiceProcess(stack.env, "all", stack.work / "service.log")
         try:
-            storing = time_storing(client, keys.due, count, service.pid)
+            storing = time_storing(client, stack.layout, count, service.pid)
             if now_ms() >= first_ms:
                 raise SystemExit("storing ended after the first occurrence: raise --lead")
-            memory = memory_per_series(client, keys, count, before)
+            memory = memory_per_series(client, stack.layout, count, before)
             delivered = service.metric("blackbox_delivered_total")  # before any is due
             wait_for(lambda: now_ms() >= first_ms, lead_s, "the first occurrence", every=0.001)
             cpu, redis_cpu = cpu_seconds(service.pid), redis_cpu_seconds(client)

@@ -25,7 +25,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from benchmarks.stack import local_stack, service_process, time_storing
 from blackbox.envelope import CALLER_HEADER, Header
 from blackbox.signing import Parts, Signer, public_text
-from blackbox.storage.keys import Keys
 
 KEY = Ed25519PrivateKey.generate()
 
@@ -62,9 +61,8 @@ def run(count: int, signed: bool) -> dict[str, float]:
         _produce(stack.settings.kafka["bootstrap.servers"], stack.settings.intake_topic,
                  count, signed)  # fmt: skip
         client = redis.Redis.from_url(stack.redis.url)
-        due = Keys(stack.settings.namespace).due
         with service_process(stack) as process:
-            storing = time_storing(client, due, count, process.pid)
+            storing = time_storing(client, stack.layout, count, process.pid)
         client.close()
         elapsed, cpu = storing.seconds, storing.service_cpu
     return {

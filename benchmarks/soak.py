@@ -50,7 +50,8 @@ from benchmarks.collect import (
 from benchmarks.histograms import Histograms, between, scrape
 from benchmarks.stack import Stack, cpu_seconds, local_stack, start_service
 from blackbox.kafka import clients
-from blackbox.storage.keys import Keys
+from blackbox.storage.keys import Layout
+from blackbox.storage.store import pending_counts
 
 Result = dict[str, object]
 
@@ -132,8 +133,10 @@ class _Readings:
 class _Sampler:
     """Reads the service, Redis and the processes' CPU once a minute."""
 
-    def __init__(self, keys: Keys, pids: dict[str, int], port: int, client: redis.Redis) -> None:
-        self.keys, self.pids, self.port, self.client = keys, pids, port, client
+    def __init__(
+        self, layout: Layout, pids: dict[str, int], port: int, client: redis.Redis
+    ) -> None:
+        self.layout, self.pids, self.port, self.client = layout, pids, port, client
         self.before = self._read()
 
     def _read(self) -> _Readings:
@@ -141,9 +144,7 @@ class _Sampler:
         return _Readings(time.monotonic(), cpu, scrape(self.port))
 
     def sample(self, minute: int, sent: int) -> Sample:
-        pending = int(self.client.zcard(self.keys.due)) + int(
-            self.client.zcard(self.keys.in_flight)
-        )
+        pending = sum(pending_counts(self.client, self.layout))
         used = int(self.client.info("memory")["used_memory"]) / 2**20
         now, before = self._read(), self.before
         self.before = now
@@ -181,9 +182,8 @@ def soak(minutes: int = 60, rate: int = 10) -> Result:
         client = redis.Redis.from_url(stack.redis.url)
         sender = _SteadySender(stack, targets, rate, expected)
         time.sleep(max(0.0, planned - time.time()))
-        keys = Keys(stack.settings.namespace)
         port = stack.settings.http_port or 0
-        sampler = _Sampler(keys, _pids(stack, process, collector), port, client)
+        sampler = _Sampler(stack.layout, _pids(stack, process, collector), port, client)
         sender.start()
         samples = []
         start = time.monotonic()

@@ -37,7 +37,9 @@ import redis
 from blackbox.dev.servers import KafkaBroker, RedisServer, free_port, scratch_dir
 from blackbox.kafka import clients
 from blackbox.settings import Settings
-from blackbox.storage.keys import Keys
+from blackbox.storage.keys import Layout
+from blackbox.storage.shardcount import DEFAULT_SHARDS
+from blackbox.storage.store import pending_counts
 
 CALLER = "bench"
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -144,11 +146,12 @@ def bench_schedule(rows: int, old_events: int) -> None:
         path, good = write_dataset(stack, rows, min_delay_s=3600)
         _write_old_events(stack, old_events)
         since = time.time()
-        due = Keys(stack.settings.namespace).due
+        layout = Layout(stack.settings.namespace, DEFAULT_SHARDS)  # a new namespace's
         store = redis.Redis.from_url(stack.env["REDIS_URL"])
         stored_at: list[float] = []
         started = time.monotonic()
-        watcher = threading.Thread(target=_watch, args=(store, due, good, stored_at), daemon=True)
+        watching = (store, layout, good, stored_at)
+        watcher = threading.Thread(target=_watch, args=watching, daemon=True)
         watcher.start()
         seconds, peak, code = timed_job(stack, schedule_args(path, stack.work / "run"))
         watcher.join(600)
@@ -157,7 +160,7 @@ def bench_schedule(rows: int, old_events: int) -> None:
                 "rejected": summary["rejected_total"], "exit": code,
                 "job_seconds": round(seconds, 1), "peak_rss_mb": peak // 2**20,
                 "all_stored_seconds": round(stored_at[0] - started, 1) if stored_at else None,
-                "stored": store.zcard(due)})  # fmt: skip
+                "stored": pending_counts(store, layout)[0]})  # fmt: skip
         for name, extra in (("rerun", []), ("rerun_since", ["--since", str(since)])):
             out = stack.work / name
             seconds, peak, code = timed_job(stack, [*schedule_args(path, out), *extra])
@@ -181,10 +184,10 @@ def _write_old_events(stack: Stack, count: int) -> None:
     spark.stop()
 
 
-def _watch(store: redis.Redis, key: str, count: int, done: list[float]) -> None:
+def _watch(store: redis.Redis, layout: Layout, count: int, done: list[float]) -> None:
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
-        if store.zcard(key) >= count:
+        if pending_counts(store, layout)[0] >= count:
             done.append(time.monotonic())
             return
         time.sleep(0.2)

@@ -30,6 +30,9 @@ from blackbox.dev.servers import (
 )
 from blackbox.kafka import clients
 from blackbox.settings import Settings
+from blackbox.storage.keys import Layout
+from blackbox.storage.shardcount import DEFAULT_SHARDS
+from blackbox.storage.store import pending_counts
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,17 @@ class Stack:
     env: dict[str, str]
     settings: Settings
     work: Path
+
+    @property
+    def layout(self) -> Layout:
+        """The shards the service spreads its messages over (a new namespace: the default)."""
+        return Layout(self.settings.namespace, self.settings.shards or DEFAULT_SHARDS)
+
+
+def shards_setting() -> dict[str, str]:
+    """BLACKBOX_SHARDS as the benchmark was run with it (unset: the default)."""
+    shards = os.environ.get("BLACKBOX_SHARDS")
+    return {"BLACKBOX_SHARDS": shards} if shards else {}
 
 
 @contextmanager
@@ -56,9 +70,8 @@ def local_stack(appendfsync: str | None = None, **overrides: str) -> Iterator[St
         "BLACKBOX_LOG_FORMAT": "json",
         "BLACKBOX_LOG_LEVEL": "warning",
         "BLACKBOX_HTTP_PORT": str(free_port()),  # known ahead: benchmarks read /metrics
-        # One shard, as the figures they are compared with were measured, and the keys the
-        # single-process scenarios read (scaleout names its own counts).
-        "BLACKBOX_SHARDS": "1",
+        # The settings a user gets; BLACKBOX_SHARDS set for the benchmark is passed on.
+        **shards_setting(),
         **overrides,
     }
     settings = Settings.from_env(env)
@@ -142,12 +155,17 @@ class Storing:
     redis_cpu: float
 
 
-def time_storing(client: redis.Redis, due_key: str, count: int, pid: int) -> Storing:
-    """Wait (polling) until `count` ids are in `due_key`, timed from the first."""
-    while client.zcard(due_key) == 0:
+def due_count(client: redis.Redis, layout: Layout) -> int:
+    """How many ids are due over every shard of `layout`."""
+    return pending_counts(client, layout)[0]
+
+
+def time_storing(client: redis.Redis, layout: Layout, count: int, pid: int) -> Storing:
+    """Wait (polling) until `count` ids are due in `layout`'s shards, timed from the first."""
+    while due_count(client, layout) == 0:
         time.sleep(0.001)
     first, cpu_first, redis_first = time.monotonic(), cpu_seconds(pid), redis_cpu_seconds(client)
-    while client.zcard(due_key) < count:
+    while due_count(client, layout) < count:
         time.sleep(0.005)
     return Storing(time.monotonic() - first, cpu_seconds(pid) - cpu_first,
                    redis_cpu_seconds(client) - redis_first)  # fmt: skip

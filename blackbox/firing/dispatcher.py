@@ -9,12 +9,15 @@ Sending does not wait for the broker: a batch is settled in Redis (acked, retrie
 dead-lettered) once its reports are in, on a later run, so the next due messages are
 claimed while the broker acknowledges earlier ones.
 
-One verb per step: a batch is *sent* (`_send`), then *settled* (`_settle_batch`: judged
-by its reports, dead-lettered where it must be, and *recorded* in Redis by `_record`);
-`_settle_ready`, `_settle_until_due` and `settle_all` choose which batches to settle
-when. Before the dispatcher idles it waits
-for the reports of what it sent, but only until shortly before the next due time: what is
-unreported then is settled on a later run, well inside the lease.
+One verb per step: a batch is *sent* (`_send`), then *settled* (`_settle`: each batch
+*concluded* by its reports and dead-lettered where it must be, then the acks of all in one
+round trip, and the rest *recorded* in Redis by `_record`); `_settle_ready`,
+`_settle_until_due` and `settle_all` choose which batches to settle when. Shards cost
+round trips only per Redis node: the shards due at one instant are claimed together, and
+the batches ready at once are acked together, whatever their shards. Before the
+dispatcher idles it waits for the reports of what it sent, but only until shortly before
+the next due time: what is unreported then is settled on a later run, well inside the
+lease.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from functools import partial
 import structlog
 from confluent_kafka import KafkaError
 
-from blackbox import recurrence
+from blackbox import recurrence, tracing
 from blackbox.clock import now_ms
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import CorruptSchedule, DeadLetterReason
@@ -42,7 +45,14 @@ from blackbox.kafka.events import Event, Outcome
 from blackbox.kafka.outbox import Outbox, Record, Reports
 from blackbox.metrics import Metrics, observe_all
 from blackbox.schedule import Schedule, Series, origin_topic, split_scoped
-from blackbox.storage.store import DEFAULT_CLAIM_BYTES, Advance, Claim, Loaded, RedisStore
+from blackbox.storage.store import (
+    DEFAULT_CLAIM_BYTES,
+    Acks,
+    Advance,
+    Claim,
+    Loaded,
+    RedisStore,
+)
 
 log = structlog.get_logger("blackbox.firing.dispatcher")
 # Messages sent and not yet settled, at most, in full claims (by count and by payload
@@ -55,6 +65,12 @@ MAX_UNSETTLED_CLAIMS = 4
 SETTLE_AHEAD_MS = 50
 # While it waits, it looks this often for a sooner due time (a nudge).
 REPORT_POLL_S = 0.01
+# The fewest ids a shard's claim takes when shards are claimed together.
+MIN_SHARD_CLAIM = 64
+# Between due instants, reported batches are settled once the oldest was sent this long
+# ago, all in one round trip: steady firing then costs an ack round trip per this many
+# ms, not one per due instant (a kill may deliver again what was sent in this span).
+SETTLE_EVERY_S = 0.01
 
 
 # The earliest due time announced while a run fires (a nudge), or None.
@@ -75,6 +91,12 @@ class RetryPolicy:
     dlq_topic: str
     events_topic: str
     batch_bytes: int = DEFAULT_CLAIM_BYTES  # most payload bytes one claim takes
+
+    def shared(self, shards: int) -> tuple[int, int]:
+        """Each shard's limits (ids, payload bytes) when `shards` are claimed together: a
+        share of one claim's, no less than MIN_SHARD_CLAIM ids (one shard: the whole)."""
+        limit = min(self.batch_limit, max(MIN_SHARD_CLAIM, self.batch_limit // shards))
+        return limit, max(1, self.batch_bytes // shards)
 
     def retry_delay_ms(self, attempt: int) -> int:
         """Exponential backoff: base * 2^(attempt-1), capped."""
@@ -99,6 +121,7 @@ class _Sent:
     dead: list[DeadLetter] = field(default_factory=list)
     reports: Reports | None = None
     deadline: float = 0.0  # time.monotonic() past which missing reports count as failures
+    sent_at: float = 0.0  # time.monotonic() when it was handed to the producer
     # Claimed, not to be delivered: cancelled while in flight, or not due after all.
     cancelled: list[str] = field(default_factory=list)
     later: list[tuple[str, int]] = field(default_factory=list)
@@ -129,7 +152,7 @@ class _Outcome:
 def delivery_record(schedule: Schedule, attempt: int) -> Record:
     """The record produced to the target topic: the value and key, the sender's headers,
     and headers to de-duplicate by (etf1's too, for a header-mode schedule)."""
-    headers: list[tuple[str, bytes | None]] = list(schedule.headers)
+    headers = tracing.delivered_headers(schedule, attempt)  # trace context too
     if schedule.caller is not None:
         headers.append((CALLER_HEADER, schedule.caller))
     if schedule.sent_ms is not None:
@@ -195,50 +218,71 @@ class Dispatcher:
         fired = Fired(delivered=0, next_due_ms=None)
         now = now_ms()
         failures = NodeFailures(self.store.pool_of)  # a dead node stalls its shards only
-        for shard in self.share.owned if sweep else self.share.due_by(now):
-            failures.attempt(shard, partial(self._drain, shard, stop, fired))
+        for shards in failures.by_node(self.share.owned if sweep else self.share.due_by(now)):
+            failures.attempt(shards[0], partial(self._drain, shards, stop, fired))
         if sweep:  # one claim per other shard: its owner drains it, a sweep only helps
             cutoff = now - self.share.sweep_after_ms
-            for shard in self.share.others():
-                failures.attempt(shard, partial(self._drain, shard, stop, fired, due_by_ms=cutoff))
+            for shards in failures.by_node(self.share.others()):
+                failures.attempt(
+                    shards[0], partial(self._drain, shards, stop, fired, due_by_ms=cutoff)
+                )
         failures.raise_first()
         fired.next_due_ms = self.share.next_due_ms()
         fired.delivered += self._settle_until_due(fired.next_due_ms, stop, nudged)
         return fired
 
     def _drain(
-        self, shard: int, stop: threading.Event, fired: Fired, *, due_by_ms: int | None = None
+        self,
+        shards: Sequence[int],
+        stop: threading.Event,
+        fired: Fired,
+        *,
+        due_by_ms: int | None = None,
     ) -> None:
-        """Claim and send what is due now in `shard` until a claim comes back short; with
-        `due_by_ms` (a sweep of another's shard), one claim of what is due by then. Each
-        claim's lease runs from the claim itself. The share learns when the shard is next
-        due."""
-        while not stop.is_set():
+        """Claim and send what is due now in `shards` (of one Redis node) until each one's
+        claim comes back short; with `due_by_ms` (a sweep of others' shards), one claim each
+        of what is due by then. The shards are claimed together, in one round trip: a due
+        instant costs the same with many shards as with one. Together they take one claim's
+        worth at most (a share each, at least MIN_SHARD_CLAIM ids); a shard whose claim
+        came back full (a burst) is then drained on its own, a full claim per round trip,
+        as one shard is. Each claim's lease runs from the claim itself. The share learns
+        when each shard is next due."""
+        if stop.is_set():
+            return
+        full = self._claim(shards, stop, fired, due_by_ms)
+        if due_by_ms is not None:
+            return
+        for shard in full:
+            while not stop.is_set() and self._claim([shard], stop, fired, None):
+                pass
+
+    def _claim(
+        self, shards: Sequence[int], stop: threading.Event, fired: Fired, due_by_ms: int | None
+    ) -> list[int]:
+        """Claim `shards` together, send what they took and settle what is ready; the
+        shards whose claim came back full (more is due there)."""
+        for shard in shards:
             self.share.claiming(shard)
-            self.claims += 1
-            claim = self.store.claim_due(
-                now_ms(), self.policy.batch_limit, self.policy.lease_ms, shard,
-                due_by_ms=due_by_ms, max_bytes=self.policy.batch_bytes,
-            )  # fmt: skip
+        self.claims += len(shards)
+        limit, max_bytes = self.policy.shared(len(shards))
+        claims = self.store.claim_all(
+            now_ms(), limit, self.policy.lease_ms, shards,
+            due_by_ms=due_by_ms, max_bytes=max_bytes,
+        )  # fmt: skip
+        for claim in claims:
             if claim.ids:
                 sent = self._send(claim)
                 self._unsettled.append(sent)
                 self._unsettled_messages += len(claim.ids)
                 self._unsettled_bytes += sent.payload_bytes
-            fired.delivered += self._settle_ready(stop)
-            if not claim.more:
-                self.share.learned(shard, claim.next_due_ms)
-                return
-            self.share.learned(shard, claim.at_ms)  # more is due: look again
-            if due_by_ms is not None:
-                return
+        fired.delivered += self._settle_ready(stop)
+        for claim in claims:  # more is due where a claim was full: look again
+            self.share.learned(claim.shard, claim.at_ms if claim.more else claim.next_due_ms)
+        return [claim.shard for claim in claims if claim.more]
 
     def settle_all(self, stop: threading.Event) -> int:
         """Wait for the reports of every batch sent and settle each; how many were delivered."""
-        delivered = 0
-        while self._unsettled:
-            delivered += self._settle_batch(self._oldest(), stop)
-        return delivered
+        return self._settle([self._oldest() for _ in range(len(self._unsettled))], stop)
 
     def _settle_until_due(
         self, next_due_ms: int | None, stop: threading.Event, nudged: Nudged
@@ -246,14 +290,17 @@ class Dispatcher:
         """Settle the batches sent, waiting for their reports while nothing is due: never
         within SETTLE_AHEAD_MS of the next due time (a broker slow to acknowledge must not
         make the next message late). What is still unreported then is settled on a later
-        run."""
+        run; with the next due time that close, only what `_settle_ready` settles now."""
         if next_due_ms is None:
             return self.settle_all(stop)
-        delivered = 0
-        while self._unsettled:
+        delivered = self._settle_ready(stop)
+        while self._unsettled and self._ahead_s(next_due_ms, nudged) > 0:
             if not self._await_reports(self._unsettled[0], next_due_ms, stop, nudged):
                 break
-            delivered += self._settle_batch(self._oldest(), stop)
+            ready = [self._oldest()]  # and those reported with it, settled together
+            while self._unsettled and self._unsettled[0].reported:
+                ready.append(self._oldest())
+            delivered += self._settle(ready, stop)
         return delivered
 
     def _oldest(self) -> _Sent:
@@ -271,21 +318,33 @@ class Dispatcher:
             overdue_in_s = sent.deadline - time.monotonic()
             if overdue_in_s <= 0:
                 return True
-            nudge = nudged()
-            soonest_ms = next_due_ms if nudge is None else min(next_due_ms, nudge)
-            left_s = (soonest_ms - SETTLE_AHEAD_MS - now_ms()) / 1000
+            left_s = self._ahead_s(next_due_ms, nudged)
             if left_s <= 0:
                 return False
             self.outbox.producer.poll(min(left_s, overdue_in_s, REPORT_POLL_S))
         return sent.reported
 
+    @staticmethod
+    def _ahead_s(next_due_ms: int, nudged: Nudged) -> float:
+        """Seconds left to wait for reports before firing again (none within
+        SETTLE_AHEAD_MS of the next due time, or of a sooner one nudged meanwhile)."""
+        nudge = nudged()
+        soonest_ms = next_due_ms if nudge is None else min(next_due_ms, nudge)
+        return (soonest_ms - SETTLE_AHEAD_MS - now_ms()) / 1000
+
     def _settle_ready(self, stop: threading.Event) -> int:
-        """Settle the oldest batches whose reports are all in (or that must be awaited)."""
+        """Settle the oldest batches whose reports are all in (or that must be awaited), once
+        the oldest was sent SETTLE_EVERY_S ago."""
         self.outbox.producer.poll(0)
-        delivered = 0
+        if not self._unsettled or (
+            time.monotonic() - self._unsettled[0].sent_at < SETTLE_EVERY_S
+            and not self._too_much_unsettled()
+        ):
+            return 0
+        ready = []
         while self._unsettled and (self._unsettled[0].reported or self._too_much_unsettled()):
-            delivered += self._settle_batch(self._oldest(), stop)
-        return delivered
+            ready.append(self._oldest())
+        return self._settle(ready, stop)
 
     def _too_much_unsettled(self) -> bool:
         return (
@@ -295,11 +354,9 @@ class Dispatcher:
 
     def reclaim_expired(self) -> int:
         """Return ids whose replica's lease ran out to due, in this replica's shards; how
-        many. (A dead replica's leases come back through whoever owns their shards.)"""
-        return sum(
-            self.store.reclaim(now_ms(), self.policy.batch_limit, shard)
-            for shard in self.share.owned
-        )
+        many. (A dead replica's leases come back through whoever owns their shards.) One
+        round trip per Redis node."""
+        return self.store.reclaim_all(now_ms(), self.policy.batch_limit, self.share.owned)
 
     def _send(self, claim: Claim) -> _Sent:
         # The payloads are not kept till settled.
@@ -310,17 +367,35 @@ class Dispatcher:
         records = [delivery_record(s, a) for s, a in sent.schedules]
         self._observe_send(sent.schedules, now_ms())
         sent.reports = self.outbox.submit(records) if records else None
-        sent.deadline = time.monotonic() + self.outbox.wait_seconds
+        sent.sent_at = time.monotonic()
+        sent.deadline = sent.sent_at + self.outbox.wait_seconds
         return sent
 
     def _observe_send(self, schedules: Sequence[tuple[Schedule, int]], at_ms: int) -> None:
         late = [max(0, at_ms - schedule.due_ms) / 1000 for schedule, _ in schedules]
         observe_all(self.metrics.send_lateness, late)
 
-    def _settle_batch(self, sent: _Sent, stop: threading.Event) -> int:
+    def _settle(self, batches: Sequence[_Sent], stop: threading.Event) -> int:
+        """Settle sent batches: the acks of all of them in one round trip (per Redis node),
+        whatever their shards; how many were delivered."""
+        if not batches:
+            return 0
+        outcomes = [self._conclude(sent, stop) for sent in batches]
+        acks = [Acks([i for i in o.done if i not in s.advances], s.claim.token, s.claim.shard)
+                for s, o in zip(batches, outcomes, strict=True)]  # fmt: skip
+        acked = self.store.ack_all(acks)
+        for sent, outcome, count in zip(batches, outcomes, acked, strict=True):
+            self._record(sent.claim, outcome, sent.advances, count)
+            if sent.advances:
+                self._answer(_series_events(sent, outcome), stop)
+            if sent.later:
+                self.store.release(sent.later, sent.claim.token, sent.claim.shard)
+                self.share.nudged(sent.claim.shard, min(due for _, due in sent.later))
+        return sum(outcome.delivered for outcome in outcomes)
+
+    def _conclude(self, sent: _Sent, stop: threading.Event) -> _Outcome:
         """Judge one sent batch by its reports (waiting for the missing ones until its
-        deadline), dead-letter what must be, and record the outcome in Redis; how many
-        were delivered."""
+        deadline) and dead-letter what must be: what to ack and what to retry."""
         outcome = _Outcome(done=[], retry=defaultdict(list))
         if sent.reports is not None:
             left_s = max(0.0, sent.deadline - time.monotonic())
@@ -329,13 +404,7 @@ class Dispatcher:
             self._judge(sent.schedules, errors, acked_ms, outcome, sent.dead)
         self._dead_letter(sent, outcome, stop)
         outcome.done += sent.cancelled + sent.passed
-        self._record(sent.claim, outcome, sent.advances)
-        if sent.advances:
-            self._answer(_series_events(sent, outcome), stop)
-        if sent.later:
-            self.store.release(sent.later, sent.claim.token, sent.claim.shard)
-            self.share.nudged(sent.claim.shard, min(due for _, due in sent.later))
-        return outcome.delivered
+        return outcome
 
     def _classify(self, item: Loaded, sent: _Sent) -> None:
         """Deliver, dead-letter, or skip a claimed id (cancelled while a failed attempt held
@@ -459,11 +528,12 @@ class Dispatcher:
             self.metrics.events_dropped.inc(len(errors))
             log.error("events_dropped", count=len(errors), error=errors[0].str())
 
-    def _record(self, claim: Claim, outcome: _Outcome, advances: dict[str, Advance]) -> None:
-        """Ack what is done (a series' occurrence: with its next one stored in the same
-        step) and give what failed back to due, under the claim's lease."""
-        done = [i for i in outcome.done if i not in advances]
-        acked = self.store.ack(done, claim.token, claim.shard)
+    def _record(
+        self, claim: Claim, outcome: _Outcome, advances: dict[str, Advance], acked: int
+    ) -> None:
+        """After the acks (`acked` of them still ours): store a series' next occurrence in
+        the step that forgets this one, and give what failed back to due, under the
+        claim's lease."""
         settled = [advances[i] for i in outcome.done if i in advances]
         if settled:
             acked += self.store.advance(settled, claim.token, now_ms(), claim.shard)

@@ -10,7 +10,7 @@ the round is done, so the caller's pause, metric and log are unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -23,6 +23,13 @@ class NodeFailures:
         self._node_of = node_of
         self._failed: set[int] = set()
         self.first: redis.RedisError | None = None
+
+    def by_node(self, shards: Sequence[int]) -> list[list[int]]:
+        """`shards` grouped by their node, in the order each node first appears."""
+        groups: dict[int, list[int]] = {}
+        for shard in shards:
+            groups.setdefault(id(self._node_of(shard)), []).append(shard)
+        return list(groups.values())
 
     def attempt(self, shard: int, work: Callable[[], None]) -> None:
         """Run `work` for `shard` unless its node failed earlier in the round."""

@@ -11,9 +11,10 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
+from redis.exceptions import AskError, NoScriptError, TryAgainError
 
 from blackbox.errors import ConcurrentUpdate
 from blackbox.schedule import Schedule
@@ -26,8 +27,28 @@ from blackbox.storage.watermarks import Watermarks
 # Tries of a reschedule whose payload an intake update replaced between read and write.
 RESCHEDULE_TRIES = 3
 RESCHEDULE_CHANGED = 6  # reschedule.lua: the payload changed since it was read
+# What a pipelined script call may answer that the same call run on its own does not: a
+# script the node lost (a restart, a failover), a slot moved or moving on a cluster.
+RUN_AGAIN = (NoScriptError, AskError, TryAgainError)
 # Payload bytes one claim takes at most, unless told (BLACKBOX_BATCH_BYTES).
 DEFAULT_CLAIM_BYTES = 16 * 1024 * 1024
+
+
+class Acks(NamedTuple):
+    """Ids of one shard delivered or dead-lettered under one claim's lease token."""
+
+    ids: Sequence[str]
+    token: float
+    shard: int
+
+
+class ScriptCall(NamedTuple):
+    """One call of a registered script, on the keys of one shard."""
+
+    script: Any
+    shard: int
+    keys: list[str]
+    args: list[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,11 +139,37 @@ class RedisStore:
 
     def pool_of(self, shard: int) -> Any:
         """The connection pool of the Redis node serving `shard`."""
-        key = self.layout.shards[shard].due
+        return self._node_client(shard).connection_pool
+
+    def _node_client(self, shard: int) -> redis.Redis:
+        """A client of the Redis node serving `shard` (the client itself on one Redis)."""
         if isinstance(self.client, redis.RedisCluster):
-            node = self.client.get_node_from_key(key)  # type: ignore[no-untyped-call]
-            return self.client.get_redis_connection(node).connection_pool
-        return self.client.connection_pool
+            node = self.client.get_node_from_key(self.layout.shards[shard].due)  # type: ignore[no-untyped-call]
+            connection: redis.Redis = self.client.get_redis_connection(node)
+            return connection
+        return self.client
+
+    def _run_all(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """Each call's answer, in order: one round trip per Redis node for all of them, so
+        that many shards cost what one does. A call the pipeline could not run (a script
+        the node lost, a slot moved on a cluster) is run again on its own."""
+        answers: list[Any] = [None] * len(calls)
+        by_node: dict[int, list[int]] = {}
+        for n, call in enumerate(calls):
+            by_node.setdefault(id(self.pool_of(call.shard)), []).append(n)
+        for numbers in by_node.values():
+            pipe = self._node_client(calls[numbers[0]].shard).pipeline(transaction=False)
+            for n in numbers:
+                script, _, keys, args = calls[n]
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+            for n, answer in zip(numbers, pipe.execute(raise_on_error=False), strict=True):
+                script, _, keys, args = calls[n]
+                if isinstance(answer, RUN_AGAIN):
+                    answer = script(keys=keys, args=args)  # noqa: PLW2901 - its own answer
+                elif isinstance(answer, Exception):
+                    raise answer
+                answers[n] = answer
+        return answers
 
     def apply(self, slices: Sequence[IntakeSlice], now_ms: int) -> list[Applied]:
         """Apply what each intake slice holds that is new (replays are no-ops).
@@ -163,38 +210,55 @@ class RedisStore:
         of at most `max_bytes` of payload (one at least), to in flight, leased for
         `lease_ms` from `now_ms` under a token no other claim holds, with their payloads
         and past attempts, in one round trip."""
+        (claim,) = self.claim_all(now_ms, limit, lease_ms, [shard], due_by_ms=due_by_ms,
+                                  max_bytes=max_bytes)  # fmt: skip
+        return claim
+
+    def claim_all(  # noqa: PLR0913 - the claim script's arguments, each named
+        self, now_ms: int, limit: int, lease_ms: int, shards: Sequence[int], *,
+        due_by_ms: int | None = None, max_bytes: int = DEFAULT_CLAIM_BYTES,
+    ) -> list[Claim]:  # fmt: skip
+        """`claim_due` of each of `shards`, in one round trip per Redis node: a claim per
+        shard, in their order."""
         due_by = now_ms if due_by_ms is None else due_by_ms
-        keys_of = self.layout.shards[shard]
-        keys = [keys_of.due, keys_of.in_flight, keys_of.attempts, keys_of.lease_counter]
-        args = [due_by, limit, now_ms + lease_ms, keys_of.payload(""), keys_of.ended(""),
-                max_bytes]  # fmt: skip
-        ids, next_due, payloads, attempts, ended, token = self._claim(keys=keys, args=args)
-        loaded = [
-            Loaded(id=i.decode("utf-8"), payload=p, attempts=int(a or 0), ended=e)
-            for i, p, a, e in zip(ids, payloads, attempts, ended, strict=True)
-        ]
-        next_due_ms = int(float(next_due)) if next_due else None
-        return Claim(
-            ids=[item.id for item in loaded],
-            loaded=loaded,
-            token=float(token),
-            next_due_ms=next_due_ms,
-            at_ms=due_by,
-            shard=shard,
-            more=len(loaded) >= limit or (next_due_ms is not None and next_due_ms <= due_by),
-        )
+        calls = []
+        for shard in shards:
+            keys_of = self.layout.shards[shard]
+            keys = [keys_of.due, keys_of.in_flight, keys_of.attempts, keys_of.lease_counter]
+            args = [due_by, limit, now_ms + lease_ms, keys_of.payload(""), keys_of.ended(""),
+                    max_bytes]  # fmt: skip
+            calls.append(ScriptCall(self._claim, shard, keys, args))
+        if len(calls) == 1:  # no pipeline needed
+            _, shard, keys, args = calls[0]
+            return [_claimed(self._claim(keys=keys, args=args), shard, due_by, limit)]
+        answers = self._run_all(calls)
+        return [_claimed(a, c.shard, due_by, limit) for a, c in zip(answers, calls, strict=True)]
 
     def ack(self, ids: Sequence[str], token: float, shard: int = 0) -> int:
         """Forget ids of `shard` that were delivered or dead-lettered; return how many were
         still ours."""
-        acked = 0
-        keys_of = self.layout.shards[shard]
-        for chunk in chunked(ids):
-            keys = [keys_of.in_flight, keys_of.due, keys_of.attempts]
-            for i in chunk:
-                keys += [keys_of.payload(i), keys_of.ended(i)]
-            args = [token, self.ended_retention_seconds, *chunk]
-            acked += int(self._ack(keys=keys, args=args))
+        return self.ack_all([Acks(ids, token, shard)])[0]
+
+    def ack_all(self, batches: Sequence[Acks]) -> list[int]:
+        """`ack` of each batch (of any shards), in one round trip per Redis node; how many
+        of each were still ours."""
+        calls, of_batch = [], []
+        for n, batch in enumerate(batches):
+            keys_of = self.layout.shards[batch.shard]
+            for chunk in chunked(batch.ids):
+                keys = [keys_of.in_flight, keys_of.due, keys_of.attempts]
+                for i in chunk:
+                    keys += [keys_of.payload(i), keys_of.ended(i)]
+                args = [batch.token, self.ended_retention_seconds, *chunk]
+                calls.append(ScriptCall(self._ack, batch.shard, keys, args))
+                of_batch.append(n)
+        acked = [0] * len(batches)  # a batch with nothing to ack (series advances) has 0
+        if len(calls) == 1:  # no pipeline needed
+            _, _, keys, args = calls[0]
+            acked[of_batch[0]] = int(self._ack(keys=keys, args=args))
+            return acked
+        for n, answer in zip(of_batch, self._run_all(calls), strict=True):
+            acked[n] += int(answer)
         return acked
 
     def advance(self, items: Sequence[Advance], token: float, now_ms: int, shard: int = 0) -> int:
@@ -238,9 +302,16 @@ class RedisStore:
 
     def reclaim(self, now_ms: int, limit: int, shard: int = 0) -> int:
         """Return up to `limit` ids of `shard` whose lease expired by `now_ms` to due."""
-        keys_of = self.layout.shards[shard]
-        keys = [keys_of.in_flight, keys_of.due, keys_of.attempts]
-        return int(self._reclaim(keys=keys, args=[now_ms, limit]))
+        return self.reclaim_all(now_ms, limit, [shard])
+
+    def reclaim_all(self, now_ms: int, limit: int, shards: Sequence[int]) -> int:
+        """`reclaim` in each of `shards`, in one round trip per Redis node; how many in all."""
+        calls = []
+        for shard in shards:
+            keys_of = self.layout.shards[shard]
+            keys = [keys_of.in_flight, keys_of.due, keys_of.attempts]
+            calls.append(ScriptCall(self._reclaim, shard, keys, [now_ms, limit]))
+        return sum(int(answer) for answer in self._run_all(calls))
 
     def counts(self) -> tuple[int, int]:
         """How many ids are due and in flight, over all shards."""
@@ -280,3 +351,22 @@ class RedisStore:
             if code != RESCHEDULE_CHANGED:
                 return Applied(code), moved if code == Applied.UPDATED else None
         raise ConcurrentUpdate(f"{schedule_id!r} changed {RESCHEDULE_TRIES} times while moved")
+
+
+def _claimed(answer: Any, shard: int, due_by: int, limit: int) -> Claim:
+    """The claim script's answer as a Claim of `shard`."""
+    ids, next_due, payloads, attempts, ended, token = answer
+    loaded = [
+        Loaded(id=i.decode("utf-8"), payload=p, attempts=int(a or 0), ended=e)
+        for i, p, a, e in zip(ids, payloads, attempts, ended, strict=True)
+    ]
+    next_due_ms = int(float(next_due)) if next_due else None
+    return Claim(
+        ids=[item.id for item in loaded],
+        loaded=loaded,
+        token=float(token),
+        next_due_ms=next_due_ms,
+        at_ms=due_by,
+        shard=shard,
+        more=len(loaded) >= limit or (next_due_ms is not None and next_due_ms <= due_by),
+    )

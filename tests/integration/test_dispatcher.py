@@ -13,9 +13,10 @@ import redis
 from confluent_kafka import Producer
 
 from blackbox.clock import now_ms
-from blackbox.dev.servers import RedisServer
+from blackbox.dev.servers import KafkaBroker, RedisServer
 from blackbox.firing.dispatcher import Dispatcher, RetryPolicy
 from blackbox.firing.shares import Share
+from blackbox.kafka import clients
 from blackbox.kafka.outbox import Outbox
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule
@@ -157,3 +158,70 @@ def test_a_sweep_leases_from_the_claim_not_from_its_cutoff(
     assert lease_until is not None
     assert lease_until >= now + POLICY.lease_ms
     client.close()
+
+
+class _CountingConnection(redis.Connection):
+    """A connection that counts what it sends: one send is one round trip to Redis."""
+
+    sends = 0
+
+    def send_packed_command(self, command: object, check_health: bool = True) -> None:
+        type(self).sends += 1
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+
+def _due_in_every_shard(store: RedisStore, later_ms: int) -> None:
+    """One schedule due now in every shard, and one more due `later_ms` from now."""
+    now = now_ms()
+    layout = store.layout
+    due = [Schedule(_id_in(layout, s, f"in:{s}"), "orders", b"v", now - 1)
+           for s in range(layout.count)]  # fmt: skip
+    due.append(Schedule("in:99:0", "orders", b"later", now + later_ms))
+    store.apply([IntakeSlice("in", n, 0, [(0, s)]) for n, s in enumerate(due)], now)
+
+
+@pytest.fixture
+def counted(redis_server: RedisServer) -> Iterator[RedisStore]:
+    """A store of 16 shards whose client counts its round trips, its scripts loaded."""
+    pool = redis.ConnectionPool.from_url(redis_server.url, connection_class=_CountingConnection)
+    client = redis.Redis(connection_pool=pool)
+    store = RedisStore(client, Layout(unique("ns"), 16), grace_seconds=60)
+    empty = store.claim_due(now_ms(), 1, 1000)  # loads the claim script
+    store.ack(["none"], empty.token)  # and the ack script
+    yield store
+    client.close()
+
+
+def test_shards_due_at_one_instant_are_claimed_in_one_round_trip(
+    counted: RedisStore, silent_producer: Producer
+) -> None:
+    """Many shards cost what one does: a message due now in each of 16 shards is claimed
+    in one round trip to Redis, not one per shard (16 were a waker's work at every due
+    instant, and the default count's steady lateness several times one shard's)."""
+    _due_in_every_shard(counted, later_ms=200)
+    dispatcher = Dispatcher(counted, Outbox(silent_producer, REPORT_WAIT_S), POLICY, Metrics())
+    before = _CountingConnection.sends
+
+    dispatcher.fire_due(threading.Event())
+
+    assert _CountingConnection.sends - before == 1
+    assert counted.counts() == (1, 16)  # all sixteen claimed and sent, unsettled
+
+
+def test_batches_reported_together_are_acked_in_one_round_trip(
+    counted: RedisStore, broker: KafkaBroker
+) -> None:
+    """Many shards cost what one does: the batches of 16 shards, reported at once, are
+    acknowledged in Redis in one round trip, not one per shard."""
+    clients.ensure_topics({"bootstrap.servers": broker.bootstrap}, ["orders"])
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    _due_in_every_shard(counted, later_ms=600_000)
+    dispatcher = Dispatcher(counted, Outbox(producer, REPORT_WAIT_S), POLICY, Metrics())
+    before = _CountingConnection.sends
+
+    fired = dispatcher.fire_due(threading.Event())
+
+    assert fired.delivered == 16
+    assert counted.counts() == (1, 0)
+    assert _CountingConnection.sends - before <= 3  # claim, ack (and one early ack at most)
+    producer.flush(10)

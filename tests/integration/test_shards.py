@@ -23,7 +23,7 @@ from blackbox.storage import shardcount
 from blackbox.storage.applying import Applied, Cancellation, IntakeSlice, Write
 from blackbox.storage.keys import Layout
 from blackbox.storage.shardcount import Committed
-from blackbox.storage.store import RedisStore
+from blackbox.storage.store import Acks, RedisStore
 from tests.kafkatools import unique, wait_until
 
 SHARDS = 4
@@ -321,3 +321,37 @@ def test_a_running_service_stops_when_another_changes_the_shard_count(
         assert service.exit_code == EXIT_SETTINGS
     finally:
         service.stop()
+
+
+def test_shards_are_claimed_and_acked_together_though_redis_lost_its_scripts(
+    store: RedisStore, client: redis.Redis
+) -> None:
+    """Many shards cost what one does: every shard is claimed, and every batch acked, in
+    one pipeline; a node that lost the scripts (a restart, a failover) answers the pipeline
+    with NOSCRIPT, and each call is run again on its own, nothing lost or left in flight."""
+    store.apply([IntakeSlice("in", 0, 39, _plain(range(40), now_ms() - 1))], now_ms())
+    client.script_flush()
+
+    claims = store.claim_all(now_ms(), 100, 30_000, range(SHARDS))
+
+    assert [claim.shard for claim in claims] == list(range(SHARDS))
+    assert sorted(i for claim in claims for i in claim.ids) == sorted(
+        f"in:0:{o}" for o in range(40)
+    )
+    client.script_flush()
+    acked = store.ack_all([Acks(claim.ids, claim.token, claim.shard) for claim in claims])
+    assert acked == [len(claim.ids) for claim in claims]
+    assert store.counts() == (0, 0)
+
+
+def test_batches_with_nothing_to_ack_are_answered_in_place(store: RedisStore) -> None:
+    """A settle groups batches whose ids are all series occurrences (settled by `advance`,
+    nothing to ack) with ordinary ones: each batch gets its own count, in order, whether
+    the ids to ack make one call or none."""
+    store.apply([IntakeSlice("in", 0, 0, _plain(range(1), now_ms() - 1))], now_ms())
+    (claim,) = [c for c in store.claim_all(now_ms(), 100, 30_000, range(SHARDS)) if c.ids]
+
+    nothing = Acks([], claim.token, (claim.shard + 1) % SHARDS)
+    assert store.ack_all([nothing, Acks(claim.ids, claim.token, claim.shard), nothing]) == [0, 1, 0]
+    assert store.ack_all([nothing, nothing]) == [0, 0]
+    assert store.counts() == (0, 0)
