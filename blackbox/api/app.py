@@ -8,8 +8,9 @@ A token acts for the callers it was given (tokens.py; checked in access.py). A c
 a caller's id (cancel, reschedule, pause, resume) travels through the intake topic keyed by
 the id, as the caller's own records do, so it is applied in their order; the API answers
 with what the intake answered. Each such request holds a worker thread while it waits (up
-to twice BLACKBOX_DELIVERY_TIMEOUT): at most INTAKE_WAITS wait at once, the rest answered
-503 at once, so the other routes keep threads; the probes need none.
+to twice BLACKBOX_DELIVERY_TIMEOUT): at most INTAKE_WAITS wait at once, and
+INTAKE_WAITS_PER_CALLER of one caller, the rest answered 503 at once, so the other routes
+keep threads and one caller's load never refuses another's; the probes need none.
 
 A recurring schedule (a series) is one pending id, like a one-off schedule: `GET
 /schedules` lists both (each item's `series` tells them apart; `kind=one_off` or
@@ -79,27 +80,41 @@ _STATUS = {
 # A pause or resume of a series cancelled before changes nothing: a conflict, not a success.
 _HOLD_STATUS = {**_STATUS, Outcome.CANCELLED: 409}
 # Requests waiting at once for the intake's answer: half of AnyIO's 40 worker threads, which
-# every sync route shares.
+# every sync route shares; one caller holds at most a quarter of them, so one caller's load
+# never refuses another's requests.
 INTAKE_WAITS = 20
+INTAKE_WAITS_PER_CALLER = 5
 
 
 class Waits:
-    """The requests of one app waiting for the intake's answer: at most `most` at once."""
+    """The requests of one app waiting for the intake's answer: at most `most` at once, and
+    at most `per_caller` of one caller."""
 
-    def __init__(self, most: int = INTAKE_WAITS) -> None:
-        self.most = most
-        self._free = threading.BoundedSemaphore(most)
+    def __init__(self, most: int = INTAKE_WAITS, per_caller: int = INTAKE_WAITS_PER_CALLER) -> None:
+        self.most, self.per_caller = most, per_caller
+        self._lock = threading.Lock()
+        self._held: dict[bytes | None, int] = {}
 
     @contextmanager
-    def taken(self) -> Iterator[bool]:
-        """Whether this request may wait (hold its place until the end of the block)."""
-        if not self._free.acquire(blocking=False):
+    def taken(self, caller: bytes | None = None) -> Iterator[bool]:
+        """Whether this request of `caller` may wait (its place held until the end of the
+        block)."""
+        with self._lock:
+            held = self._held.get(caller, 0)
+            if held >= self.per_caller or sum(self._held.values()) >= self.most:
+                allowed = False
+            else:
+                allowed, self._held[caller] = True, held + 1
+        if not allowed:
             yield False
             return
         try:
             yield True
         finally:
-            self._free.release()
+            with self._lock:
+                self._held[caller] -= 1
+                if not self._held[caller]:
+                    del self._held[caller]
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,7 +349,8 @@ def _through_intake(
     statuses: dict[Outcome, int] = _STATUS,
 ) -> JSONResponse:  # fmt: skip
     """Send a caller's request about its id as the caller would; answer what intake did
-    (503 with Retry-After when INTAKE_WAITS requests wait already)."""
+    (503 with Retry-After when INTAKE_WAITS requests, or INTAKE_WAITS_PER_CALLER of this
+    caller's, wait already)."""
     scoped = split_scoped(blackbox_id)
     assert scoped is not None  # only a caller's own id comes here
     own = scoped[1]
@@ -342,10 +358,10 @@ def _through_intake(
         # Refused by intake, its answer keyed by the id cut short: never waited for.
         raise ApiError(422, "invalid_id",
                        f"an id is 1-{MAX_OWN_ID_CHARS} printable characters")  # fmt: skip
-    with call.waits.taken() as waiting:
+    with call.waits.taken(scoped[0]) as waiting:
         if not waiting:
-            return refusal(503, "unavailable", f"{call.waits.most} requests wait for the "
-                           "intake's answers already: try again", {"retry-after": "1"})  # fmt: skip
+            return refusal(503, "unavailable", "too many requests wait for the intake's "
+                           "answers already: try again", {"retry-after": "1"})  # fmt: skip
         return _sent_to_intake(call.backend, blackbox_id, scoped, request, statuses)
 
 

@@ -19,11 +19,12 @@ from pathlib import Path
 import httpx
 import orjson
 
+from blackbox.api.app import INTAKE_WAITS_PER_CALLER
 from blackbox.role import Role
 from blackbox.service import Service
 from tests.integration.conftest import ServiceFactory
 from tests.integration.test_api import AUTH, TOKEN
-from tests.integration.test_api_callers import BILLING, _auth, _tokens_file
+from tests.integration.test_api_callers import BILLING, SHOP, _auth, _tokens_file
 from tests.kafkatools import wait_until
 
 # A request head that never ends (no blank line after it).
@@ -379,9 +380,11 @@ def test_requests_waiting_for_the_intake_leave_live_answering(
 ) -> None:
     """Guarantee 4: with no intake to answer (a dispatch-only service), 60 cancels at once
     of one caller's ids, by a token for that caller alone, leave /live answering within
-    2 s throughout (the probes need no worker thread); at most 20 wait for the intake's
-    answer (504 when it does not come), the rest are answered 503 `unavailable` with
-    Retry-After at once."""
+    2 s throughout (the probes need no worker thread); at most INTAKE_WAITS_PER_CALLER of
+    them wait for the intake's answer (504 when it does not come), the rest are answered
+    503 `unavailable` with Retry-After at once; and another caller's cancels, sent while
+    the flood waits, still wait for their answers: one caller's load never refuses
+    another's."""
     service = start_service(
         Role.DISPATCH,
         BLACKBOX_DELIVERY_TIMEOUT="3",
@@ -389,27 +392,39 @@ def test_requests_waiting_for_the_intake_leave_live_answering(
     )
     port = _port(service)
     answers: list[httpx.Response] = []
-    cancels = [threading.Thread(target=_cancel, args=(port, f"id-{n}", answers))
+    others: list[httpx.Response] = []
+    cancels = [threading.Thread(target=_cancel, args=(port, "billing", BILLING, f"id-{n}",
+                                                      answers))
                for n in range(60)]  # fmt: skip
     for cancel in cancels:
         cancel.start()
+    wait_until(lambda: len(answers) >= 60 - INTAKE_WAITS_PER_CALLER, 20,
+               "the flood's refusals answered")  # fmt: skip
+    other = [threading.Thread(target=_cancel, args=(port, "shop", SHOP, f"id-{n}", others))
+             for n in range(INTAKE_WAITS_PER_CALLER)]  # fmt: skip
+    for cancel in other:
+        cancel.start()
     lives = []
-    while any(cancel.is_alive() for cancel in cancels):
+    while any(cancel.is_alive() for cancel in cancels + other):
         lives.append(_live(port))
-    for cancel in cancels:
+    for cancel in cancels + other:
         cancel.join()
     assert set(lives) == {200}, lives
     statuses = sorted(answer.status_code for answer in answers)
-    assert statuses == [503] * 40 + [504] * 20, statuses
+    waited = INTAKE_WAITS_PER_CALLER
+    assert statuses == [503] * (60 - waited) + [504] * waited, statuses
+    assert [answer.status_code for answer in others] == [504] * waited, "shop waited too"
     refused = [answer for answer in answers if answer.status_code == 503]
     assert {(a.json()["error"], a.headers["retry-after"]) for a in refused} == {
         ("unavailable", "1")
     }
 
 
-def _cancel(port: int, schedule_id: str, answers: list[httpx.Response]) -> None:
-    url = f"http://127.0.0.1:{port}/api/v1/schedules/@billing/{schedule_id}"
-    answers.append(httpx.delete(url, headers=_auth(BILLING), timeout=30))
+def _cancel(
+    port: int, caller: str, token: str, schedule_id: str, answers: list[httpx.Response]
+) -> None:
+    url = f"http://127.0.0.1:{port}/api/v1/schedules/@{caller}/{schedule_id}"
+    answers.append(httpx.delete(url, headers=_auth(token), timeout=30))
 
 
 def _descriptors(pid: int) -> int:
