@@ -217,6 +217,13 @@ VARIABLES: tuple[Var, ...] = (
     Var("BLACKBOX_HTTP_MAX_CONNECTIONS", "http_max_connections", _positive_int, "1000",
         "most open HTTP connections (at most half the free file descriptors); one more "
         "closes the one waiting longest for a request, or is answered 503 when all are busy"),
+    Var("BLACKBOX_HTTP_ANSWER_TIMEOUT", "http_answer_timeout", _positive_float, "30",
+        "seconds an answer's bytes may wait for a client that reads slowly; then the "
+        "connection is aborted"),
+    Var("BLACKBOX_HTTP_MAX_CONNECTIONS_PER_CLIENT", "http_max_connections_per_client",
+        _positive_int, "100",
+        "most open HTTP connections from one client address; one more closes that "
+        "address's one waiting longest for a request, or is answered 503 when all are busy"),
     Var("BLACKBOX_API_TOKEN", "api_token", _token, "",
         "bearer token of the HTTP API (16+ characters); empty: none, mutations refused"),
     Var("BLACKBOX_API_TOKENS_FILE", "api_tokens_file", str, "",
@@ -274,6 +281,8 @@ class Settings:
     http_header_timeout: float
     http_body_timeout: float
     http_max_connections: int
+    http_answer_timeout: float
+    http_max_connections_per_client: int
     api_token: str
     api_tokens_file: str
     api_signing_key_file: str

@@ -42,6 +42,8 @@ def test_defaults_from_an_empty_environment() -> None:
         http_header_timeout=10.0,
         http_body_timeout=30.0,
         http_max_connections=1000,
+        http_answer_timeout=30.0,
+        http_max_connections_per_client=100,
         api_token="",
         api_tokens_file="",
         api_signing_key_file="",

@@ -5,6 +5,7 @@ file equal to these rendered with the default values and release name "blackbox"
 */}}
 {{- define "blackbox.alertGroups" -}}
 {{- $a := .Values.metrics.prometheusRule.alerts }}
+{{- $runbooks := .Values.metrics.prometheusRule.runbookUrl }}
 {{- $job := include "blackbox.fullname" . }}
 groups:
   - name: blackbox
@@ -24,6 +25,7 @@ groups:
         annotations:
           summary: "blackbox {{ "{{" }} $labels.instance {{ "}}" }} is not ready although Redis and Kafka answer"
           description: "Its firing clock stopped (no tick for 60 s) or a worker thread died: /live fails and Kubernetes restarts it. Messages due meanwhile fire late."
+          runbook_url: "{{ $runbooks }}#blackboxdispatcherstalled"
       - alert: BlackboxDependencyDown
         expr: blackbox_up == 0
         for: {{ $a.dependencyDownFor }}
@@ -32,6 +34,7 @@ groups:
         annotations:
           summary: "blackbox {{ "{{" }} $labels.instance {{ "}}" }} cannot reach {{ "{{" }} $labels.dependency {{ "}}" }}"
           description: "Intake is paused and firing backs off until {{ "{{" }} $labels.dependency {{ "}}" }} answers again; nothing is lost, due messages fire late."
+          runbook_url: "{{ $runbooks }}#blackboxdependencydown"
       - alert: BlackboxRedisLostData
         expr: max by (job, instance) (blackbox_intake_stopped_partitions) > 0
         for: {{ $a.redisLostDataFor }}
@@ -40,6 +43,7 @@ groups:
         annotations:
           summary: "blackbox {{ "{{" }} $labels.instance {{ "}}" }} stopped reading {{ "{{" }} $value {{ "}}" }} intake partition(s): Redis lost their data"
           description: "Redis holds less than the intake group committed, by more than a failover's lag (BLACKBOX_REREAD_LIMIT), or nothing at all: flushed, restarted empty or restored from an old snapshot. Its log line intake_stopped_redis_lost_data names the partitions. Rebuild Redis from Kafka, or restart with BLACKBOX_REDIS_LOSS=reread (deliver the gap again) or skip (give it up)."
+          runbook_url: "{{ $runbooks }}#blackboxredislostdata"
       - alert: BlackboxRedisMemoryHigh
         expr: |
           max by (job) (
@@ -51,6 +55,7 @@ groups:
         annotations:
           summary: "blackbox's Redis uses {{ "{{" }} $value | humanizePercentage {{ "}}" }} of its maxmemory"
           description: "Past maxmemory Redis refuses new schedules: intake waits (records stay in the intake topic) until firing frees room. Raise maxmemory before then; messages due far ahead free nothing."
+          runbook_url: "{{ $runbooks }}#blackboxredismemoryhigh"
       - alert: BlackboxRedisFull
         expr: max by (job) (blackbox_redis_full) == 1
         for: {{ $a.redisFullFor }}
@@ -59,6 +64,7 @@ groups:
         annotations:
           summary: "blackbox's Redis is over maxmemory: intake waits"
           description: "Redis refuses intake's writes for memory. Firing goes on and drains it as messages fall due, and intake resumes by itself; if the pending messages are due far ahead, only more maxmemory lets intake go on."
+          runbook_url: "{{ $runbooks }}#blackboxredisfull"
       - alert: BlackboxLatenessHigh
         expr: |
           histogram_quantile(0.99,
@@ -70,6 +76,7 @@ groups:
         annotations:
           summary: "blackbox delivers late: p99 of acknowledgement - due time is {{ "{{" }} $value | humanizeDuration {{ "}}" }}"
           description: "Compare blackbox_send_lateness_seconds (the service's own part): if it is low too, the broker acknowledges slowly; if high, the replicas cannot keep up."
+          runbook_url: "{{ $runbooks }}#blackboxlatenesshigh"
       - alert: BlackboxOverdueBacklogGrowing
         expr: |
           (
@@ -85,6 +92,7 @@ groups:
         annotations:
           summary: "blackbox fires most messages more than 30 s after their due time"
           description: "{{ "{{" }} $value | humanizePercentage {{ "}}" }} of the messages fired in 10 minutes left more than 30 s late: due messages pile up faster than the replicas fire them."
+          runbook_url: "{{ $runbooks }}#blackboxoverduebackloggrowing"
       - alert: BlackboxDeadLettersRising
         expr: sum by (job, reason) (rate(blackbox_dead_letters_total[5m])) * 60 > {{ $a.deadLettersPerMinute }}
         for: {{ $a.deadLettersFor }}
@@ -93,6 +101,7 @@ groups:
         annotations:
           summary: "blackbox dead-letters {{ "{{" }} $value | humanize {{ "}}" }} records a minute ({{ "{{" }} $labels.reason {{ "}}" }})"
           description: "Records go to the dead-letter topic with reason {{ "{{" }} $labels.reason {{ "}}" }}; its blackbox-dlq-detail header says why."
+          runbook_url: "{{ $runbooks }}#blackboxdeadlettersrising"
       - alert: BlackboxTargetDown
         expr: up{job="{{ $job }}"} == 0
         for: {{ $a.targetDownFor }}
@@ -101,4 +110,5 @@ groups:
         annotations:
           summary: "Prometheus cannot scrape blackbox {{ "{{" }} $labels.instance {{ "}}" }}"
           description: "The replica is down or its /metrics port unreachable."
+          runbook_url: "{{ $runbooks }}#blackboxtargetdown"
 {{- end }}
