@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
-.PHONY: setup system-packages run test lint unit integration deploy bench chaos soak mutate clean
+.PHONY: setup system-packages run docs test lint unit integration deploy bench chaos soak mutate clean
 
 PROMTOOL := $(BIN)/promtool
 
@@ -14,8 +14,8 @@ setup: system-packages $(STAMP) $(PROMTOOL)
 
 # Redis (and redis-cli, which forms the tests' local Redis Cluster), Java with Maven for the
 # local Apache Kafka broker (its jars come from Maven Central), kcat, the third-party client
-# the end-to-end test speaks to it with, and chromium for the admin page's test (driven by
-# Playwright from PyPI; never `playwright install`).
+# the end-to-end test speaks to it with, chromium for the admin page's test (driven by
+# Playwright from PyPI; never `playwright install`), and Go for the Go sending example.
 system-packages:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
@@ -24,6 +24,7 @@ system-packages:
 	command -v mvn >/dev/null || missing="$$missing maven"; \
 	command -v kcat >/dev/null || missing="$$missing kcat"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || missing="$$missing golang-go"; \
 	if [ -n "$$missing" ]; then apt-get update -qq && $(APT_INSTALL) $$missing; fi
 
 $(STAMP): pyproject.toml
@@ -43,6 +44,11 @@ $(PROMTOOL): | $(STAMP)
 
 run: setup
 	$(BIN)/blackbox dev
+
+# The documentation site on http://127.0.0.1:8000, rebuilt on every change (its reference
+# pages are generated from the code). `make test` builds it with --strict (tests/deploy).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 lint: setup
 	$(BIN)/ruff check .

@@ -1,4 +1,5 @@
-"""The exit codes of `blackbox` and its commands, defined once (the README's list)."""
+"""The exit codes of `blackbox` and its commands, defined once (the site's exit codes reference
+is generated from this file)."""
 
 EXIT_OK = 0  # done
 EXIT_FAILED = 1  # failed at run time: a crashed worker, a refused send, an answer that never came

@@ -112,8 +112,16 @@ class Metrics:
             "blackbox_redis_gaps",
             "Intake partitions found with data Redis lost beyond a failover's lag, by kind "
             "(far_behind: a gap over BLACKBOX_REREAD_LIMIT; no_watermark: Redis holds no "
-            "trace of committed offsets).",
+            "trace of committed offsets; aged_out: a gap whose first records Kafka no longer "
+            "holds).",
             ["kind"],
+            registry=self.registry,
+        )
+        self.trace_headers_dropped = Counter(
+            "blackbox_trace_headers_dropped",
+            "Trace context headers of intake records dropped as malformed or repeated, by "
+            "header (traceparent, tracestate, baggage); the request is taken without them.",
+            ["header"],
             registry=self.registry,
         )
         self.reread_records = Counter(
@@ -125,7 +133,7 @@ class Metrics:
         self.given_up_records = Counter(
             "blackbox_intake_given_up_records",
             "Intake records whose schedules Redis lost and the operator chose to give up "
-            "(BLACKBOX_REDIS_LOSS=skip).",
+            "(BLACKBOX_REDIS_LOSS=skip), or that Kafka no longer held to be read again.",
             registry=self.registry,
         )
         self.stopped_partitions = Gauge(
@@ -149,7 +157,7 @@ class Metrics:
         self.build_info.labels(version=version()).set(1)
         for reason in DeadLetterReason:
             self.dead_letters.labels(reason=reason.value)
-        for kind in ("far_behind", "no_watermark"):
+        for kind in ("far_behind", "no_watermark", "aged_out"):
             self.redis_gaps.labels(kind=kind)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:

@@ -1,7 +1,7 @@
 """The release running: the installed package's version, as pyproject.toml set it.
 
 Read from the package's metadata, never written down a second time in the code. Semantic
-versioning: what a version promises is in the README ("Upgrading"), what each release
+versioning: what a version promises is in docs/upgrading.md, what each release
 changed in CHANGELOG.md.
 """
 

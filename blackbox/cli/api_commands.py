@@ -26,9 +26,10 @@ TIMEOUT_SECONDS = 15.0
 def add_commands(commands: Any) -> None:
     api = os.environ.get("BLACKBOX_API_URL", "http://127.0.0.1:8080")
     listing = commands.add_parser("list", help="list pending schedules (through the API)")
-    for name in ("caller", "topic", "cursor"):
-        listing.add_argument(f"--{name}")
-    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--caller", help="only this caller's schedules")
+    listing.add_argument("--topic", help="only schedules delivering to this topic")
+    listing.add_argument("--cursor", help="the `next` of the previous page: the page after it")
+    listing.add_argument("--limit", type=int, default=50, help="most schedules on a page")
     listing.add_argument("--series", action="store_true",
                          help="list series (recurring schedules) and their next run")  # fmt: skip
     listing.set_defaults(command=cmd_list, api=api)

@@ -69,6 +69,10 @@ class _Server:
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        # True: the server runs in a session of its own, so a terminal's Ctrl-C (SIGINT to
+        # its foreground process group) reaches the process that started it, not the server,
+        # which that process stops when it is done with it.
+        self.own_session = False
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -76,7 +80,9 @@ class _Server:
     def start(self) -> None:
         self._close_log()
         self._log = self.log_path.open("ab")
-        self.process = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(self.command(), stdout=self._log,
+                                        stderr=subprocess.STDOUT,
+                                        start_new_session=self.own_session)  # fmt: skip
         wait_for_port(self.port, self.process, self.start_timeout)
 
     def stop(self) -> None:

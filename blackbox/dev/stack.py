@@ -7,8 +7,10 @@ offsets would take new records for re-reads. `fresh` starts both empty. The ligh
 broker keeps nothing on disk, so with it Redis keeps nothing either.
 
 An address given in the environment (REDIS_URL, KAFKA_BOOTSTRAP_SERVERS) is used as it is
-and nothing is started for it. The service's API, open to every call without a token here,
-is served on loopback only unless BLACKBOX_HTTP_HOST says otherwise.
+and nothing is started for it. The servers run in sessions of their own: Ctrl-C stops the
+service first, then Redis and the broker, so the service never sees them go. The service's
+API, open to every call without a token here, is served on loopback only unless
+BLACKBOX_HTTP_HOST says otherwise.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from blackbox.dev.servers import (
 from blackbox.errors import StackError
 
 BROKERS = ("kafka", "tansu")
+# Partitions of the topics the local stack creates: more than one, so that a producer whose
+# partitioner is not murmur2 (librdkafka's default) shows up locally, as in production.
+DEV_PARTITIONS = 3
 Server = RedisServer | KafkaBroker | TansuBroker
 
 
@@ -60,6 +65,9 @@ class DevStack:
             self.servers.append(self._redis())
         if "KAFKA_BOOTSTRAP_SERVERS" not in environ:
             self.servers.append(self._broker())
+        # Ctrl-C reaches the service alone: it stops first, then stop() stops these.
+        for server in self.servers:
+            server.own_session = True
 
     def _state_folder(self) -> Path:
         if self.options.broker == "tansu":  # a broker that keeps nothing: nor does Redis

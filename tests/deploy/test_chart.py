@@ -512,3 +512,18 @@ def test_a_role_scaled_to_zero_renders_zero_replicas() -> None:
     """`replicas: 0` (every replica stopped, as a shard-count change needs) is kept as 0."""
     docs = manifests({"roles": {"run": {"args": ["run"], "replicas": 0}}})
     assert _deployment(docs)["spec"]["replicas"] == 0
+
+
+def test_otel_variables_reach_every_role_and_only_otel_names_pass() -> None:
+    """The chart can turn spans on (README "Tracing"): `otel` entries land in each role's
+    environment as given; a name that is not an OTEL_* variable is refused."""
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_SERVICE_NAME": "bb"}
+    docs = manifests({"otel": otel, "roles": TWO_ROLES})
+    for deployment in of_kind(docs, "Deployment"):
+        env = environment(docs, deployment)
+        assert {name: env[name] for name in otel} == otel
+    assert not any(
+        n.startswith("OTEL_") for n in environment(manifests(), _deployment(manifests()))
+    )
+    with pytest.raises(helm_python.HelmValuesError):
+        render({"otel": {"KAFKA_BOOTSTRAP_SERVERS": "x"}})

@@ -1,6 +1,6 @@
-"""Every values example the README and values.yaml show renders as the chart's documents.
+"""Every values example the documentation and values.yaml show renders as the chart's documents.
 
-A user pastes the README's "Several roles" block or a values.yaml comment into their values
+A user pastes the docs' "Several roles" block or a values.yaml comment into their values
 file: the schema must accept it and the chart render what the text says it does.
 """
 
@@ -20,8 +20,10 @@ _EXAMPLE = re.compile(r"^# Example:\n((?:#   .*\n)+)", re.MULTILINE)
 
 
 def _readme_examples() -> list[dict[str, Any]]:
-    """The README's YAML blocks: chart values, or a policy document (the `policy` value)."""
-    blocks = [yaml.safe_load(m) for m in _FENCE.findall((ROOT / "README.md").read_text())]
+    """The YAML blocks of the README and the site's pages: chart values, or a policy
+    document (the `policy` value)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    blocks = [yaml.safe_load(m) for page in pages for m in _FENCE.findall(page.read_text())]
     top = set(default_values())
     return [block if set(block) <= top else {"policy": block} for block in blocks]
 

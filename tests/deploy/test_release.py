@@ -1,6 +1,6 @@
 """One release, one version (guarantee 11: the version is visible): pyproject.toml names it,
 and what deploys it agrees: the chart's appVersion and default image tag, the image's label,
-docker-compose's build, the README's install line and the changelog's top entry."""
+docker-compose's build, the docs' install lines and the changelog's top entry."""
 
 from __future__ import annotations
 
@@ -43,18 +43,19 @@ def test_the_version_is_semantic() -> None:
 
 def test_what_deploys_the_release_names_its_version() -> None:
     """The chart's appVersion, the image its Deployment runs by default, the version
-    docker-compose builds with and the README's `helm install` line are pyproject's."""
+    docker-compose builds with and the docs' `helm install` lines are pyproject's."""
     version = _version()
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     (deployment,) = of_kind(manifests(), "Deployment")
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     built = {s["build"]["args"]["BLACKBOX_VERSION"] for s in compose["services"].values()
              if "build" in s}  # fmt: skip
-    shown = re.findall(r"--set image\.tag=(\S+)", (ROOT / "README.md").read_text())
+    pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    shown = {v for p in pages for v in re.findall(r"--set image\.tag=(\S+)", p.read_text())}
     assert chart["appVersion"] == version
     assert container(deployment)["image"] == f"blackbox:{version}"
     assert built == {version}
-    assert shown == [version]
+    assert shown == {version}
 
 
 def test_the_changelog_tops_with_this_release() -> None:

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from blackbox.dev.servers import free_port, port_open
+from blackbox.dev.stack import DEV_PARTITIONS
 from tests.kafkatools import TopicReader, unique, wait_until
 from tests.process import BlackboxProcess
 
@@ -117,3 +121,49 @@ def _event(process: BlackboxProcess, name: str) -> dict[str, Any]:
             if event.get("event") == name:
                 return event
     raise AssertionError(f"no {name} event in the log")
+
+
+def test_ctrl_c_stops_the_service_before_redis_and_the_broker(
+    tmp_path: Path, ports: tuple[int, int]
+) -> None:
+    """Ctrl-C on `make run` (SIGINT to the terminal's whole process group) stops the service
+    first, cleanly, and only then Redis and the broker: no dependency is seen going away
+    and no crash note is left for the next start. The ready line says where the API and
+    the admin page are, and the intake topic has several partitions, so a producer with
+    the wrong partitioner shows up locally."""
+    kafka_port, redis_port = ports
+    log = tmp_path / "dev.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "KAFKA_BOOTSTRAP_SERVERS")}
+    env.update(BLACKBOX_LOG_FORMAT="json", BLACKBOX_HTTP_PORT="0")
+    with log.open("ab") as out:
+        dev = subprocess.Popen(
+            [sys.executable, "-m", "blackbox", "dev", "--broker", "tansu", "--kafka-port",
+             str(kafka_port), "--redis-port", str(redis_port), "--state-dir", str(tmp_path)],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    process = _Watched(dev, log)
+    try:
+        wait_until(lambda: _serving(process), timeout=120, what="the local stack's API")
+        ready = _event(process, "local_stack_ready")
+        port = _event(process, "http_listening")["port"]
+        assert ready["admin_page"] == f"http://127.0.0.1:{port}/"
+        assert ready["api"] == f"http://127.0.0.1:{port}/api/v1"
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{kafka_port}"})
+        topics = admin.list_topics("blackbox", timeout=30).topics
+        assert len(topics["blackbox"].partitions) == DEV_PARTITIONS
+    finally:
+        os.killpg(dev.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        assert dev.wait(60) == 0, process.output()
+    after = process.output().split('"signal_received"', 1)[1]
+    for trouble in ("dependency_down", "not_ready", "Connection refused", "error"):
+        assert trouble not in after, trouble
+    assert not port_open(redis_port)
+    assert not port_open(kafka_port)
+
+
+class _Watched(BlackboxProcess):
+    """A `blackbox dev` started in its own session (as a terminal's foreground job), read
+    like the others."""
+
+    def __init__(self, process: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.process, self.log_path = process, log_path
