@@ -13,13 +13,14 @@ import gc
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
 import redis
 import structlog
 from confluent_kafka import Producer
 
+from blackbox import tracing
 from blackbox.api import app
 from blackbox.api.backend import backend_of
 from blackbox.api.connections import Limits
@@ -37,7 +38,7 @@ from blackbox.kafka import clients
 from blackbox.metrics import Metrics
 from blackbox.role import Loop, Role
 from blackbox.settings import Settings
-from blackbox.storage import memory, shardcount
+from blackbox.storage import memory, rebuilding, shardcount
 from blackbox.storage.connections import redis_client
 from blackbox.storage.keys import Layout
 from blackbox.storage.store import RedisStore
@@ -53,7 +54,12 @@ class Service:
     """One blackbox process: the parts of its role against one Redis and one Kafka cluster."""
 
     def __init__(
-        self, settings: Settings, metrics: Metrics | None = None, role: Role = Role.ALL
+        self,
+        settings: Settings,
+        metrics: Metrics | None = None,
+        role: Role = Role.ALL,
+        *,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         caller_policy = caller_policy_of(settings)  # a bad policy file fails before any I/O
         self.settings, self.role = settings, role
@@ -62,6 +68,8 @@ class Service:
         self.stopping = threading.Event()
         self._stopped = False
         self.exit_code = 0
+        self._environ = environ or {}  # OTEL_* variables: spans exported (tracing.py)
+        self._tracing = False
         self.redis = redis_client(settings.redis_url)
         self._probe_client = redis_client(settings.redis_url, socket_timeout=2)
         self.name = shares.replica_name()  # among the firers and the processes of the count
@@ -141,7 +149,9 @@ class Service:
         backend = backend_of(settings, self.store, self.health, self.metrics,
                              self._scheduled, caller_policy=caller_policy)  # fmt: skip
         try:
-            limits = Limits(settings.http_header_timeout, settings.http_max_connections)
+            limits = Limits(settings.http_header_timeout, settings.http_max_connections,
+                            settings.http_answer_timeout,
+                            settings.http_max_connections_per_client)  # fmt: skip
             return Endpoints(settings.http_host, settings.http_port or 0,
                              app.create_app(backend), backend.close, limits)  # fmt: skip
         except OSError as e:
@@ -180,6 +190,7 @@ class Service:
         """Start serving; a SettingsError if Redis may evict schedules (EvictingRedis) or holds
         messages pending under another shard count (ShardsChanged)."""
         log.info("service_starting", role=self.role.value, settings=repr(self.settings))
+        self._tracing = tracing.configure(self._environ)
         self._check_eviction()
         if self.endpoints is not None:
             self.endpoints.start()
@@ -200,7 +211,20 @@ class Service:
         memory.check_eviction(self._probe_client, self.settings.accept_eviction)
         self._check_adopted()
         self.guard.settle(now_ms(), clients.committed_offsets(self.settings))
+        if self._rebuild_under_way():
+            return
         self._redis_checked.set()
+
+    def _rebuild_under_way(self) -> bool:
+        """A rebuild from Kafka began and did not finish: intake waits (each probe looks
+        again), and the replica is not ready, until one runs to its end."""
+        under_way = rebuilding.under_way(self._probe_client, self.store.layout)
+        if under_way:
+            action = "let the rebuild finish, or run `blackbox rebuild --yes` again"
+            log.error("rebuild_under_way", namespace=self.settings.namespace, action=action)
+        reason = "a rebuild from Kafka is under way or stopped half-way" if under_way else None
+        self.health.hold("rebuild", reason)
+        return under_way
 
     def _check_adopted(self) -> None:
         """BLACKBOX_SHARDS unset and Redis away at start: the count taken meanwhile must be
@@ -275,6 +299,8 @@ class Service:
             self.endpoints.stop()
         self.redis.close()
         self._probe_client.close()
+        if self._tracing:
+            tracing.shutdown()
         log.info("service_stopped", role=self.role.value, unflushed=unflushed)
 
     def _leave(self) -> None:

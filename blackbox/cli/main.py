@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,11 @@ import orjson
 import structlog
 from confluent_kafka import KafkaException
 
-from blackbox import client, envelope, logs
+from blackbox import client, envelope, logs, tracecontext
 from blackbox.backoff import Backoff
 from blackbox.cli import api_commands, keypair
 from blackbox.cli.progress import Progress
-from blackbox.dev.stack import BROKERS, DevOptions, DevStack
+from blackbox.dev.stack import BROKERS, DEV_PARTITIONS, DevOptions, DevStack
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import (
     InvalidEnvelope,
@@ -39,7 +40,7 @@ from blackbox.errors import (
 from blackbox.exits import EXIT_FAILED, EXIT_OK, EXIT_UNCHANGED, EXIT_USAGE
 from blackbox.intake import rebuild
 from blackbox.intake.runner import caller_policy_of, limits_of
-from blackbox.kafka import clients, retention
+from blackbox.kafka import clients, readback, retention
 from blackbox.kafka.answers import Answers
 from blackbox.kafka.events import Outcome
 from blackbox.recurrence import Missed
@@ -73,8 +74,11 @@ Write every schedule still pending back to Redis from what Kafka holds, after Re
 its data (flushed, restarted empty, restored from an old snapshot). Every replica must be
 stopped. The namespace's keys are deleted; each intake partition is read from its start to
 the group's committed offset through the intake's own rules; a version the target topics
-show delivered is not written back, and a series goes on after its latest delivered
-occurrence. Nothing is answered or dead-lettered again. Start the service afterwards: it
+show delivered (or dead-lettered, or aged out of its target topic) is not written back,
+and a series goes on after its latest delivered occurrence. Nothing is answered or
+dead-lettered again. It refuses, deleting nothing, when the intake topic no longer holds
+its first records, unless given --accept-aged-out. While it runs (or if it stops
+half-way) a service started keeps its intake stopped. Start the service afterwards: it
 goes on from the committed offsets.
 """
 log = structlog.get_logger("blackbox.cli.main")
@@ -127,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
                               formatter_class=raw)  # fmt: skip
     dev.add_argument("--broker", choices=BROKERS, default="kafka",
                      help="Apache Kafka, or the light Tansu broker (keeps nothing)")  # fmt: skip
-    dev.add_argument("--redis-port", type=int, default=6379)
+    dev.add_argument("--redis-port", type=int, default=6379, help="the local Redis's port")
     dev.add_argument("--kafka-port", type=int, default=9092,
                      help="the broker's port; Kafka's controller takes the next one")  # fmt: skip
     dev.add_argument("--state-dir", type=Path, default=None,
@@ -137,7 +141,8 @@ def _parser() -> argparse.ArgumentParser:
     topics = commands.add_parser(
         "create-topics", help="create the intake, dead-letter and events topics"
     )
-    topics.add_argument("--partitions", type=int, default=1)
+    topics.add_argument("--partitions", type=int, default=1,
+                        help="partitions of each topic it creates")  # fmt: skip
     topics.set_defaults(command=cmd_create_topics)
     rebuilding = commands.add_parser(
         "rebuild", help="write every pending schedule back to Redis from Kafka",
@@ -145,6 +150,9 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     rebuilding.add_argument("--yes", action="store_true",
                             help="delete the namespace's keys and rebuild them")  # fmt: skip
+    rebuilding.add_argument(rebuild.ACCEPT_FLAG, action="store_true", dest="accept_aged_out",
+                            help="rebuild although the intake topic's retention removed its "
+                                 "first records (what they created is lost)")  # fmt: skip
     rebuilding.set_defaults(command=cmd_rebuild)
     _add_send(commands)
     _add_by_id(commands, "cancel", "cancel a pending schedule (or series) by its id", cmd_cancel)
@@ -202,7 +210,8 @@ def _add_send(commands: Any) -> None:
     send.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                       help="wait this long for the answer on the events topic (needs --id); "
                       "exit 1 if dead-lettered")  # fmt: skip
-    send.add_argument("--file", help="send each line of this file (one JSON envelope per line)")
+    send.add_argument("--file", help="send each line of this file (one JSON envelope per "
+                      "line; - reads standard input)")  # fmt: skip
     send.add_argument("message", metavar="MESSAGE", nargs="?",
                       help="the message, as JSON (or text with --text)")  # fmt: skip
     send.set_defaults(command=cmd_send)
@@ -231,7 +240,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     backoff = Backoff(base=1.0, cap=30.0)
     while True:  # a Redis Cluster must answer before the service can be built
         try:
-            service = Service(settings, role=Role(args.role))
+            service = Service(settings, role=Role(args.role), environ=os.environ)
         except RedisUnreachable as e:
             delay = backoff.next()
             log.warning("redis_unreachable", error=str(e), retry_in_s=delay)
@@ -246,9 +255,12 @@ def cmd_create_topics(args: argparse.Namespace, settings: Settings) -> int:
     clients.ensure_topics(settings.kafka, names, partitions=args.partitions)
     intake = [settings.intake_topic, *sorted(policy.bound_topics)]
     needed = retention.needed_ms(policy.longest_horizon_seconds, settings.grace_seconds)
-    raised = retention.raise_to(settings.kafka, intake, needed)
+    # The dead-letter topic too: a rebuild reads there what was refused and what failed.
+    raised = retention.raise_to(settings.kafka, [*intake, settings.dlq_topic], needed)
     for topic, before in raised.items():
-        log.info("intake_retention_raised", topic=topic, before_ms=before, retention_ms=needed)
+        event = "dead_letter_retention_raised" if topic == settings.dlq_topic else None
+        log.info(event or "intake_retention_raised", topic=topic, before_ms=before,
+                 retention_ms=needed)  # fmt: skip
     log.info("topics_ready", topics=names, intake_retention_ms=needed)
     return EXIT_OK
 
@@ -259,13 +271,15 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
                "what Kafka holds: stop every replica, then run it with --yes")  # fmt: skip
         return EXIT_USAGE
     try:
-        counts = rebuild.rebuild(settings)
-    except rebuild.ReplicasRunning as e:
+        counts = rebuild.rebuild(settings, accept_aged_out=args.accept_aged_out)
+    except (rebuild.ReplicasRunning, rebuild.AgedOut, readback.Unreadable) as e:
         _error(str(e))
         return EXIT_USAGE
-    log.info("rebuild_done", records=counts.records, written=counts.written,
-             passed_over=counts.passed_over, refused=counts.refused,
-             targets=sorted(counts.targets))  # fmt: skip
+    done = log.warning if counts.refused else log.info  # refused now: lost, say so loudly
+    done("rebuild_done", records=counts.records, written=counts.written,
+             passed_over=dict(counts.passed_over), refused=counts.refused,
+             refused_before=counts.refused_before, skipped=counts.skipped,
+             aged_out_records=counts.aged_out_records, targets=sorted(counts.targets))  # fmt: skip
     return EXIT_OK
 
 
@@ -307,8 +321,8 @@ def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
 
 def _client(args: argparse.Namespace, settings: Settings) -> client.Client:
     return client.Client(dict(settings.kafka), caller=args.caller,
-                         intake_topic=settings.intake_topic,
-                         signer=keypair.signer_of(args))  # fmt: skip
+                         intake_topic=settings.intake_topic, signer=keypair.signer_of(args),
+                         context=partial(tracecontext.from_environment, os.environ))  # fmt: skip
 
 
 def _answered(
@@ -491,6 +505,13 @@ def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     return _answered(args, settings, request, HOLD_ANSWERS, RESUMED, id=args.id)
 
 
+def _url_host(host: str) -> str:
+    """The host as a URL names it: an IPv6 address in brackets, any-address as loopback."""
+    if host in ("0.0.0.0", "", "::"):  # noqa: S104 - only read, to name a reachable address
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
 def cmd_dev(args: argparse.Namespace, _settings: Settings) -> int:
     """The local stack: Redis and Apache Kafka (or Tansu) started here, then the service."""
     options = DevOptions(args.broker, args.redis_port, args.kafka_port, args.state_dir,
@@ -502,9 +523,14 @@ def cmd_dev(args: argparse.Namespace, _settings: Settings) -> int:
         if local.http_host not in LOOPBACK_HOSTS:
             log.warning("dev_api_reachable_from_the_network", http_host=local.http_host,
                         allowed_hosts=local.api_allowed_hosts)  # fmt: skip
-        clients.ensure_topics(local.kafka, local.own_topics)
-        log.info("local_stack_ready", redis=local.redis_url, kafka=local.kafka["bootstrap.servers"],
-                 broker=args.broker, state=str(stack.state))  # fmt: skip
-        return Service(local).run_until_signalled()
+        clients.ensure_topics(local.kafka, local.own_topics, partitions=DEV_PARTITIONS)
+        service = Service(local, environ=os.environ)
+        ready = {"redis": local.redis_url, "kafka": local.kafka["bootstrap.servers"],
+                 "broker": args.broker, "state": str(stack.state)}  # fmt: skip
+        if service.endpoints is not None:  # bound already: its port is known
+            site = f"http://{_url_host(local.http_host)}:{service.endpoints.port}"
+            ready |= {"admin_page": f"{site}/", "api": f"{site}/api/v1"}
+        log.info("local_stack_ready", **ready)
+        return service.run_until_signalled()
     finally:
         stack.stop()

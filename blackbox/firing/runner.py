@@ -5,7 +5,8 @@ this process's intake, its API, or a nudge another process published for one of 
 shards); APScheduler's tick, every poll interval, is the safety net: it renews the share's
 heartbeat, returns expired leases to due, and fires the share and what is long overdue in
 the others' shards. A lock keeps the two apart, and a backoff pauses firing while Redis or
-the broker fails.
+the broker fails. While a rebuild from Kafka is under way (or stopped half-way), Redis is
+half written back: nothing fires until it ends (storage/rebuilding.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from blackbox.kafka.outbox import Outbox
 from blackbox.metrics import Metrics
 from blackbox.role import Loop
 from blackbox.settings import REPORT_GRACE_SECONDS, Settings
+from blackbox.storage import rebuilding
 from blackbox.storage.connections import RedisClient
 from blackbox.storage.store import RedisStore
 
@@ -91,6 +93,10 @@ class Firing:
         self._scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
         self._lock = threading.Lock()
         self._backoff = Backoff(base=settings.poll_interval, cap=30.0)
+        self.layout = store.layout
+        self.held_rounds = 0  # fire calls that found a rebuild under way
+        self._rebuild_seen = False
+        self._rebuild_checked_ms = 0
 
     def loops(self) -> dict[str, Loop]:
         """The threads it needs, by name."""
@@ -150,6 +156,8 @@ class Firing:
         poll_ms = int(self.poll_interval * 1000)
         with self._lock:
             try:
+                if self._rebuild_under_way(poll_ms):
+                    return now_ms() + poll_ms
                 fired = self.dispatcher.fire_due(
                     self.stopping, self.waker.nudged_while_firing, sweep=sweep
                 )
@@ -158,6 +166,18 @@ class Firing:
             self._backoff.reset()
         next_poll = now_ms() + poll_ms
         return next_poll if fired.next_due_ms is None else min(fired.next_due_ms, next_poll)
+
+    def _rebuild_under_way(self, poll_ms: int) -> bool:
+        """Whether a rebuild's mark is in Redis, looked up at most once a poll interval."""
+        now = now_ms()
+        if now >= self._rebuild_checked_ms + poll_ms:
+            self._rebuild_checked_ms = now
+            seen = rebuilding.under_way(self.client, self.layout)
+            if seen != self._rebuild_seen:
+                log.warning("firing_held" if seen else "firing_released", reason="rebuild")
+            self._rebuild_seen = seen
+        self.held_rounds += self._rebuild_seen
+        return self._rebuild_seen
 
     def _paused(self, error: Exception) -> int:
         dependency = "redis" if isinstance(error, redis.RedisError) else "kafka"

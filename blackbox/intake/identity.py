@@ -104,6 +104,29 @@ class Identity:
             headers.append((CALLER_HEADER, owner.encode()))
         return headers, proof
 
+    def recorded(self, parts: Parts, now_ms: int) -> tuple[Sequence[Header], Proof | None]:
+        """As `establish`, for a record the intake accepted before (a rebuild): its caller
+        taken as then (the topic's owner, else its CALLER_SERVICE), its signature's key,
+        nonce and issue time read but not checked against today's keys and rules, which may
+        have changed since (a key rotated out, a caller moved)."""
+        headers = parts.headers
+        signed = [v for name, v in headers if name == SIGNATURE_HEADER]
+        owner = self.bound.get(parts.topic)
+        caller = owner or _caller_text(headers)
+        proof = None
+        if signed:
+            if len(signed) > 1 or signed[0] is None or caller is None:
+                raise InvalidEnvelope(_R.BAD_SIGNATURE, "not one signature by a named caller")
+            signature = parse_header(signed[0])
+            rule = self.policy.rule_for(caller.encode())
+            remember = _remember_seconds(signature.issued_ms, rule, now_ms)
+            proof = Proof(caller, signature.key_id, signature.nonce, remember,
+                          signature.issued_ms)  # fmt: skip
+        if owner is not None:
+            headers = [(n, v) for n, v in headers if n != CALLER_HEADER]
+            headers.append((CALLER_HEADER, owner.encode()))
+        return headers, proof
+
 
 def _caller_text(headers: Sequence[Header]) -> str | None:
     raw = caller_of(headers)

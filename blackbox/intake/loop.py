@@ -390,13 +390,21 @@ class Intake:
             return Holding(scoped_id(request.caller, request.schedule_id), request.caller,
                            request.paused)  # fmt: skip
         received = received_ms(message, now) if proof is None else proof.countdown_from(now)
+        judged = self._judged_by_policy(message)
         if isinstance(request, Reschedule):
             due_ms = request.due_ms(received)
-            self.config.policy.check_horizon(request.caller, due_ms, received)
+            if judged:
+                self.config.policy.check_horizon(request.caller, due_ms, received)
             return Move(scoped_id(request.caller, request.schedule_id), request.caller, due_ms)
         schedule = Schedule.from_envelope(request, origin, received, sent_ms=received)
-        self.config.policy.check(request, schedule.due_ms, received, schedule.series)
+        if judged:
+            self.config.policy.check(request, schedule.due_ms, received, schedule.series)
         return schedule
+
+    def _judged_by_policy(self, message: Message) -> bool:
+        """Whether the caller's policy judges this record: always (a replay of what was
+        accepted before does not, see rebuild.py)."""
+        return True
 
     def _send_dead_letters(self, dead: list[DeadLetter], stop: threading.Event) -> None:
         results = deadletter.send(self.outbox, self.config.dlq_topic, dead, stop)

@@ -2,37 +2,46 @@
 
 Kafka holds every request blackbox accepted; the target topics hold what it delivered. A
 Redis that lost its data (flushed, restarted without persistence, restored from an old
-snapshot) is rebuilt by reading each intake partition again from its start up to the
-group's committed offset through the intake's own parsing and writing (`Replaying`: the
+snapshot) is rebuilt by reading each intake partition the group committed on again from
+its start to its end through the intake's own parsing and writing (`Replaying`: the
 same envelope rules, policy and signature checks, the same ids, updates, cancels,
 reschedules, pauses and resumes in the order they were sent), with these differences:
 
-* nothing is answered or dead-lettered again (it was, when first read), and a record the
-  dead-letter topic shows refused then is not taken now (kafka/letters.py);
-* a signature is checked for its key, not its age (the record was accepted then);
+* nothing is answered or dead-lettered again (it was, when first read, or the service does
+  when it reads again what lies past the committed offset), and a record the dead-letter
+  topic shows refused then is not taken now (kafka/letters.py);
+* a record below the group's committed offset that the dead-letter topic does not show
+  refused was accepted then: it is parsed and keyed to its caller as then, but not judged
+  by today's policy and keys (a key rotated out, a caller moved to other topics since);
+  one past it is judged as the service would, its signature's age counted to its record's
+  time. A record refused now is counted and logged as a warning;
 * a schedule Kafka shows ended is not written back: delivered, dead-lettered, aged out of
-  its target topic, or an `if_absent` retry of an id that ended (intake/passover.py); a
-  series is written at the first occurrence after the latest one delivered, its count the
-  occurrences delivered (kafka/deliveries.py reads each target topic once, when the replay
-  first meets it). A caller's id passed over gets its ended marker back.
+  its target topic (judged on its latest due time, after moves), or an `if_absent` retry of
+  an id that ended (intake/passover.py); a series is written at the first occurrence after
+  the latest one delivered, its count the occurrences delivered (kafka/deliveries.py reads
+  each target topic once, when the replay first meets it). A caller's id passed over gets
+  its ended marker back.
 
 Before anything is deleted it refuses an intake partition whose first records aged out (a
 series created there would be lost) unless told to accept that, reads the dead-letter
 topic, and looks up every topic the intake records name (intake/targets.py): one it may not
 read stops it while Redis is whole. Then it marks Redis "rebuild under way"
-(intake/rebuilding.py: a service started meanwhile takes no intake and is not ready), deletes
+(storage/rebuilding.py: a service started meanwhile takes no intake, fires nothing and is
+not ready), looks again for running replicas (one started while it planned), deletes
 the namespace's keys, so a restored snapshot's schedules that fired since are not fired
-again, replays, and clears the mark last; the watermarks end at the committed offsets, so
-the service goes on from there. Every replica must be stopped: a running one would fire or
-write meanwhile. What the API changed in Redis alone (a cancel or a move of a schedule
-without an id of its own) is not in Kafka and comes back.
+again, replays, and clears the mark last; the watermarks end at each partition's last
+record replayed, so the service, going on from the committed offsets, skips what it reads
+again there (what a replica killed before its offsets' commit had handled, and fired).
+Every replica must be stopped: a running one would fire or write meanwhile. What the API
+changed in Redis alone (a cancel or a move of a schedule without an id of its own) is not
+in Kafka and comes back.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,8 +51,8 @@ from confluent_kafka.admin import AdminClient
 
 from blackbox.clock import now_ms
 from blackbox.envelope import Header, Request
-from blackbox.errors import BlackboxError
-from blackbox.intake import passover, rebuilding, targets
+from blackbox.errors import BlackboxError, InvalidEnvelope
+from blackbox.intake import passover, targets
 from blackbox.intake.batch import Batch
 from blackbox.intake.crashguard import CrashGuard
 from blackbox.intake.identity import Proof
@@ -59,7 +68,8 @@ from blackbox.kafka.readback import Extent
 from blackbox.metrics import Metrics
 from blackbox.schedule import SCOPED_PREFIX
 from blackbox.settings import Settings
-from blackbox.storage import shardcount, watermarks
+from blackbox.signing import Parts
+from blackbox.storage import rebuilding, shardcount, watermarks
 from blackbox.storage.applying import Applied, IntakeSlice, Write
 from blackbox.storage.connections import RedisClient, redis_client
 from blackbox.storage.keys import Layout
@@ -110,18 +120,33 @@ class Replaying(Intake):
     Kafka shows ended."""
 
     def __init__(
-        self, *args: Any, config_kafka: dict[str, str], letters: Letters, **kwargs: Any
-    ) -> None:
+        self, *args: Any, config_kafka: dict[str, str], letters: Letters,
+        committed: Mapping[tuple[str, int], int | None], **kwargs: Any,
+    ) -> None:  # fmt: skip
         super().__init__(*args, **kwargs)
         self.config_kafka = config_kafka
-        self.passing = Known(letters=letters)
+        self.committed = committed
+        self.passing = Known(letters=letters,
+                             retention_ms=self.store.ended_retention_seconds * 1000)  # fmt: skip
         self.counts = Counts(skipped=letters.skipped)
         self._accepted_ms = 0  # the time of the record whose write is being judged
+
+    def _accepted_before(self, message: Message) -> bool:
+        """Below the group's committed offset and not refused in the dead-letter topic (the
+        replay left those out): the service accepted it, under the policy and keys of then."""
+        return (message.offset() or 0) < (self.committed.get(_where(message)) or 0)
 
     def _identified(
         self, message: Message, headers: list[Header], now: int
     ) -> tuple[Sequence[Header], Proof | None]:
-        return super()._identified(message, headers, record_ms(message, now))
+        stamp = record_ms(message, now)
+        if not self._accepted_before(message):
+            return super()._identified(message, headers, stamp)
+        parts = Parts(message.topic() or "", message.key(), message.value(), headers)
+        return self.identity.recorded(parts, now)
+
+    def _judged_by_policy(self, message: Message) -> bool:
+        return not self._accepted_before(message)
 
     def _write(
         self, request: Request, message: Message, now: int, origin: str, proof: Proof | None
@@ -139,12 +164,20 @@ class Replaying(Intake):
         kept, reason = passover.judged(write, self.passing, self._accepted_ms)
         if reason is not None:
             self.counts.passed_over[reason] += 1
+        if reason is Reason.SERIES_UNCOUNTED:
+            log.warning("rebuild_series_uncounted", id=getattr(write, "id", ""), topic=topic,
+                        why="its target topic lost too many of its deliveries to bound its "
+                        "count: not written back, so it cannot run past its limit")  # fmt: skip
         return kept
 
     def _refuse(
-        self, batch: Batch, message: Message, where: tuple[str, int, int], **_: Any
-    ) -> None:
+        self, batch: Batch, message: Message, where: tuple[str, int, int], *,
+        error: InvalidEnvelope, **_: Any,
+    ) -> None:  # fmt: skip
         self.counts.refused += 1
+        log.warning("rebuild_refused", reason=error.reason.value, detail=error.detail,
+                    topic=where[0], partition=where[1], offset=where[2],
+                    accepted_before=self._accepted_before(message))  # fmt: skip
 
     def _send_dead_letters(self, dead: list[DeadLetter], stop: threading.Event) -> None:
         return
@@ -160,13 +193,14 @@ class Replaying(Intake):
 def ranges(
     committed: Mapping[tuple[str, int], int | None], kept: Mapping[tuple[str, int], Extent]
 ) -> dict[tuple[str, int], tuple[int, int]]:
-    """The partitions to replay: each from its oldest kept record up to (not including) its
-    committed offset."""
+    """The partitions to replay, those the group committed on: each from its oldest kept
+    record to its end when the rebuild began (records handled past the committed offset
+    may have fired before the group committed them: the service must skip them as re-reads)."""
     found = {}
     for where, offset in committed.items():
-        low = kept[where].low if where in kept else 0
-        if offset and offset > low:
-            found[where] = (low, offset)
+        low, high = (kept[where].low, kept[where].high) if where in kept else (0, offset or 0)
+        if offset and high > low:
+            found[where] = (low, high)
     return found
 
 
@@ -234,22 +268,54 @@ def replay(
         for message in taken:
             if (message.offset() or 0) + 1 >= left.get(_where(message), 0):
                 left.pop(_where(message), None)
+        if not taken:
+            _drop_passed(consumer, left)
+
+
+def _drop_passed(consumer: Consumer, left: dict[tuple[str, int], int]) -> None:
+    """The partitions whose position reached their end although no record said so (their
+    last offsets hold transaction markers)."""
+    for position in consumer.position([TopicPartition(t, p) for t, p in left]):
+        where = (position.topic, position.partition)
+        if 0 <= left[where] <= position.offset:
+            left.pop(where, None)
 
 
 def finish_marks(client: RedisClient, layout: Layout, fields: dict[str, int]) -> None:
-    """Every shard's mark of each field at its committed offset minus one: the service goes
-    on from the committed offsets, and its check finds no gap."""
-    for field_name, committed in fields.items():
-        watermarks.raise_to(client, layout, field_name, committed - 1)
+    """Every shard's mark of each field at the last offset replayed: the service goes on
+    from the committed offsets, reads what lies past them again as re-reads (skipped), and
+    its check finds no gap."""
+    for field_name, end in fields.items():
+        watermarks.raise_to(client, layout, field_name, end - 1)
 
 
-def mark_ended(client: RedisClient, layout: Layout, ids: Iterable[str], seconds: int) -> None:
-    """The ended marker ("f") of each caller's id passed over as ended, as the service kept
-    it: a later `if_absent` create or a cancel is answered as it was then."""
+def age_out_latest(store: RedisStore, intake: Replaying) -> None:
+    """The caller's ids first judged aged out, judged again on their latest due time (after
+    the moves and updates replayed): those still due before their target topic's oldest
+    kept record are passed over."""
+    for schedule_id in sorted(intake.passing.aging):
+        stored = store.load(schedule_id)
+        if stored is not None and passover.aged_out(stored, intake.passing):
+            store.cancel(schedule_id)
+            intake.passing.end(schedule_id, stored.due_ms)
+            intake.counts.passed_over[Reason.AGED_OUT] += 1
+
+
+def mark_ended(client: RedisClient, layout: Layout, known: Known, now: int) -> None:
+    """The ended marker of each caller's id that ended ("f" passed over as ended, "c"
+    cancelled), as the service kept it: a later `if_absent` create or a cancel is answered
+    as it was then, until the marker runs out when the service's would have (its retention
+    counted from the end's record time); one that ran out already is gone."""
     pipe = client.pipeline(transaction=False)
-    for schedule_id in ids:
-        if schedule_id.startswith(SCOPED_PREFIX):
-            pipe.set(layout.keys_of(schedule_id).ended(schedule_id), "f", ex=seconds)
+    for schedule_id, ended_ms in known.ended.items():
+        if not schedule_id.startswith(SCOPED_PREFIX):
+            continue
+        key = layout.keys_of(schedule_id).ended(schedule_id)
+        left_ms = ended_ms + known.retention_ms - now
+        if left_ms > 0:
+            pipe.set(key, "c" if schedule_id in known.cancelled else "f", px=left_ms)
+        else:
+            pipe.delete(key)
     pipe.execute()
 
 
@@ -279,7 +345,14 @@ def rebuild(settings: Settings, *, accept_aged_out: bool = False) -> Counts:
     layout = Layout(settings.namespace, count)
     refuse_if_running(client, layout, now_ms())
     plan = planned(settings, accept_aged_out)
+    marked_before = rebuilding.under_way(client, layout)
     rebuilding.begin(client, layout)
+    try:  # a replica started while it planned: it must not race the deletes
+        refuse_if_running(client, layout, now_ms())
+    except ReplicasRunning:
+        if not marked_before:
+            rebuilding.end(client, layout)
+        raise
     deleted = wipe(client, layout)
     shardcount.Guard(client, layout, "rebuild", 1).settle(now_ms(), lambda _p: plan.committed)
     log.info("rebuild_started", namespace=layout.namespace, keys_deleted=deleted,
@@ -292,7 +365,8 @@ def rebuild(settings: Settings, *, accept_aged_out: bool = False) -> Counts:
         raise readback.Unreadable(f"{e}. The rebuild stopped half-way and its mark keeps the "
                                   "service's intake stopped: make the topic readable, then "
                                   "run the rebuild again") from e  # fmt: skip
-    mark_ended(client, layout, intake.passing.ended, settings.fired_retention)
+    age_out_latest(store, intake)
+    mark_ended(client, layout, intake.passing, now_ms())
     finish_marks(client, layout, _fields(intake, plan.spans))
     rebuilding.end(client, layout)
     return intake.counts
@@ -316,7 +390,7 @@ def _replay_all(settings: Settings, store: RedisStore, plan: Plan) -> Replaying:
     consumer = Consumer({**clients.consumer_config(settings), "group.id": "blackbox-rebuild",
                          "enable.auto.commit": False})  # fmt: skip
     try:
-        intake = _replaying(settings, store, consumer, plan.config, plan.refused)
+        intake = _replaying(settings, store, consumer, plan)
         intake.counts.aged_out_records = plan.aged_out
         replay(intake, consumer, plan.spans)
     finally:
@@ -324,18 +398,15 @@ def _replay_all(settings: Settings, store: RedisStore, plan: Plan) -> Replaying:
     return intake
 
 
-def _replaying(
-    settings: Settings, store: RedisStore, consumer: Consumer, config: IntakeConfig,
-    refused: Letters,
-) -> Replaying:  # fmt: skip
+def _replaying(settings: Settings, store: RedisStore, consumer: Consumer, plan: Plan) -> Replaying:
     """The replaying intake, wired as the service wires its intake (runner.py)."""
     return Replaying(
-        consumer, store, answers_outbox(settings), config, Metrics(),
+        consumer, store, answers_outbox(settings), plan.config, Metrics(),
         incarnations=Incarnations(clients.topic_id_lookup(settings.kafka),
                                   RedisRecord(store.client, store.layout)),
         guard=CrashGuard(store.client, store.layout.intake_handling),
         nonces=Nonces(store.client, store.layout), config_kafka=dict(settings.kafka),
-        letters=refused,
+        letters=plan.refused, committed=plan.committed,
     )  # fmt: skip
 
 

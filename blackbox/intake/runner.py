@@ -118,7 +118,8 @@ class Receiving:
             if self.stopping.is_set():
                 self.intake.consumer.close()
                 return
-        retention.warn_if_short(self.kafka, self.intake.config.topics, self.retention_needed)
+        kept = [*self.intake.config.topics, self.intake.config.dlq_topic]  # a rebuild reads both
+        retention.warn_if_short(self.kafka, kept, self.retention_needed)
         self.intake.run(self.stopping)
 
     def stop(self) -> int:

@@ -45,6 +45,11 @@ class Delivered:
     """The occurrences of one version delivered (one-offs: a single None)."""
 
     occurrences: set[int | None] = field(default_factory=set)
+    delivered_ms: int = 0  # the latest delivered record's timestamp
+
+    def add(self, occurrence: int | None, stamp: int) -> None:
+        self.occurrences.add(occurrence)
+        self.delivered_ms = max(self.delivered_ms, stamp)
 
     @property
     def latest(self) -> int | None:
@@ -124,7 +129,8 @@ def _take(message: Message, found: Deliveries) -> None:
         return
     if keyed is not None:
         key, occurrence = keyed
-        found.versions.setdefault(key, Delivered()).occurrences.add(occurrence)
+        _, stamp = message.timestamp()
+        found.versions.setdefault(key, Delivered()).add(occurrence, max(stamp, 0))
 
 
 def _note_oldest(message: Message, found: Deliveries, started: int) -> None:

@@ -5,7 +5,9 @@ its coordinates (`blackbox-dlq-topic`, `-partition`, `-offset`, added after the 
 headers, so the last of each name is blackbox's): the rebuild does not take it either,
 whatever it would judge of it today (a signature's age). A schedule that could not be
 delivered carries its `blackbox-id` and no coordinates: that id ended when the letter was
-written, so a version accepted before then is not written back.
+written, so a version accepted before then is not written back. A topic whose retention
+removed letters is read as it is, with a warning (`blackbox create-topics` keeps it as long
+as the intake topic).
 """
 
 from __future__ import annotations
@@ -44,7 +46,15 @@ class Letters:
 def read(config: Mapping[str, Any], topic: str) -> Letters:
     """Every letter of `topic` up to its end now; readback.Unreadable if it cannot be read."""
     found = Letters()
-    for message, _ in readback.records(config, readback.extents_of(config, [topic])):
+    extents = readback.extents_of(config, [topic])
+    aged = sorted(p for (_, p), extent in extents.items() if extent.low > 0)
+    if aged:
+        log.warning("dead_letters_aged_out", topic=topic, partitions=aged,
+                    why="retention removed letters: records refused or schedules failed then "
+                    "may be taken or written back again",
+                    action="keep the dead-letter topic as long as the intake topic "
+                    "(blackbox create-topics)")  # fmt: skip
+    for message, _ in readback.records(config, extents):
         _take(message, found)
     log.info("dead_letters_read", topic=topic, refused=len(found.refused),
              failed=len(found.failed), skipped=found.skipped)  # fmt: skip

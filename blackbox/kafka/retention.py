@@ -5,7 +5,8 @@ Kafka holds every request blackbox accepted; Redis holds what is pending. What R
 intake topics, so they must keep a request at least as long as it can be pending: the
 longest horizon any caller may schedule at, plus the grace firing has past a due time.
 `blackbox create-topics` sets that retention, and the service warns at start where a topic
-keeps less.
+keeps less; the dead-letter topic alike (a rebuild reads there what was refused and what
+failed for good).
 
 Two other topic settings delete requests whatever retention.ms says: `retention.bytes` (a
 partition's oldest segments go once it holds more) and `cleanup.policy` with `compact`

@@ -13,14 +13,16 @@ from typing import Any
 import orjson
 import pytest
 import redis
-from confluent_kafka import TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from structlog.testing import capture_logs
 
-from blackbox.intake import rebuild, rebuilding
+from blackbox.intake import passover, rebuild
 from blackbox.schedule import Schedule
 from blackbox.service import Service
 from blackbox.signing import Parts, Signer, public_text
+from blackbox.storage import rebuilding
 from blackbox.storage.keys import Layout
 from tests.integration.conftest import ReaderFactory, ServiceFactory, wipe_namespace
 from tests.kafkatools import Received, produce, unique, wait_until
@@ -390,3 +392,239 @@ def test_a_signed_copy_refused_for_its_age_is_not_taken_by_the_rebuild(
     counts = _flush_and_rebuild(redis_client, first)
     assert set(_stored_ids(redis_client, first)) == {"pending"}
     assert counts.refused_before == 1
+
+
+# A second attack review's findings.
+
+
+def _commit_back(service: Service, offset: int) -> None:
+    """The group's committed offset on intake partition 0 put back to `offset`: what a
+    replica killed less than an auto-commit interval after it handled the rest leaves."""
+    settings = service.settings
+    consumer = Consumer({"bootstrap.servers": settings.kafka["bootstrap.servers"],
+                         "group.id": settings.group_id, "enable.auto.commit": False})  # fmt: skip
+    try:
+        consumer.commit(offsets=[TopicPartition(settings.intake_topic, 0, offset)],
+                        asynchronous=False)  # fmt: skip
+    finally:
+        consumer.close()
+
+
+def test_records_handled_past_the_committed_offset_are_not_delivered_again(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """U: a replica killed after it fired records it had not committed yet; Redis is lost.
+    The rebuild replays each intake partition to its end, so the service, reading again
+    from the committed offset, skips them as re-reads: nothing is delivered twice, and what
+    was pending there is written back."""
+    first = start_service()
+    target = unique("uncommitted")
+    delivered = reader(target)
+    _send(first, *({"topic": target, "message": f"a-{n}", "countdown": 0} for n in range(3)),
+          caller=False)  # fmt: skip
+    delivered.wait_count(3)
+    _send(first, *({"topic": target, "message": f"b-{n}", "countdown": 0} for n in range(3)),
+          {"topic": target, "message": "pending", "countdown": 600}, caller=False)  # fmt: skip
+    delivered.wait_count(6)
+    wait_until(lambda: "pending" in _stored_ids(redis_client, first), what="stored")
+    first.stop()
+    _commit_back(first, 3)
+    counts = _flush_and_rebuild(redis_client, first)
+    assert set(_stored_ids(redis_client, first)) == {"pending"}
+    assert counts.passed_over[passover.Reason.DELIVERED] == 6
+    after = start_service()
+    _send(after, {"topic": target, "message": "last", "countdown": 0}, caller=False)
+    delivered.wait_for(lambda records: _bodies(records)["last"] == 1)
+    everything = _bodies(delivered.read_to_end())
+    assert [everything[f"b-{n}"] for n in range(3)] == [1, 1, 1]
+
+
+def test_firing_waits_while_a_rebuild_is_under_way(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis,
+    env: dict[str, str],
+) -> None:  # fmt: skip
+    """K: a replica started while a rebuild runs (or after one stopped half-way) fires
+    nothing of the half-written Redis until the rebuild ends."""
+    first = start_service()
+    target = unique("held-firing")
+    delivered = reader(target)
+    _send(first, {"topic": target, "message": "due", "countdown": 5}, caller=False)
+    wait_until(lambda: "due" in _stored_ids(redis_client, first), what="stored")
+    first.stop()
+    layout = Layout(env["BLACKBOX_NAMESPACE"], 1)
+    rebuilding.begin(redis_client, layout)
+    held = start_service()
+    assert held.firing is not None
+    due_ms = _stored_ids(redis_client, held)["due"].due_ms
+    wait_until(lambda: time.time() * 1000 > due_ms, what="due")
+    rounds = held.firing.held_rounds
+    wait_until(lambda: held.firing is not None and held.firing.held_rounds >= rounds + 2,
+               what="firing held twice after the due time")  # fmt: skip
+    assert delivered.read_to_end() == []
+    rebuilding.end(redis_client, layout)
+    delivered.wait_for(lambda records: _bodies(records)["due"] == 1)
+
+
+def test_a_replica_started_while_the_rebuild_planned_stops_it_before_any_delete(
+    start_service: ServiceFactory, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """K: the rebuild looks for running replicas again after its planning, right before it
+    deletes anything; it leaves no mark behind when it stops there."""
+    first = start_service()
+    target = unique("late-replica")
+    _send(first, {"topic": target, "message": "kept", "countdown": 600}, caller=False)
+    wait_until(lambda: "kept" in _stored_ids(redis_client, first), what="stored")
+    first.stop()
+    layout = first.store.layout
+    planned = rebuild.planned
+
+    def replica_starts(*args: Any, **kwargs: Any) -> rebuild.Plan:
+        plan = planned(*args, **kwargs)
+        redis_client.zadd(layout.processes, {"late": time.time() * 1000 + 60_000})
+        return plan
+
+    monkeypatch.setattr(rebuild, "planned", replica_starts)
+    with pytest.raises(rebuild.ReplicasRunning):
+        rebuild.rebuild(first.settings)
+    assert set(_stored_ids(redis_client, first)) == {"kept"}
+    assert not rebuilding.under_way(redis_client, layout)
+
+
+def test_a_one_off_rescheduled_after_its_first_due_time_aged_out_is_kept(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """Q: a caller's one-off moved to later, its first due time before the oldest record its
+    target topic keeps, is judged by its latest due time: written back, not aged out."""
+    first = start_service()
+    target = unique("moved")
+    _send(first, {"id": "inv", "topic": target, "message": "inv", "countdown": 2},
+          {"id": "inv", "reschedule": True, "countdown": 600})  # fmt: skip
+    wait_until(lambda: "inv" in _stored_ids(redis_client, first), what="stored")
+    first_due = int(time.time() * 1000) + 2000
+    wait_until(lambda: time.time() * 1000 > first_due + 100, what="its first due time passed")
+    bootstrap = first.settings.kafka["bootstrap.servers"]
+    produce(bootstrap, target, [b"old", b"kept"])
+    _forget_before(bootstrap, target, 1)
+    counts = _flush_and_rebuild(redis_client, first)
+    assert set(_stored_ids(redis_client, first)) == {"inv"}
+    assert counts.aged_out == 0
+
+
+def test_schedules_accepted_before_a_key_rotation_and_a_policy_change_are_rebuilt(
+    start_service: ServiceFactory, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """R: the caller's signing key rotated as the README says, another caller moved to a
+    new topic: what the service accepted before (under the group's committed offset, not
+    refused in the dead-letter topic) is written back as it was, keyed to its caller."""
+    old_key, new_key = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    target, moved_to = unique("rotated"), unique("moved-to")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("callers:\n  billing:\n    require_signature: true\n"
+                      f'    keys: {{billing-1: "{public_text(old_key.public_key())}"}}\n'
+                      f"  ops:\n    topics: [{target}]\n")  # fmt: skip
+    first = start_service(BLACKBOX_POLICY_FILE=str(policy))
+    value = orjson.dumps({"id": "inv", "topic": target, "message": "signed", "countdown": 600})
+    parts = Parts(first.settings.intake_topic, None, value, CALLER)
+    signer = Signer(old_key, "billing-1")
+    produce(first.settings.kafka["bootstrap.servers"], first.settings.intake_topic, [value],
+            headers=[*CALLER, signer.header(parts, issued_ms=int(time.time() * 1000))])  # fmt: skip
+    ops = orjson.dumps({"id": "job", "topic": target, "message": "ops", "countdown": 600})
+    produce(first.settings.kafka["bootstrap.servers"], first.settings.intake_topic, [ops],
+            headers=[("CALLER_SERVICE", b"ops")])  # fmt: skip
+    wait_until(lambda: len(_pending(redis_client, first)) == 2, what="both stored")
+    policy.write_text("callers:\n  billing:\n    require_signature: true\n"
+                      f'    keys: {{billing-2: "{public_text(new_key.public_key())}"}}\n'
+                      f"  ops:\n    topics: [{moved_to}]\n")  # fmt: skip
+    counts = _flush_and_rebuild(redis_client, first)
+    assert _pending(redis_client, first) == {"@billing/inv", "@ops/job"}
+    assert counts.refused == 0
+
+
+def test_a_rebuild_warns_when_the_dead_letter_topic_lost_its_first_letters(
+    start_service: ServiceFactory, redis_client: redis.Redis
+) -> None:
+    """D: the dead-letter topic's retention removed letters: what they showed refused or
+    failed cannot be told any more, and the rebuild says so."""
+    first = start_service()
+    bootstrap = first.settings.kafka["bootstrap.servers"]
+    produce(bootstrap, first.settings.dlq_topic, [b"an old letter", b"a newer one"])
+    _forget_before(bootstrap, first.settings.dlq_topic, 1)
+    with capture_logs() as logs:
+        _flush_and_rebuild(redis_client, first)
+    warned = [e for e in logs if e["event"] == "dead_letters_aged_out"]
+    assert warned and warned[0]["log_level"] == "warning"
+
+
+def test_an_if_absent_id_reused_after_its_ended_marker_expired_is_rebuilt(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """I: the ended marker of an id delivered, or cancelled, expires after
+    BLACKBOX_FIRED_RETENTION (counted from the delivery or the cancel); the service then
+    takes an if_absent create of the id again. The rebuild judges it the same way, and a
+    cancel's marker it writes back runs out when the service's would have."""
+    first = start_service(BLACKBOX_FIRED_RETENTION="4")
+    target = unique("reused")
+    delivered = reader(target)
+    _send(first, {"id": "rep", "if_absent": True, "topic": target, "message": "rep 1",
+                  "countdown": 0},
+          {"id": "can", "if_absent": True, "topic": target, "message": "can 1", "countdown": 600},
+          {"id": "can", "cancel": True})  # fmt: skip
+    delivered.wait_count(1)
+    layout = first.store.layout
+    markers = [layout.keys_of(i).ended(i) for i in ("@billing/rep", "@billing/can")]
+    wait_until(lambda: not any(redis_client.exists(m) for m in markers), what="markers expired")
+    _send(first, {"id": "rep", "if_absent": True, "topic": target, "message": "rep 2",
+                  "countdown": 600},
+          {"id": "can", "if_absent": True, "topic": target, "message": "can 2", "countdown": 600},
+          {"id": "late", "topic": target, "message": "late", "countdown": 600},
+          {"id": "late", "cancel": True})  # fmt: skip
+    cancelled_by_ms = time.time() * 1000
+    wait_until(lambda: set(_stored_ids(redis_client, first)) == {"rep 2", "can 2"}, what="stored")
+    _flush_and_rebuild(redis_client, first)
+    assert set(_stored_ids(redis_client, first)) == {"rep 2", "can 2"}
+    late = layout.keys_of("@billing/late").ended("@billing/late")
+    read_from_ms = time.time() * 1000
+    left_ms = int(redis_client.pttl(late))
+    assert left_ms == -2 or left_ms <= cancelled_by_ms + 4000 - read_from_ms
+
+
+def test_a_series_whose_first_deliveries_aged_out_stops_at_its_limit(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """S: a series with a limit whose first deliveries its target topic's retention removed:
+    every occurrence before the oldest kept record counts as delivered, so the series never
+    runs past its limit."""
+    first = start_service()
+    target = unique("limited")
+    delivered = reader(target)
+    _send(first, {"id": "s", "topic": target, "message": "tick", "every": 1, "limit": 6})
+    delivered.wait_count(3)
+    _forget_before(first.settings.kafka["bootstrap.servers"], target, 2)
+    _flush_and_rebuild(redis_client, first)
+    after = start_service()
+    wait_until(lambda: "tick" not in _stored_ids(redis_client, after), what="the series ended")
+    assert len(delivered.read_to_end()) <= 6
+
+
+def test_a_record_past_the_committed_offset_refused_is_dead_lettered_by_the_service_once(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """U: a record the service never read (sent while every replica was stopped) lies past
+    the committed offset, and the rebuild replays to the end: a refusal there is not lost,
+    the service dead-letters it when it reads it, once."""
+    first = start_service()
+    target = unique("tail")
+    letters = reader(first.settings.dlq_topic)
+    _send(first, {"topic": target, "message": "pending", "countdown": 600}, caller=False)
+    wait_until(lambda: "pending" in _stored_ids(redis_client, first), what="stored")
+    first.stop()
+    produce(first.settings.kafka["bootstrap.servers"], first.settings.intake_topic,
+            [b"not a request"], headers=CALLER)  # fmt: skip
+    wipe_namespace(redis_client, first.settings.namespace)
+    counts = rebuild.rebuild(first.settings)
+    assert counts.refused == 1
+    after = start_service()
+    letters.wait_count(1)
+    _send(after, {"topic": target, "message": "later", "countdown": 600}, caller=False)
+    wait_until(lambda: "later" in _stored_ids(redis_client, after), what="read past it")
+    assert len(letters.read_to_end()) == 1

@@ -4,7 +4,7 @@ sets their retention from the longest horizon, and the service warns when a topi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from structlog.testing import capture_logs
 
 from blackbox.kafka import retention
-from tests.kafkatools import unique
+from tests.integration.conftest import ServiceFactory
+from tests.kafkatools import unique, wait_until
 from tests.process import BlackboxProcess
 
 HOUR_MS = 3_600_000
@@ -29,24 +30,27 @@ def test_create_topics_sets_the_intake_retention_from_the_longest_horizon(
 ) -> None:
     """Guarantee 1: the intake topic keeps a request for the longest horizon any caller may
     use plus the grace (a caller's policy horizon counts), and a topic that keeps less is
-    raised, never lowered; the dead-letter and events topics are left as Kafka makes them."""
+    raised, never lowered; the dead-letter topic too (a rebuild reads what was refused and
+    what failed there); the events topic is left as Kafka makes it."""
     policy = tmp_path / "policy.yaml"
     policy.write_text("callers:\n  billing:\n    max_horizon_seconds: 7200\n")
     run_env = {**env, "BLACKBOX_POLICY_FILE": str(policy), "BLACKBOX_MAX_COUNTDOWN": "3600",
                "BLACKBOX_GRACE_SECONDS": "600"}  # fmt: skip
     bootstrap = {"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}
     short = NewTopic(env["BLACKBOX_INTAKE_TOPIC"], 1, config={retention.RETENTION: str(HOUR_MS)})
-    _create(bootstrap, [short])
+    letters = NewTopic(env["BLACKBOX_DLQ_TOPIC"], 1, config={retention.RETENTION: str(HOUR_MS)})
+    _create(bootstrap, [short, letters])
 
     created = BlackboxProcess(run_env, tmp_path / "create.log", "create-topics")
     assert created.wait(60) == 0, created.output()
 
-    found = retention.current_ms(
-        bootstrap, [env["BLACKBOX_INTAKE_TOPIC"], env["BLACKBOX_DLQ_TOPIC"]]
-    )
+    names = [env["BLACKBOX_INTAKE_TOPIC"], env["BLACKBOX_DLQ_TOPIC"], env["BLACKBOX_EVENTS_TOPIC"]]
+    found = retention.current_ms(bootstrap, names)
     assert found[env["BLACKBOX_INTAKE_TOPIC"]] == (7200 + 600) * 1000
-    assert found[env["BLACKBOX_DLQ_TOPIC"]] != (7200 + 600) * 1000
+    assert found[env["BLACKBOX_DLQ_TOPIC"]] == (7200 + 600) * 1000
+    assert found[env["BLACKBOX_EVENTS_TOPIC"]] != (7200 + 600) * 1000
     assert "intake_retention_raised" in created.output()
+    assert "dead_letter_retention_raised" in created.output()
 
 
 def test_a_topic_that_keeps_records_forever_is_left_alone(
@@ -120,3 +124,21 @@ def test_create_topics_names_a_size_cap_and_compaction_and_leaves_them(
     found = retention.kept(bootstrap, [intake])[intake]
     assert (found.retention_bytes, found.cleanup_policy) == (1048576, "compact")
     assert found.retention_ms is not None and found.retention_ms > HOUR_MS
+
+
+def test_the_service_warns_when_the_dead_letter_topic_keeps_less_than_needed(
+    start_service: ServiceFactory, env: dict[str, str]
+) -> None:
+    """A rebuild trusts the dead-letter topic (what was refused, what failed for good): the
+    check at start covers it as it covers the intake topic."""
+    bootstrap = {"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}
+    dlq = env["BLACKBOX_DLQ_TOPIC"]
+    _create(bootstrap, [NewTopic(dlq, 1, config={retention.RETENTION: str(HOUR_MS)})])
+    with capture_logs() as logs:
+        start_service()
+        wait_until(lambda: ("intake_retention_short", dlq) in _warned(logs),
+                   what="the dead-letter topic named")  # fmt: skip
+
+
+def _warned(logs: list[MutableMapping[str, Any]]) -> set[tuple[str, str]]:
+    return {(e["event"], e.get("topic", "")) for e in list(logs)}
