@@ -140,16 +140,20 @@ def _fire(tracer: Any, schedule: Schedule, attempt: int, now: int) -> list[Heade
     return [*tracecontext.without_context(schedule.headers), *injected]
 
 
-def dead_lettered(topic: str, reason: str, context: Sequence[Header]) -> None:
-    """The span of a request refused to the dead-letter topic (only with a context)."""
+def dead_lettered(
+    topic: str, reason: str, context: Sequence[Header], message_id: str | None = None,
+    *, parented: bool = True,
+) -> None:  # fmt: skip
+    """The span of a request refused, or a schedule given up when it fired, to the
+    dead-letter topic (only with a context; a series' occurrence links to it, as it fires)."""
     tracer = _state["tracer"]
     if tracer is None or tracecontext.traceparent_of(context) is None:
         return
-    attributes = _messaging(topic, "send", None) | {
+    attributes = _messaging(topic, "send", message_id) | {
         "messaging.operation.name": "dead_letter",
         "error.type": reason,
     }
-    _one_span(tracer, f"send {topic}", "PRODUCER", attributes, context, parented=True)
+    _one_span(tracer, f"send {topic}", "PRODUCER", attributes, context, parented=parented)
 
 
 def _messaging(topic: str, operation: str, message_id: str | None) -> dict[str, Any]:

@@ -512,6 +512,7 @@ class Dispatcher:
                 self.metrics.dead_letters.labels(reason=letter.reason.value).inc()
                 log.warning("dead_lettered", blackbox_id=schedule_id, reason=letter.reason.value)
                 events.append(_dead_event(schedule_id, schedules.get(schedule_id), letter))
+                _trace_dead_letter(self.policy.dlq_topic, schedules.get(schedule_id), letter)
             else:
                 log.warning("dead_letter_failed", blackbox_id=schedule_id, error=error.str())
                 outcome.retry[1].append(schedule_id)
@@ -593,6 +594,15 @@ def _dead_event(schedule_id: str, schedule: Schedule | None, letter: DeadLetter)
         topic=None if schedule is None else schedule.topic,
         reason=letter.reason, detail=detail.decode("utf-8", "replace"),
     )  # fmt: skip
+
+
+def _trace_dead_letter(topic: str, schedule: Schedule | None, letter: DeadLetter) -> None:
+    """The dead-letter span of a schedule given up when it fired (spans on only): in its
+    request's trace, or linked to its series' context."""
+    if schedule is None or not tracing.active():
+        return
+    tracing.dead_lettered(topic, letter.reason.value, schedule.headers, schedule.id,
+                          parented=schedule.series is None)  # fmt: skip
 
 
 def _id_of(letter: DeadLetter) -> str:

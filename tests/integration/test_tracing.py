@@ -222,14 +222,17 @@ def test_spans_are_exported_to_an_otlp_endpoint_following_the_producers_trace(
     context, and a dead-letter span; log lines of a traced record carry its ids."""
     otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint, "OTEL_SERVICE_NAME": "bb-test",
             "OTEL_BSP_SCHEDULE_DELAY": "100"}  # fmt: skip
-    process = BlackboxProcess({**env, **otel}, tmp_path / "run.log", "run")
+    # A message the producer refuses as too large is dead-lettered when it fires.
+    limits = {"KAFKA_PRODUCER_MESSAGE_MAX_BYTES": "2000", "BLACKBOX_MAX_ATTEMPTS": "1"}
+    process = BlackboxProcess({**env, **otel, **limits}, tmp_path / "run.log", "run")
     target = unique("exported")
     try:
         send(env, envelope(target, "once"), CONTEXT)
         send(env, envelope(target, "tick", every=1, limit=2), CONTEXT)
         send(env, b"{not json", CONTEXT)
+        send(env, envelope(target, "huge", message="x" * 5000), CONTEXT)
         records = reader(target).wait_count(3, timeout=60)
-        wait_until(lambda: len(collector.named("send")) >= 4, 30, "fire and dead-letter spans")
+        wait_until(lambda: len(collector.named("send")) >= 5, 30, "fire and dead-letter spans")
     finally:
         code = process.terminate()
     assert code == 0, process.output()[-3000:]
@@ -255,14 +258,19 @@ def test_spans_are_exported_to_an_otlp_endpoint_following_the_producers_trace(
             (TRACE_ID, SPAN_ID)
         ]
     receives = collector.named("receive ")
-    assert len(receives) == 2
+    assert len(receives) == 3  # once, tick, huge
     assert all(r.trace_id.hex() == TRACE_ID and r.parent_span_id.hex() == SPAN_ID
                for r in receives)  # fmt: skip
     assert {_value(r, "messaging.operation.type") for r in receives} == {"receive"}
-    (dead,) = collector.named(f"send {env['BLACKBOX_DLQ_TOPIC']}")
-    assert dead.trace_id.hex() == TRACE_ID and _value(dead, "error.type") == "invalid_json"
+    dead = {_value(span, "error.type"): span
+            for span in collector.named(f"send {env['BLACKBOX_DLQ_TOPIC']}")}  # fmt: skip
+    assert set(dead) == {"invalid_json", "record_too_large"}, "refused at intake, at firing"
+    assert all(span.trace_id.hex() == TRACE_ID for span in dead.values())
+    assert _value(dead["record_too_large"], "messaging.message.id") == "@billing/huge"
+    assert dead["record_too_large"].parent_span_id.hex() == SPAN_ID
     lines = [json.loads(line) for line in process.output().splitlines() if line.startswith("{")]
-    (refused,) = [line for line in lines if line.get("event") == "dead_lettered"]
+    refusals = [line for line in lines if line.get("event") == "dead_lettered"]
+    (refused,) = [line for line in refusals if line.get("reason") == "invalid_json"]
     assert (refused["trace_id"], refused["span_id"]) == (TRACE_ID, SPAN_ID)
 
 
