@@ -22,8 +22,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from blackbox.dev.servers import free_port
 from tests.process import BlackboxProcess
 
-# The release before this one: main as it was shipped (benchmarks/floor.py's _Meter).
-PREVIOUS_RELEASE = "abc400b093a1be8befe2645af9021504688d1f4c"
+# Each release, as main was shipped; the release before this one first.
+RELEASES = {
+    "0.2.0": "a169e5e09c6d8b38a8d3275b3a65e96ba0e14aae",
+    "0.1.0": "abc400b093a1be8befe2645af9021504688d1f4c",
+}
+PREVIOUS_RELEASE = RELEASES["0.2.0"]
 REPOSITORY = Path(__file__).resolve().parent.parent
 
 

@@ -37,7 +37,7 @@ from blackbox.storage.keys import Layout
 from blackbox.storage.shardcount import DEFAULT_SHARDS
 from tests.integration.conftest import ReaderFactory, service_env
 from tests.kafkatools import Received, TopicReader, produce, unique, wait_until
-from tests.releases import PREVIOUS_RELEASE, ReleaseUnavailable, Replica, extract
+from tests.releases import PREVIOUS_RELEASE, RELEASES, ReleaseUnavailable, Replica, extract
 
 CALLER = b"billing"
 TOKEN = "upgrade-test-token-0123456789"  # noqa: S105 - a test token
@@ -63,14 +63,25 @@ SETTINGS = {
 READY_S = 90.0  # a replica's start on a loaded 2-core machine
 
 
-@pytest.fixture(scope="module")
-def previous_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The previous release's tree, extracted from git; the test skips where the clone
-    cannot give it (a shallow clone), and says why."""
+def _tree(commit: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A release's tree, extracted from git; the test skips where the clone cannot give
+    it (a shallow clone), and says why."""
     try:
-        return extract(PREVIOUS_RELEASE, tmp_path_factory.mktemp("previous-release"))
+        return extract(commit, tmp_path_factory.mktemp("release"))
     except ReleaseUnavailable as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def previous_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The previous release's tree."""
+    return _tree(PREVIOUS_RELEASE, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def first_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """0.1.0's tree: the release whose watermarks could lie far behind."""
+    return _tree(RELEASES["0.1.0"], tmp_path_factory)
 
 
 class Fleet:
@@ -256,7 +267,7 @@ def _switch_releases(fleet: Fleet, reader: ReaderFactory, first: str, then: str,
     switch = _stop_first(fleet, before, sent, kill=kill)
     after = fleet.start(then)
     _check_release(after)
-    _check_cursor_refused(after, cursor)
+    _check_cursor_honoured(after, cursor)
     delivered.wait_for(lambda r: _all_arrived(_bodies(r)), timeout=LATER + 60)
     dead.wait_for(lambda r: len(r) >= 1, timeout=60)
     resumed_ms = _resume_held(settings)
@@ -301,9 +312,10 @@ def _show(line: str) -> None:
 
 
 def _check_release(replica: Replica) -> None:
-    """The replica runs the release it was started as: the previous one has no gauge of
-    stopped intake partitions (added since)."""
-    gauge = replica.metric("blackbox_intake_stopped_partitions")
+    """The replica runs the release it was started as (both read the version of the
+    package installed, so by what it counts): the previous one counts no gap of records
+    Kafka no longer holds (added since)."""
+    gauge = replica.metric("blackbox_redis_gaps_total", {"kind": "aged_out"})
     assert (gauge is None) == (replica.release == "previous"), (replica, gauge)
 
 
@@ -329,10 +341,11 @@ def _first_page_cursor(replica: Replica) -> str:
     return cursor
 
 
-def _check_cursor_refused(replica: Replica, cursor: str) -> None:
-    """A listing cursor of the other release is refused cleanly (400), never a 500."""
+def _check_cursor_honoured(replica: Replica, cursor: str) -> None:
+    """A listing cursor of the other release goes on where it left off: both seal their
+    cursors alike (0.1.0's were refused, 400)."""
     answer = replica.get(f"/api/v1/schedules?limit=1&cursor={cursor}", TOKEN)
-    assert answer.status_code == 400, answer.text
+    assert answer.status_code == 200, answer.text
     assert replica.get("/api/v1/schedules?limit=1", TOKEN).status_code == 200
 
 
@@ -558,10 +571,10 @@ def _marks(fleet: Fleet, field: str) -> list[int | None]:
 
 
 def test_a_mark_the_previous_release_left_behind_is_not_taken_for_lost_data(
-    fleet: Fleet, reader: ReaderFactory
+    fleet: Fleet, reader: ReaderFactory, first_tree: Path
 ) -> None:
-    """Guarantees 11 and 1, what an operator meets after upgrading: the previous release
-    moved a shard's intake watermark only in polls holding a request for that shard, so a
+    """Guarantees 11 and 1, what an operator meets after upgrading from 0.1.0: it moved a
+    shard's intake watermark only in polls holding a request for that shard, so a
     partition whose last records (60 malformed ones, over a BLACKBOX_REREAD_LIMIT of 30)
     held none for a shard leaves that shard's mark far behind with nothing lost. This
     release judges such marks by the newest until it has marked every shard itself: it
@@ -572,6 +585,7 @@ def test_a_mark_the_previous_release_left_behind_is_not_taken_for_lost_data(
     clients.ensure_topics(settings.kafka, [*settings.own_topics, target])
     bootstrap, intake = settings.kafka["bootstrap.servers"], settings.intake_topic
     delivered, dead = reader(target), reader(settings.dlq_topic)
+    fleet.previous = first_tree
     old = fleet.start("previous")
     kept, fired = _id_off_shard_zero(fleet, "kept"), _id_off_shard_zero(fleet, "fired")
     own = [(CALLER_HEADER, CALLER)]
