@@ -5,6 +5,7 @@ as Kubernetes would, the intake sets aside the killer alone and delivers everyth
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -64,15 +65,19 @@ def _dying(env: dict[str, str], log: Path) -> BlackboxProcess:
     return BlackboxProcess(env, log, "run", program=(sys.executable, "-m", "tests.dying"))
 
 
-def _run_until_done(env: dict[str, str], settings: Settings, logs: Path, ends: list[int]) -> int:
+def _run_until_done(
+    env: dict[str, str], settings: Settings, logs: Path, ends: list[int],
+    delivered: Callable[[], bool],
+) -> int:  # fmt: skip
     """Start the dying `blackbox run` again after each death until it commits every offset
-    up to `ends`; stop it then; return the deaths."""
+    up to `ends` and `delivered()` holds (a schedule applied by a process that died may
+    wait for that process's shards to come back); stop it then; return the deaths."""
     deaths = 0
     while True:
         process = _dying(env, logs / f"run-{deaths}.log")
         wait_until(lambda p=process: p.process.poll() is not None  # type: ignore[misc]
-                   or _committed(settings) == ends, timeout=LIFE_SECONDS,
-                   what="a death or every intake offset committed")  # fmt: skip
+                   or (_committed(settings) == ends and delivered()), timeout=LIFE_SECONDS,
+                   what="a death, or every intake offset committed and delivered")  # fmt: skip
         if process.process.poll() is None:
             assert process.terminate() == 0
             return deaths
@@ -123,7 +128,13 @@ def test_only_the_record_that_kills_the_intake_is_set_aside(
     second += [killer, _good(target, 2, 3, 0)]
     _produce(bootstrap, settings.intake_topic, second)
     ends = [2 * PER_PARTITION] * 3 + [PER_PARTITION + 2]
-    deaths = _run_until_done(env, settings, tmp_path, ends)
+    good = len(first) + len(second) - 1
+
+    def all_delivered() -> bool:
+        delivered.poll(timeout=0.1)
+        return len({r.value for r in delivered.records}) >= good
+
+    deaths = _run_until_done(env, settings, tmp_path, ends, all_delivered)
 
     letters = reader(settings.dlq_topic).read_to_end()
     where = [(r.header("blackbox-dlq-partition"), r.header("blackbox-dlq-offset")) for r in letters]
