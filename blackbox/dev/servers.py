@@ -47,15 +47,30 @@ def port_open(port: int, host: str = LOOPBACK) -> bool:
     return True
 
 
-def wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+def wait_for_port(
+    port: int, process: subprocess.Popen[bytes], timeout: float = 15.0, log_path: Path | None = None
+) -> None:
+    """Wait until `port` listens; a child that exits first, or a port still closed at the
+    deadline, is a `StackError` that ends with the last lines of the child's log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise StackError(f"{process.args!r} exited with {process.returncode}")
+            ended = f"{process.args!r} exited with {process.returncode}"
+            raise StackError(ended + log_tail(log_path))
         if port_open(port):
             return
         time.sleep(0.02)
-    raise StackError(f"nothing listened on port {port} within {timeout} s")
+    raise StackError(f"nothing listened on port {port} within {timeout} s{log_tail(log_path)}")
+
+
+def log_tail(log_path: Path | None, lines: int = 20) -> str:
+    """The last `lines` lines of a child's log, to end an error message with ("" without one)."""
+    if log_path is None or not log_path.exists():
+        return ""
+    with log_path.open("rb") as log:
+        log.seek(max(0, log_path.stat().st_size - 16384))
+        tail = log.read().decode(errors="replace").splitlines()[-lines:]
+    return f"; the end of {log_path}:\n" + "\n".join(tail) if tail else ""
 
 
 class _Server:
@@ -83,7 +98,7 @@ class _Server:
         self.process = subprocess.Popen(self.command(), stdout=self._log,
                                         stderr=subprocess.STDOUT,
                                         start_new_session=self.own_session)  # fmt: skip
-        wait_for_port(self.port, self.process, self.start_timeout)
+        wait_for_port(self.port, self.process, self.start_timeout, self.log_path)
 
     def stop(self) -> None:
         """Ask the server to exit (SIGTERM), killing it if it does not in time."""

@@ -4,8 +4,10 @@ runs it, spoken to by a third-party Kafka client."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,7 @@ import orjson
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from blackbox.dev.servers import free_port, port_open
+from blackbox.dev.servers import LOOPBACK, port_open
 from blackbox.dev.stack import DEV_PARTITIONS
 from tests.kafkatools import TopicReader, unique, wait_until
 from tests.process import BlackboxProcess
@@ -44,14 +46,29 @@ def _started(process: BlackboxProcess) -> bool:
     return "local_stack_ready" in process.output()
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
 @pytest.fixture
 def ports() -> tuple[int, int]:
-    """A Kafka port whose next port (the controller's) is free too, and a Redis port."""
-    for _ in range(50):
-        kafka_port = free_port()
-        if not port_open(kafka_port + 1):
-            return kafka_port, free_port()
-    raise AssertionError("no two free ports in a row")
+    """A Kafka port whose next port (the controller's) is free too, and a Redis port, all
+    below the kernel's ephemeral range: the stack is started twice on them, and a port from
+    that range may be taken in between as the local end of any outgoing connection."""
+    low, _ = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    chooser = random.Random()
+    for _ in range(200):
+        kafka_port, redis_port = chooser.randrange(10000, low - 1), chooser.randrange(10000, low)
+        if redis_port not in (kafka_port, kafka_port + 1) and all(
+            _bindable(port) for port in (kafka_port, kafka_port + 1, redis_port)
+        ):
+            return kafka_port, redis_port
+    raise AssertionError("no free ports below the ephemeral range")
 
 
 def test_dev_keeps_topics_offsets_and_pending_schedules_across_a_restart(
@@ -155,7 +172,8 @@ def test_ctrl_c_stops_the_service_before_redis_and_the_broker(
         os.killpg(dev.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
         assert dev.wait(60) == 0, process.output()
     after = process.output().split('"signal_received"', 1)[1]
-    for trouble in ("dependency_down", "not_ready", "Connection refused", "error"):
+    troubles = ("dependency_down", "not_ready", "Connection refused", '"level": "error"', "%3|")
+    for trouble in troubles:
         assert trouble not in after, trouble
     assert not port_open(redis_port)
     assert not port_open(kafka_port)
