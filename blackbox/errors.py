@@ -37,6 +37,7 @@ class DeadLetterReason(enum.StrEnum):
     UNVERIFIED_CALLER = "unverified_caller"  # names a bound caller outside its own topics
     INVALID_RECURRENCE = "invalid_recurrence"  # a cron, every, start/end, limit that cannot be
     UNKNOWN_TIMEZONE = "unknown_timezone"  # not an IANA time zone this machine knows
+    OVER_QUOTA = "over_quota"  # its caller has as many schedules pending as its policy allows
 
 
 class BlackboxError(Exception):

@@ -318,6 +318,14 @@ def scoped_id(caller: bytes | None, schedule_id: str) -> str:
     return f"{SCOPED_PREFIX}{owner}/{schedule_id}"
 
 
+def owner_of(stored_id: str, caller: bytes | None) -> str:
+    """Whose schedule an id is, as its scoped ids name it (percent-encoded, "" for no
+    caller): the caller in a scoped id, else `caller` (the record's, for an intake id)."""
+    if stored_id.startswith(SCOPED_PREFIX) and "/" in stored_id:
+        return stored_id[1 : stored_id.index("/")]
+    return "" if caller is None else quote(caller.decode("utf-8"), safe="")
+
+
 def split_scoped(stored_id: str) -> tuple[bytes | None, str] | None:
     """The (caller, caller's id) a scoped id was built from; None for an intake-derived id."""
     if not stored_id.startswith(SCOPED_PREFIX) or "/" not in stored_id:

@@ -59,7 +59,7 @@ from blackbox.api.views import (
     When,
 )
 from blackbox.clock import now_ms
-from blackbox.errors import InvalidEnvelope
+from blackbox.errors import DeadLetterReason, InvalidEnvelope
 from blackbox.health import Health
 from blackbox.kafka.events import Outcome
 from blackbox.metrics import Metrics
@@ -179,7 +179,7 @@ Writer = Annotated[Call, Depends(writer)]
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
                                               max_length=255)]  # fmt: skip
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422, 503)
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422, 429, 503)
 }
 router = APIRouter(prefix=PREFIX, responses=ERRORS)
 
@@ -382,7 +382,9 @@ def _sent_to_intake(
                        "will be on the events topic")  # fmt: skip
     outcome = Outcome(answer["outcome"])
     if outcome is Outcome.DEAD_LETTERED:
-        raise ApiError(422, str(answer.get("reason")), str(answer.get("detail")))
+        reason = str(answer.get("reason"))
+        status = 429 if reason == DeadLetterReason.OVER_QUOTA else 422  # the caller's quota
+        raise ApiError(status, reason, str(answer.get("detail")))
     return _answer(outcome, blackbox_id, answer.get("due_ms"), statuses)
 
 

@@ -13,6 +13,7 @@ from blackbox.envelope import Header
 from blackbox.intake.identity import Proof
 from blackbox.kafka.deadletter import DeadLetter
 from blackbox.kafka.events import Coordinates, Event
+from blackbox.schedule import Schedule
 from blackbox.storage.applying import Applied, IntakeSlice, Write
 
 
@@ -34,10 +35,16 @@ class Batch:
     poisoned: dict[tuple[str, int, int], bool] = field(default_factory=dict)
     # Signed records parsed since their nonces were last checked against replays.
     signed: list[Signed] = field(default_factory=list)
+    # New schedules of callers under a quota, parsed since it was last checked (quotas.py).
+    counted: list[Counted] = field(default_factory=list)
 
     def take_signed(self) -> list[Signed]:
         signed, self.signed = self.signed, []
         return signed
+
+    def take_counted(self) -> list[Counted]:
+        counted, self.counted = self.counted, []
+        return counted
 
     def unsend(self, where: tuple[str, int, int]) -> None:
         """Take back the parsed request of one record (not yet sent to Redis)."""
@@ -97,3 +104,14 @@ class Signed:
     message: Message
     where: tuple[str, int, int]
     headers: list[Header]
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """A new schedule of a caller under a quota, parsed; the quota is checked before it
+    is sent (quotas.py)."""
+
+    write: Schedule
+    message: Message
+    where: tuple[str, int, int]
+    headers: list[Header] | None

@@ -31,7 +31,7 @@ from blackbox.envelope import Cancel, Header, Hold, Limits, Request, Reschedule
 from blackbox.errors import BlackboxError, DeadLetterReason, InvalidEnvelope
 from blackbox.firing.nudges import Nudge
 from blackbox.intake import answering, traces
-from blackbox.intake.batch import Batch, Signed
+from blackbox.intake.batch import Batch, Counted, Signed
 from blackbox.intake.crashguard import CRASH_LIMIT, CrashGuard
 from blackbox.intake.gaps import GapCheck, GapConfig, Partition
 from blackbox.intake.identity import Identity, Proof
@@ -39,6 +39,7 @@ from blackbox.intake.incarnations import Incarnations
 from blackbox.intake.nonces import Nonces
 from blackbox.intake.placement import Placement
 from blackbox.intake.policy import CallerPolicy
+from blackbox.intake.quotas import Quotas
 from blackbox.kafka import deadletter
 from blackbox.kafka.clients import lasting_reason, read_headers
 from blackbox.kafka.deadletter import DeadLetter
@@ -113,6 +114,8 @@ class Intake:
         self.guard = guard
         self.nonces = nonces
         self.identity = Identity(config.policy)
+        self.quotas = Quotas(store, config.policy)
+        store.intake.counting = self.quotas.counting
         self.placement = Placement(consumer, store)
         self.on_refused_for_memory = on_refused_for_memory
         self.consumer = consumer
@@ -219,6 +222,7 @@ class Intake:
         that cannot tell them fails the batch before anything of it is applied."""
         self.placement.prepare({(m.topic() or "", m.partition() or 0) for m in records})
         now = now_ms()
+        self.quotas.sweep(now)
         batch = Batch(self.incarnations.tags({m.topic() or "" for m in records}))
         batch.poisoned = self.guard.note(records)
         codes = self._apply_in_parts(records, now, batch, stop)
@@ -245,6 +249,7 @@ class Intake:
                     self._sort(message, now, batch)
                 try:
                     self._refuse_replays(batch)
+                    self._refuse_over_quota(batch, now)
                     self._send_dead_letters(batch.unlanded(), stop)
                 except (DeadLetterUnavailable, redis.RedisError):
                     self._answer(batch, applying.codes(), now, stop, offsets=[])
@@ -327,6 +332,8 @@ class Intake:
         kept = self._rewritten(write)
         if kept is not None:
             batch.unsent[where[:2]].append((where[2], kept))
+        if isinstance(kept, Schedule) and self._counted(message, where):
+            batch.counted.append(Counted(kept, message, where, headers))
 
     def _rewritten(self, write: Write) -> Write | None:
         """What to apply of a valid request: all of it (a replay passes over some, see
@@ -361,6 +368,26 @@ class Intake:
             error = InvalidEnvelope(
                 DeadLetterReason.BAD_SIGNATURE, f"a replay: its nonce was used by {first}"
             )
+            self._refuse(batch, record.message, record.where, headers=record.headers,
+                         request=None, error=error)  # fmt: skip
+
+    def _counted(self, message: Message, where: tuple[str, int, int]) -> bool:
+        """Whether a record's new schedule is checked against its caller's quota: where a
+        policy sets quotas, unless it was handled before (a re-read) or is replayed as
+        accepted before (rebuild.py)."""
+        return (
+            self.quotas.counting
+            and self._judged_by_policy(message)
+            and not self.gaps.handled_before(*where)
+        )
+
+    def _refuse_over_quota(self, batch: Batch, now: int) -> None:
+        """Refuse the new schedules that would take a caller past its quota (quotas.py)."""
+        counted = batch.take_counted()
+        if not counted:
+            return
+        for record, error in self.quotas.refusals([(c, c.write) for c in counted], now):
+            batch.unsend(record.where)
             self._refuse(batch, record.message, record.where, headers=record.headers,
                          request=None, error=error)  # fmt: skip
 

@@ -9,6 +9,7 @@ The policy is a YAML or JSON file named by BLACKBOX_POLICY_FILE:
         topics: [invoices, "billing.*"]   # exact names and shell-style patterns
         max_horizon_seconds: 2592000      # 30 days
         max_message_bytes: 65536
+        max_pending: 100000               # schedules pending at once (quotas.py)
       payments:
         intake_topics: [blackbox.payments]  # records on it are payments' (Kafka ACLs decide)
       reports:
@@ -45,7 +46,7 @@ from blackbox.signing import public_key_from_text, raw_public_key, valid_key_id
 
 _RULE_FIELDS = frozenset({
     "topics", "max_horizon_seconds", "max_message_bytes", "require_signature", "keys",
-    "signature_skew_seconds", "signature_max_age_seconds",
+    "signature_skew_seconds", "signature_max_age_seconds", "max_pending",
 })  # fmt: skip
 # How far a signature's issue time may lie from its record's timestamp (clocks differ),
 # and how old it may be when read (its nonce is remembered that long against replays).
@@ -67,6 +68,8 @@ class Rule:
     signature_skew_seconds: float = SIGNATURE_SKEW_SECONDS
     signature_max_age_seconds: float = SIGNATURE_MAX_AGE_SECONDS
     intake_topics: tuple[str, ...] = ()
+    # How many of its schedules may be pending at once (quotas.py); 0: no quota.
+    max_pending: int = 0
 
     def allows(self, topic: str) -> bool:
         return _matches(self.topics, topic)
@@ -88,6 +91,11 @@ class CallerPolicy:
     def longest_horizon_seconds(self) -> float:
         """The furthest ahead any caller may schedule."""
         return max(r.max_horizon_seconds for r in (self.default, *self.callers.values()))
+
+    @property
+    def counts_pending(self) -> bool:
+        """Whether any rule sets a quota of pending schedules (quotas.py)."""
+        return any(r.max_pending for r in (self.default, *self.callers.values()))
 
     @property
     def verifies(self) -> bool:
@@ -242,6 +250,8 @@ def _rule(entry: object, fallback: Rule, where: str, *, is_default: bool = False
         rule = replace(rule, max_horizon_seconds=_horizon(entry["max_horizon_seconds"], where))
     if "max_message_bytes" in entry:
         rule = replace(rule, max_message_bytes=_size(entry["max_message_bytes"], where))
+    if "max_pending" in entry:
+        rule = replace(rule, max_pending=_count(entry["max_pending"], where))
     return _signature_fields(entry, rule, where, is_default=is_default)
 
 
@@ -302,4 +312,10 @@ def _horizon(value: Any, where: str) -> float:
 def _size(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise SettingsError(f"{where}.max_message_bytes must be a whole number >= 0")
+    return value
+
+
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**53:
+        raise SettingsError(f"{where}.max_pending must be a whole number >= 0 (0: no quota)")
     return value

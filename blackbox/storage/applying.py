@@ -17,7 +17,7 @@ from typing import Any
 import hiredis
 import redis
 
-from blackbox.schedule import SCOPED_PREFIX, Schedule
+from blackbox.schedule import SCOPED_PREFIX, Schedule, owner_of
 from blackbox.storage.keys import Layout
 from blackbox.storage.watermarks import Watermarks
 
@@ -131,6 +131,8 @@ class IntakeScript:
         self.pool_of = pool_of  # the connection pool of the node serving a shard
         self.ttl = ttl  # seconds a payload due at (due ms) is kept from (now ms)
         self.ended_retention_seconds = ended_retention_seconds
+        # Whether each caller's ids are kept in its owned set: a policy sets quotas.
+        self.counting = False
         # Lua measures strings in bytes: the tag's length to cut an id from its payload key.
         self.tag_bytes = [len(keys.tag.encode("utf-8")) for keys in layout.shards]
 
@@ -151,14 +153,18 @@ class IntakeScript:
         arguments. `marks`: the watermark the chunk before leaves, and the one this moves to."""
         after, mark = marks
         keys_of = self.layout.shards[shard]
-        keys = [keys_of.due, keys_of.in_flight, keys_of.intake_marks, keys_of.attempts]
+        keys = [keys_of.due, keys_of.in_flight, keys_of.intake_marks, keys_of.attempts,
+                keys_of.owners]  # fmt: skip
+        counting = self.counting
         args: list[Any] = [part.field, mark, self.ended_retention_seconds,
-                           self.tag_bytes[shard], after]  # fmt: skip
+                           self.tag_bytes[shard], after, "1" if counting else "0"]  # fmt: skip
         for _, (offset, write) in chunk:
             request = self._args(offset, write, now_ms)
             keys.append(keys_of.payload(write.id))
             if request[1] != NEW:  # only a caller's id has an ended-marker
                 keys.append(keys_of.ended(write.id))
+            if counting:
+                keys.append(keys_of.owned(owner_of(write.id, getattr(write, "caller", None))))
             args += request
         return [self.script.sha, len(keys), *keys, *args]
 

@@ -67,6 +67,16 @@ class Keys:
         this shard are handled (each shard keeps its own mark of every partition)."""
         return f"{self.tag}:in"
 
+    @property
+    def owners(self) -> str:
+        """Set: the callers (as in their ids: percent-encoded) with an `owned` set here."""
+        return f"{self.tag}:owners"
+
+    def owned(self, owner: str) -> str:
+        """Sorted set: a caller's schedule ids in this shard -> due time (epoch ms), kept
+        while a policy sets quotas; an id fired or ended lingers until pruned (quotas.py)."""
+        return f"{self.tag}:own:{owner}"
+
     def nonce(self, caller: str, key_id: str, nonce: str) -> str:
         """String (SET ... NX EX): the intake record that used a signature's nonce first,
         kept while such a signature is accepted (see nonces.py)."""

@@ -30,6 +30,8 @@ RESCHEDULE_CHANGED = 6  # reschedule.lua: the payload changed since it was read
 # What a pipelined script call may answer that the same call run on its own does not: a
 # script the node lost (a restart, a failover), a slot moved or moving on a cluster.
 RUN_AGAIN = (NoScriptError, AskError, TryAgainError)
+# The most ended ids one owned.lua call removes from one caller's set in one shard.
+PRUNE_BATCH = 1000
 # Payload bytes one claim takes at most, unless told (BLACKBOX_BATCH_BYTES).
 DEFAULT_CLAIM_BYTES = 16 * 1024 * 1024
 
@@ -136,6 +138,7 @@ class RedisStore:
         self._reclaim = _script(client, "reclaim")
         self._cancel = _script(client, "cancel", shared=True)
         self._reschedule = _script(client, "reschedule", shared=True)
+        self._owned = _script(client, "owned")
 
     def pool_of(self, shard: int) -> Any:
         """The connection pool of the Redis node serving `shard`."""
@@ -196,6 +199,40 @@ class RedisStore:
             raise
         finally:
             applying.release(failed)
+
+    def count_owned(
+        self, owners: Sequence[str], now_ms: int, prune: int = PRUNE_BATCH
+    ) -> dict[str, int]:
+        """How many ids each owner (a caller as in its ids) has pending, summed over the
+        shards: its owned sets, each pruned first of up to `prune` ids due by `now_ms`
+        that ended. One round trip per Redis node."""
+        calls = []
+        for owner in owners:
+            for shard, keys_of in enumerate(self.layout.shards):
+                keys = [keys_of.owned(owner), keys_of.due, keys_of.in_flight, keys_of.owners]
+                calls.append(ScriptCall(self._owned, shard, keys, [now_ms, prune, owner]))
+        counts = dict.fromkeys(owners, 0)
+        for call, (_, left) in zip(calls, self._run_all(calls), strict=True):
+            counts[call.args[2]] += int(left)
+        return counts
+
+    def owners(self) -> set[str]:
+        """The callers with an owned set in any shard (as in their ids)."""
+        pipe = self.client.pipeline(transaction=False)
+        for keys_of in self.layout.shards:
+            pipe.smembers(keys_of.owners)
+        return {owner.decode() for members in pipe.execute() for owner in members}
+
+    def pending_of(self, ids: Sequence[str]) -> list[bool]:
+        """Whether each id is pending (due or in flight): one round trip per Redis node."""
+        pipe = self.client.pipeline(transaction=False)
+        for schedule_id in ids:
+            keys_of = self.layout.keys_of(schedule_id)
+            pipe.zscore(keys_of.due, schedule_id)
+            pipe.zscore(keys_of.in_flight, schedule_id)
+        replies = pipe.execute()
+        pairs = zip(replies[0::2], replies[1::2], strict=True)
+        return [due is not None or flying is not None for due, flying in pairs]
 
     def ttl(self, due_ms: int, now_ms: int) -> int:
         """Seconds a payload due at `due_ms` is kept from `now_ms`: to its due time, then

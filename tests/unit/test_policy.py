@@ -173,6 +173,9 @@ def test_a_countdown_the_parser_accepts_may_be_beyond_the_horizon() -> None:
         pytest.param({"default": {"max_message_bytes": 1.5}}, "default.max_message_bytes", id="fr"),
         pytest.param({"default": {"max_message_bytes": True}}, "default.max_message_bytes", id="b"),
         pytest.param({"default": {"max_message_bytes": "1"}}, "default.max_message_bytes", id="s"),
+        pytest.param({"default": {"max_pending": -1}}, "default.max_pending", id="neg-q"),
+        pytest.param({"default": {"max_pending": 2.5}}, "default.max_pending", id="fr-q"),
+        pytest.param({"callers": {"b": {"max_pending": "9"}}}, "callers.b.max_pending", id="s-q"),
         pytest.param({"default": {"max_horizon_seconds": -1}}, "default.max_horizon", id="neg-h"),
         pytest.param({"default": {"max_horizon_seconds": "1d"}}, "default.max_horizon", id="s-h"),
         pytest.param({"default": {"max_horizon_seconds": True}}, "default.max_horizon", id="b-h"),
@@ -310,3 +313,14 @@ def test_the_horizon_of_a_caller_falls_back_to_the_service_limit() -> None:
     rules = policy.from_document(BILLING, BASE)
     assert rules.horizon_ms(b"reports") == 60_000
     assert rules.horizon_ms(b"billing") == rules.horizon_ms(None) == HOUR * 1000
+
+
+def test_a_quota_falls_back_to_the_default_and_zero_sets_none() -> None:
+    """`max_pending` of a caller, else of the default; 0 (or none at all) counts nothing."""
+    document = {"default": {"max_pending": 10}, "callers": {"big": {"max_pending": 0}, "b": {}}}
+    loaded = policy.from_document(document, BASE)
+    assert loaded.rule_for(b"b").max_pending == 10
+    assert loaded.rule_for(None).max_pending == 10
+    assert loaded.rule_for(b"big").max_pending == 0
+    assert loaded.counts_pending
+    assert not policy.from_document({"callers": {"b": {}}}, BASE).counts_pending

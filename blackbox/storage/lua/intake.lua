@@ -10,8 +10,10 @@
 -- KEYS[2]      in-flight sorted set (id -> lease expiry epoch ms)
 -- KEYS[3]      intake watermarks hash ("topic:partition" -> highest offset handled)
 -- KEYS[4]      attempts hash (id -> failed attempts)
--- KEYS[5..]    per request, in order: the payload key of its id; then, for a caller's id
---              (ops "u" and "c"), the ended-marker key of that id ("f" fired, "c" cancelled)
+-- KEYS[5]      owners set (the callers with an owned set in this shard)
+-- KEYS[6..]    per request, in order: the payload key of its id; then, for a caller's id
+--              (every op but "n"), the ended-marker key of that id ("f" fired, "c"
+--              cancelled); then, where ARGV[6] counts, the owned set of its caller
 -- ARGV[1]      the watermark field, "topic:partition"
 -- ARGV[2]      the offset the watermark moves to (the last record of the chunk, bad ones too)
 -- ARGV[3]      how long an ended-marker is kept, seconds
@@ -19,7 +21,8 @@
 --              the id
 -- ARGV[5]      the watermark the chunk before this one leaves (-1 for the first chunk of
 --              its partition in an intake session: no condition)
--- ARGV[5i+1..5i+5]  per request: intake offset (ascending), op, due ms, payload TTL s,
+-- ARGV[6]      "1": count each caller's ids in its owned set (a policy sets quotas)
+-- ARGV[5i+2..5i+6]  per request: intake offset (ascending), op, due ms, payload TTL s,
 --              encoded payload. op "n": a new id derived from the record (SET NX);
 --              "u": a caller's id, stored or replaced; "c": cancel a caller's id (due,
 --              TTL and payload unused); "m": move a caller's pending id to the due time,
@@ -106,8 +109,15 @@ local function hold(payload_key, marker_key, id, pause)
 end
 
 local tag_length = tonumber(ARGV[4])
-local k = 5
-for a = 6, #ARGV, 5 do
+local counting = ARGV[6] == '1'
+-- A caller's ids in its owned set, by due time (quotas.py prunes the ended ones).
+local function own(owned_key, id, due)
+  if not owned_key then return end
+  redis.call('ZADD', owned_key, due, id)
+  redis.call('SADD', KEYS[5], string.sub(owned_key, tag_length + 6))
+end
+local k = 6
+for a = 7, #ARGV, 5 do
   local payload_key, op = KEYS[k], ARGV[a + 1]
   local id = string.sub(payload_key, tag_length + 1)
   local marker_key = false
@@ -116,6 +126,11 @@ for a = 6, #ARGV, 5 do
   else
     marker_key = KEYS[k + 1]
     k = k + 2
+  end
+  local owned_key = false
+  if counting then
+    owned_key = KEYS[k]
+    k = k + 1
   end
   local code = 0
   if tonumber(ARGV[a]) <= mark then
@@ -151,6 +166,11 @@ for a = 6, #ARGV, 5 do
       code = hold(payload_key, marker_key, id, op == 'p')
     else
       code = cancel(sets, payload_key, marker_key, id, retention)
+    end
+    if code == 1 or (code == 2 and op ~= 'm') then
+      own(owned_key, id, ARGV[a + 2])
+    elseif code == 3 and owned_key then
+      redis.call('ZREM', owned_key, id)
     end
   end
   codes[#codes + 1] = code

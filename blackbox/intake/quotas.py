@@ -1,0 +1,107 @@
+"""Quotas: how many schedules one caller may have pending at once, so that no caller can
+fill Redis for everyone.
+
+A policy rule's `max_pending` (policy.py) caps the caller's pending schedules: a new
+schedule beyond it is refused as `over_quota` (dead-lettered and answered like any
+refusal), while updates of its pending ids, moves, cancels, pauses and resumes still go
+through. While any rule sets a quota, intake keeps each caller's ids in an owned set per
+shard (`{shard}:own:<caller>`, id -> due time, see intake.lua); an id that ended (fired,
+cancelled, dead-lettered) leaves it once its due time has passed, when the set is pruned
+(owned.lua): before each count, and for every caller every SWEEP_SECONDS.
+
+The count is read before a part of a poll is written, so replicas that handle the same
+caller's partitions at the same moment may together pass the quota by what one part of a
+poll holds: a quota bounds memory, it is not an exact contract. Ids scheduled while no
+rule set a quota are not counted; nor are an id's occurrences (a series is one id).
+Records a rebuild replays that the service had accepted are written whatever the quota
+says now (rebuild.py): they were accepted under the policy of then.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from blackbox.errors import DeadLetterReason, InvalidEnvelope
+from blackbox.intake.policy import CallerPolicy
+from blackbox.schedule import SCOPED_PREFIX, Schedule, owner_of, split_scoped
+from blackbox.storage.store import RedisStore
+
+SWEEP_SECONDS = 60.0  # how often every caller's owned sets are pruned of ended ids
+
+T = TypeVar("T")
+
+
+class Quotas:
+    """The quota check of one intake, and the pruning of the owned sets it counts."""
+
+    def __init__(
+        self, store: RedisStore, policy: CallerPolicy,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self.store = store
+        self.policy = policy
+        self.counting = policy.counts_pending
+        self.clock = clock
+        self._swept = clock()
+
+    def refusals(
+        self, writes: Sequence[tuple[T, Schedule]], now_ms: int
+    ) -> list[tuple[T, InvalidEnvelope]]:
+        """The new schedules among `writes` (in the order they were read) that would take a
+        caller past its quota, each with its refusal. Reads Redis only for callers with a
+        quota."""
+        by_owner: dict[str, list[tuple[T, Schedule]]] = {}
+        for tag, write in writes:
+            if self.policy.rule_for(write.caller).max_pending:
+                by_owner.setdefault(owner_of(write.id, write.caller), []).append((tag, write))
+        if not by_owner:
+            return []
+        counts = self.store.count_owned(list(by_owner), now_ms)
+        refused: list[tuple[T, InvalidEnvelope]] = []
+        for owner, items in by_owner.items():
+            limit = self.policy.rule_for(items[0][1].caller).max_pending
+            if len(items) <= limit - counts[owner]:
+                continue
+            refused += self._beyond(items, limit, counts[owner])
+        return refused
+
+    def _beyond(
+        self, items: list[tuple[T, Schedule]], limit: int, pending: int
+    ) -> list[tuple[T, InvalidEnvelope]]:
+        """The items past the room one caller has left: a caller's id pending already (an
+        update) adds nothing, nor does an id seen earlier in the same poll."""
+        scoped = [w.id for _, w in items if w.id.startswith(SCOPED_PREFIX)]
+        present = dict(zip(scoped, self.store.pending_of(scoped), strict=True)) if scoped else {}
+        room, added, refused = limit - pending, set[str](), []
+        for tag, write in items:
+            if present.get(write.id) or write.id in added:
+                continue
+            if room > 0:
+                room -= 1
+                added.add(write.id)
+                continue
+            refused.append((tag, _refusal(write, limit)))
+        return refused
+
+    def sweep(self, now_ms: int) -> None:
+        """Every SWEEP_SECONDS, prune every caller's owned sets of the ids that ended, so a
+        caller who stopped sending does not keep them."""
+        if self.clock() - self._swept < SWEEP_SECONDS:
+            return
+        self._swept = self.clock()
+        owners = self.store.owners()
+        if owners:
+            self.store.count_owned(sorted(owners), now_ms)
+
+
+def _refusal(write: Schedule, limit: int) -> InvalidEnvelope:
+    """The refusal of a schedule past its caller's quota, naming what it asked for."""
+    who = "no caller" if write.caller is None else repr(write.caller.decode("utf-8", "replace"))
+    error = InvalidEnvelope(DeadLetterReason.OVER_QUOTA,
+                            f"{who} has its quota of {limit} schedules pending")  # fmt: skip
+    scoped = split_scoped(write.id)
+    error.schedule_id = None if scoped is None else scoped[1]
+    error.topic = write.topic
+    return error

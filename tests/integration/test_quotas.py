@@ -1,0 +1,103 @@
+"""Quotas: a caller with `max_pending` schedules pending has its next new ones refused as
+`over_quota`, while its updates and cancels, and every other caller, go on; room comes back
+as its schedules fire or are cancelled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+
+from blackbox.envelope import CALLER_HEADER
+from blackbox.errors import DeadLetterReason
+from tests.integration.conftest import ReaderFactory, ServiceFactory
+from tests.kafkatools import Received, produce, unique
+
+POLICY = """
+default:
+  topics: ["*"]
+callers:
+  greedy:
+    max_pending: 5
+"""
+
+
+def _send(env: dict[str, str], caller: str, *documents: dict[str, Any]) -> list[bytes]:
+    values = [orjson.dumps(d) for d in documents]
+    produce(env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_INTAKE_TOPIC"], values,
+            [(CALLER_HEADER, caller.encode())])  # fmt: skip
+    return values
+
+
+def _answers(records: list[Received]) -> list[dict[str, Any]]:
+    return [orjson.loads(r.value or b"") for r in records]
+
+
+def _outcomes(events: list[dict[str, Any]], caller: str) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for event in events:
+        if event.get("caller") == caller:
+            found.setdefault(str(event.get("id")), []).append(str(event["outcome"]))
+    return found
+
+
+def test_a_caller_at_its_quota_is_refused_new_schedules_and_no_one_else_is(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str],
+    tmp_path: Path, redis_client: redis.Redis,
+) -> None:  # fmt: skip
+    target = unique("quota-target")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    service = start_service(BLACKBOX_POLICY_FILE=str(policy))
+    events, dlq = reader(env["BLACKBOX_EVENTS_TOPIC"]), reader(env["BLACKBOX_DLQ_TOPIC"])
+
+    def one(n: int, countdown: int, message: str = "m") -> dict[str, Any]:
+        return {"topic": target, "message": f"{message}{n}", "countdown": countdown, "id": f"g{n}"}
+
+    # Five fill the quota (two fire soon); the next two are refused; an update of a pending
+    # id and another caller's schedules go through.
+    _send(env, "greedy", one(0, 2), one(1, 2), one(2, 3600), one(3, 3600), one(4, 3600))
+    refused = _send(env, "greedy", one(5, 3600), one(6, 3600))
+    _send(env, "greedy", one(2, 3600, "again"))
+    _send(env, "calm", *({"topic": target, "message": f"c{n}", "countdown": 3600, "id": f"c{n}"}
+                         for n in range(8)))  # fmt: skip
+    answered = events.wait_for(lambda r: len(r) >= 5 + 2 + 1 + 8, timeout=30)
+    greedy = _outcomes(_answers(answered), "greedy")
+    assert greedy == {"g0": ["scheduled"], "g1": ["scheduled"], "g2": ["scheduled", "updated"],
+                      "g3": ["scheduled"], "g4": ["scheduled"], "g5": ["dead_lettered"],
+                      "g6": ["dead_lettered"]}  # fmt: skip
+    calm = _outcomes(_answers(answered), "calm")
+    assert calm == {f"c{n}": ["scheduled"] for n in range(8)}
+    letters = dlq.wait_count(2, timeout=30)
+    assert [r.value for r in letters] == refused  # byte for byte
+    assert {r.header("blackbox-dlq-reason") for r in letters} == {DeadLetterReason.OVER_QUOTA}
+    dead = [e for e in _answers(answered) if e["outcome"] == "dead_lettered"]
+    assert {e["reason"] for e in dead} == {"over_quota"}
+    assert all("its quota of 5" in e["detail"] for e in dead)
+
+    # Two fire, one is cancelled: three new ones fit, the fourth does not.
+    delivered = reader(target).wait_count(2, timeout=30)
+    assert sorted(r.value for r in delivered) == [b"m0", b"m1"]
+    _send(env, "greedy", {"id": "g3", "cancel": True})
+    events.wait_for(lambda r: any(b'"cancelled"' in (x.value or b"") for x in r), timeout=30)
+    _send(env, "greedy", one(7, 3600), one(8, 3600), one(9, 3600), one(10, 3600))
+    answered = events.wait_for(lambda r: "g10" in _outcomes(_answers(r), "greedy"), timeout=30)
+    greedy = _outcomes(_answers(answered), "greedy")
+    assert [greedy[f"g{n}"] for n in (7, 8, 9, 10)] == [
+        ["scheduled"],
+        ["scheduled"],
+        ["scheduled"],
+        ["dead_lettered"],
+    ]
+    shards = service.store.layout.shards
+    pending = {m for k in shards for m in redis_client.zrange(k.due, 0, -1)}
+    assert pending == {f"@greedy/g{n}".encode() for n in (2, 4, 7, 8, 9)} | {
+        f"@calm/c{n}".encode() for n in range(8)
+    }
+    again = reader(target).read_to_end()  # nothing else fired
+    assert [(r.offset, r.value) for r in again] == [(r.offset, r.value) for r in delivered]
+    owned = {m for k in shards for m in redis_client.zrange(k.owned("greedy"), 0, -1)}
+    # The fired ones pruned, the cancelled one removed.
+    assert owned == {f"@greedy/g{n}".encode() for n in (2, 4, 7, 8, 9)}
