@@ -115,7 +115,6 @@ class Intake:
         self.nonces = nonces
         self.identity = Identity(config.policy)
         self.quotas = Quotas(store, config.policy)
-        store.intake.counting = self.quotas.counting
         self.placement = Placement(consumer, store)
         self.on_refused_for_memory = on_refused_for_memory
         self.consumer = consumer

@@ -43,6 +43,8 @@ class Quotas:
         self.store = store
         self.policy = policy
         self.counting = policy.counts_pending
+        if self.counting:  # intake.lua keeps the owned sets from now on
+            store.intake.counting = True
         self.clock = clock
         self._swept = clock()
 
