@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from blackbox import envelope
 from blackbox.envelope import Request
-from blackbox.errors import InvalidEnvelope
+from blackbox.errors import DeadLetterReason, InvalidEnvelope
 from blackbox.kafka.events import Coordinates, Event, Outcome
 from blackbox.storage.applying import Applied, Cancellation, Holding, Move, Write
 
@@ -37,6 +37,14 @@ def key_text(key: bytes | None) -> str | None:
     except UnicodeDecodeError:
         return None
 
+
+# Refusals of a record whose caller could not be proven: anyone may write such a record
+# naming any caller, so its answer names none (the caller's own answers stay its own; the
+# dead letter keeps the record's headers for its operator).
+UNPROVEN = frozenset({
+    DeadLetterReason.BAD_SIGNATURE, DeadLetterReason.UNKNOWN_KEY,
+    DeadLetterReason.SIGNATURE_EXPIRED, DeadLetterReason.UNVERIFIED_CALLER,
+})  # fmt: skip
 
 # Codes after which a schedule's due time is in Redis (a re-read's too: the replica that
 # stored it may have died before it woke the dispatchers).
@@ -80,7 +88,7 @@ def refusal_of(
     no id could be read, its record key stands for it (a request about an id is keyed by it),
     so the answer goes with that id's other answers."""
     try:
-        caller = envelope.caller_of(headers)
+        caller = None if error.reason in UNPROVEN else envelope.caller_of(headers)
     except InvalidEnvelope:
         caller = None
     schedule_id = error.schedule_id if request is None else request.schedule_id

@@ -251,8 +251,8 @@ def test_a_signed_record_copied_to_another_partition_cannot_defeat_its_owners_ca
 ) -> None:
     """Guarantee 7: a copy of billing's signed cancel, moved by another producer onto a
     partition its key does not go to and read first (produced first here, so the race always
-    goes the attacker's way), is refused as bad_signature for its partition; billing's own
-    cancel then applies and the schedule it cancels never fires."""
+    goes the attacker's way), is refused as bad_signature for its partition, answered as no
+    caller's; billing's own cancel then applies and the schedule it cancels never fires."""
     bootstrap, target = env["KAFKA_BOOTSTRAP_SERVERS"], unique("moved")
     intake = env["BLACKBOX_INTAKE_TOPIC"]
     clients.ensure_topics({"bootstrap.servers": bootstrap}, [intake], partitions=2)
@@ -278,7 +278,10 @@ def test_a_signed_record_copied_to_another_partition_cannot_defeat_its_owners_ca
     assert (copy["outcome"], copy["reason"]) == ("dead_lettered", _R.BAD_SIGNATURE), copy
     assert copy["detail"] == (f"a signed record sits on partition {1 - home}, "
                               f"its key's partition is {home}: a copy moved")  # fmt: skip
+    # Anyone could have written the copy: its refusal is not answered as billing's.
+    assert copy["caller"] is None
     assert by_place[(home, 0)]["outcome"] == "scheduled"
     assert by_place[(home, 1)]["outcome"] == "cancelled", by_place[(home, 1)]
+    assert by_place[(home, 1)]["caller"] == "billing"
     settle(service)
     assert reader(target).read_to_end() == []
