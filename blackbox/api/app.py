@@ -7,10 +7,8 @@ broker away is 503, never a 500.
 A token acts for the callers it was given (tokens.py; checked in access.py). A change to
 a caller's id (cancel, reschedule, pause, resume) travels through the intake topic keyed by
 the id, as the caller's own records do, so it is applied in their order; the API answers
-with what the intake answered. Each such request holds a worker thread while it waits (up
-to twice BLACKBOX_DELIVERY_TIMEOUT): at most INTAKE_WAITS wait at once, and
-INTAKE_WAITS_PER_CALLER of one caller, the rest answered 503 at once, so the other routes
-keep threads and one caller's load never refuses another's; the probes need none.
+with what the intake answered (relay.py, which also bounds how many such requests wait at
+once); the probes need no worker thread.
 
 A recurring schedule (a series) is one pending id, like a one-off schedule: `GET
 /schedules` lists both (each item's `series` tells them apart; `kind=one_off` or
@@ -20,9 +18,6 @@ A recurring schedule (a series) is one pending id, like a one-off schedule: `GET
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from html import escape
 from importlib import resources
@@ -40,9 +35,10 @@ from blackbox import envelope
 from blackbox.api import errors
 from blackbox.api.backend import Backend
 from blackbox.api.deadletters import DeadLetters
-from blackbox.api.errors import ApiError, refusal
+from blackbox.api.errors import ApiError
 from blackbox.api.guard import BodyGate, OpenHosts
 from blackbox.api.pending import Filter
+from blackbox.api.relay import HOLD_STATUS, Waits, answer_of, through_intake
 from blackbox.api.tokens import Grant
 from blackbox.api.views import (
     Answer,
@@ -59,7 +55,7 @@ from blackbox.api.views import (
     When,
 )
 from blackbox.clock import now_ms
-from blackbox.errors import DeadLetterReason, InvalidEnvelope
+from blackbox.errors import InvalidEnvelope
 from blackbox.health import Health
 from blackbox.kafka.events import Outcome
 from blackbox.metrics import Metrics
@@ -70,51 +66,6 @@ from blackbox.version import version
 PREFIX = "/api/v1"
 MAX_LIMIT = 500
 MAX_ID_CHARS = 1024
-# A caller's own id, as intake reads it.
-MAX_OWN_ID_CHARS = envelope.MAX_ID_CHARS
-_STATUS = {
-    Outcome.CANCELLED: 200, Outcome.UPDATED: 200, Outcome.ALREADY_FIRED: 409,
-    Outcome.NOT_FOUND: 404, Outcome.DEAD_LETTERED: 422, Outcome.PAUSED: 200,
-    Outcome.RESUMED: 200, Outcome.NOT_RECURRING: 409, Outcome.RECURRING: 409,
-}  # fmt: skip
-# A pause or resume of a series cancelled before changes nothing: a conflict, not a success.
-_HOLD_STATUS = {**_STATUS, Outcome.CANCELLED: 409}
-# Requests waiting at once for the intake's answer: half of AnyIO's 40 worker threads, which
-# every sync route shares; one caller holds at most a quarter of them, so one caller's load
-# never refuses another's requests.
-INTAKE_WAITS = 20
-INTAKE_WAITS_PER_CALLER = 5
-
-
-class Waits:
-    """The requests of one app waiting for the intake's answer: at most `most` at once, and
-    at most `per_caller` of one caller."""
-
-    def __init__(self, most: int = INTAKE_WAITS, per_caller: int = INTAKE_WAITS_PER_CALLER) -> None:
-        self.most, self.per_caller = most, per_caller
-        self._lock = threading.Lock()
-        self._held: dict[bytes | None, int] = {}
-
-    @contextmanager
-    def taken(self, caller: bytes | None = None) -> Iterator[bool]:
-        """Whether this request of `caller` may wait (its place held until the end of the
-        block)."""
-        with self._lock:
-            held = self._held.get(caller, 0)
-            if held >= self.per_caller or sum(self._held.values()) >= self.most:
-                allowed = False
-            else:
-                allowed, self._held[caller] = True, held + 1
-        if not allowed:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            with self._lock:
-                self._held[caller] -= 1
-                if not self._held[caller]:
-                    del self._held[caller]
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,10 +209,10 @@ def reschedule(blackbox_id: BlackboxId, when: When, call: Writer) -> JSONRespons
     own, caller = call.owned(blackbox_id)
     if own:
         chosen = {k: v for k, v in when.model_dump().items() if v is not None}
-        return _through_intake(call, blackbox_id, {"reschedule": True, **chosen})
+        return through_intake(backend, call.waits, blackbox_id, {"reschedule": True, **chosen})
     backend.admin.check_horizon(caller, due_ms)
     moved = backend.admin.reschedule(blackbox_id, due_ms)
-    return _answer(moved.outcome, blackbox_id, due_ms if moved.schedule else None)
+    return answer_of(moved.outcome, blackbox_id, due_ms if moved.schedule else None)
 
 
 @router.post("/schedules/{blackbox_id:path}/pause", response_model=Answer)
@@ -285,9 +236,9 @@ def _hold(call: Call, blackbox_id: str, *, paused: bool) -> JSONResponse:
     series (a series has the caller's own id)."""
     own, _ = call.owned(blackbox_id)
     if not own:
-        return _answer(Outcome.NOT_RECURRING, blackbox_id, None)
+        return answer_of(Outcome.NOT_RECURRING, blackbox_id, None)
     verb = "pause" if paused else "resume"
-    return _through_intake(call, blackbox_id, {verb: True}, _HOLD_STATUS)
+    return through_intake(call.backend, call.waits, blackbox_id, {verb: True}, HOLD_STATUS)
 
 
 @router.get("/schedules/{blackbox_id:path}", response_model=Detail)
@@ -308,8 +259,8 @@ def cancel(blackbox_id: BlackboxId, call: Writer) -> JSONResponse:
     cancelled through the intake topic, after every record of that id sent before."""
     own, _ = call.owned(blackbox_id)
     if own:
-        return _through_intake(call, blackbox_id, {"cancel": True})
-    return _answer(call.backend.admin.cancel(blackbox_id), blackbox_id, None)
+        return through_intake(call.backend, call.waits, blackbox_id, {"cancel": True})
+    return answer_of(call.backend.admin.cancel(blackbox_id), blackbox_id, None)
 
 
 def _as_the_intake_reads(document: dict[str, Any]) -> dict[str, Any]:
@@ -342,50 +293,6 @@ def _finite(value: object) -> bool:
     if isinstance(value, list):
         return all(_finite(v) for v in value)
     return True
-
-
-def _through_intake(
-    call: Call, blackbox_id: str, request: dict[str, Any],
-    statuses: dict[Outcome, int] = _STATUS,
-) -> JSONResponse:  # fmt: skip
-    """Send a caller's request about its id as the caller would; answer what intake did
-    (503 with Retry-After when INTAKE_WAITS requests, or INTAKE_WAITS_PER_CALLER of this
-    caller's, wait already)."""
-    scoped = split_scoped(blackbox_id)
-    assert scoped is not None  # only a caller's own id comes here
-    own = scoped[1]
-    if not own or len(own) > MAX_OWN_ID_CHARS or not own.isprintable():
-        # Refused by intake, its answer keyed by the id cut short: never waited for.
-        raise ApiError(422, "invalid_id",
-                       f"an id is 1-{MAX_OWN_ID_CHARS} printable characters")  # fmt: skip
-    with call.waits.taken(scoped[0]) as waiting:
-        if not waiting:
-            return refusal(503, "unavailable", "too many requests wait for the intake's "
-                           "answers already: try again", {"retry-after": "1"})  # fmt: skip
-        return _sent_to_intake(call.backend, blackbox_id, scoped, request, statuses)
-
-
-def _sent_to_intake(
-    backend: Backend, blackbox_id: str, scoped: tuple[bytes | None, str],
-    request: dict[str, Any], statuses: dict[Outcome, int],
-) -> JSONResponse:  # fmt: skip
-    caller, own = scoped
-    answers = backend.answers
-    if answers is not None and not answers.ready(backend.answer_seconds):
-        raise ApiError(503, "unavailable", "the events topic cannot be read: try again")
-    with answers.expecting(own.encode()) if answers is not None else nullcontext():
-        where = backend.admin.request(caller, own, {"id": own, **request})
-        answer = None if answers is None else answers.wait(where, backend.answer_seconds)
-    if answer is None:
-        raise ApiError(504, "no_answer_yet", f"the request is in {where[0]!r} partition "
-                       f"{where[1]} offset {where[2]} and will be applied in order; its answer "
-                       "will be on the events topic")  # fmt: skip
-    outcome = Outcome(answer["outcome"])
-    if outcome is Outcome.DEAD_LETTERED:
-        reason = str(answer.get("reason"))
-        status = 429 if reason == DeadLetterReason.OVER_QUOTA else 422  # the caller's quota
-        raise ApiError(status, reason, str(answer.get("detail")))
-    return _answer(outcome, blackbox_id, answer.get("due_ms"), statuses)
 
 
 @router.post("/schedules", status_code=202, response_model=Created)
@@ -466,19 +373,6 @@ def _due_ms(when: When, max_countdown_ms: int) -> int:
     if due > now + max_countdown_ms:
         raise ApiError(422, "beyond_horizon", "later than BLACKBOX_MAX_COUNTDOWN from now")
     return due
-
-
-def _answer(
-    outcome: Outcome, blackbox_id: str, due_ms: int | None,
-    statuses: dict[Outcome, int] = _STATUS,
-) -> JSONResponse:  # fmt: skip
-    """200 with the outcome; otherwise an error body that also carries the outcome."""
-    body: dict[str, Any] = Answer(outcome=outcome.value, blackbox_id=blackbox_id,
-                                  due_ms=due_ms).model_dump()  # fmt: skip
-    status = statuses.get(outcome, 404)
-    if status != 200:
-        body |= {"error": outcome.value, "reason": f"{blackbox_id[:200]!r}: {outcome.value}"}
-    return JSONResponse(body, status_code=status)
 
 
 def _health_routes(app: FastAPI, health: Health, metrics: Metrics) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from blackbox.api.app import INTAKE_WAITS_PER_CALLER
+from blackbox.api.relay import INTAKE_WAITS_PER_CALLER
 from blackbox.role import Role
 from blackbox.service import Service
 from tests.integration.conftest import ServiceFactory

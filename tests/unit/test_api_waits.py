@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from blackbox.api.app import Waits
+from blackbox.api.relay import Waits
 
 
 def _take(waits: Waits, stack: ExitStack, caller: bytes | None, times: int) -> list[bool]:
