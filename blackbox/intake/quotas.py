@@ -1,7 +1,9 @@
 """Quotas: how many schedules one caller may have pending at once, so that no caller can
 fill Redis for everyone.
 
-A policy rule's `max_pending` (policy.py) caps the caller's pending schedules: a new
+A policy rule's `max_pending` (policy.py) caps the caller's pending schedules: a caller
+the policy lists has a count of its own, and every other caller (records without
+CALLER_SERVICE too) shares the default's, since anyone may write a new name. A new
 schedule beyond it is refused as `over_quota` (dead-lettered and answered like any
 refusal), while updates of its pending ids, moves, cancels, pauses and resumes still go
 through. While any rule sets a quota, intake keeps each caller's ids in an owned set per
@@ -22,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
+from urllib.parse import unquote
 
 from blackbox.errors import DeadLetterReason, InvalidEnvelope
 from blackbox.intake.policy import CallerPolicy
@@ -29,6 +32,8 @@ from blackbox.schedule import SCOPED_PREFIX, Schedule, owner_of, split_scoped
 from blackbox.storage.store import RedisStore
 
 SWEEP_SECONDS = 60.0  # how often every caller's owned sets are pruned of ended ids
+# The owned set the callers the policy does not list share (no percent-encoded name is "*").
+DEFAULT_BUCKET = "*"
 
 T = TypeVar("T")
 
@@ -45,6 +50,7 @@ class Quotas:
         self.counting = policy.counts_pending
         if self.counting:  # intake.lua keeps the owned sets from now on
             store.intake.counting = True
+            store.intake.bucket_of = self.bucket
         self.clock = clock
         self._swept = clock()
 
@@ -57,7 +63,8 @@ class Quotas:
         by_owner: dict[str, list[tuple[T, Schedule]]] = {}
         for tag, write in writes:
             if self.policy.rule_for(write.caller).max_pending:
-                by_owner.setdefault(owner_of(write.id, write.caller), []).append((tag, write))
+                bucket = self.bucket(owner_of(write.id, write.caller))
+                by_owner.setdefault(bucket, []).append((tag, write))
         if not by_owner:
             return []
         counts = self.store.count_owned(list(by_owner), now_ms)
@@ -68,6 +75,12 @@ class Quotas:
                 continue
             refused += self._beyond(items, limit, counts[owner])
         return refused
+
+    def bucket(self, owner: str) -> str:
+        """Whose count a caller's schedules go to: its own where the policy lists it; else
+        the one all the others share (DEFAULT_BUCKET), so that naming a new caller on every
+        record gains no quota."""
+        return owner if owner and unquote(owner) in self.policy.callers else DEFAULT_BUCKET
 
     def _beyond(
         self, items: list[tuple[T, Schedule]], limit: int, pending: int
@@ -84,7 +97,7 @@ class Quotas:
                 room -= 1
                 added.add(write.id)
                 continue
-            refused.append((tag, _refusal(write, limit)))
+            refused.append((tag, _refusal(write, limit, self.policy)))
         return refused
 
     def sweep(self, now_ms: int) -> None:
@@ -98,11 +111,15 @@ class Quotas:
             self.store.count_owned(sorted(owners), now_ms)
 
 
-def _refusal(write: Schedule, limit: int) -> InvalidEnvelope:
+def _refusal(write: Schedule, limit: int, policy: CallerPolicy) -> InvalidEnvelope:
     """The refusal of a schedule past its caller's quota, naming what it asked for."""
-    who = "no caller" if write.caller is None else repr(write.caller.decode("utf-8", "replace"))
-    error = InvalidEnvelope(DeadLetterReason.OVER_QUOTA,
-                            f"{who} has its quota of {limit} schedules pending")  # fmt: skip
+    name = None if write.caller is None else write.caller.decode("utf-8", "replace")
+    if name is not None and name in policy.callers:
+        detail = f"{name!r} has its quota of {limit} schedules pending"
+    else:
+        detail = (f"the callers without a rule of their own have their shared quota of {limit} "
+                  "schedules pending")  # fmt: skip
+    error = InvalidEnvelope(DeadLetterReason.OVER_QUOTA, detail)
     scoped = split_scoped(write.id)
     error.schedule_id = None if scoped is None else scoped[1]
     error.topic = write.topic

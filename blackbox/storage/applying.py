@@ -131,8 +131,10 @@ class IntakeScript:
         self.pool_of = pool_of  # the connection pool of the node serving a shard
         self.ttl = ttl  # seconds a payload due at (due ms) is kept from (now ms)
         self.ended_retention_seconds = ended_retention_seconds
-        # Whether each caller's ids are kept in its owned set: a policy sets quotas.
+        # Whether each caller's ids are kept in an owned set (a policy sets quotas), and
+        # which set a caller's (percent-encoded, as in its ids) go to (quotas.py).
         self.counting = False
+        self.bucket_of: Callable[[str], str] = str
         # Lua measures strings in bytes: the tag's length to cut an id from its payload key.
         self.tag_bytes = [len(keys.tag.encode("utf-8")) for keys in layout.shards]
 
@@ -164,7 +166,8 @@ class IntakeScript:
             if request[1] != NEW:  # only a caller's id has an ended-marker
                 keys.append(keys_of.ended(write.id))
             if counting:
-                keys.append(keys_of.owned(owner_of(write.id, getattr(write, "caller", None))))
+                owner = owner_of(write.id, getattr(write, "caller", None))
+                keys.append(keys_of.owned(self.bucket_of(owner)))
             args += request
         return [self.script.sha, len(keys), *keys, *args]
 

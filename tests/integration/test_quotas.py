@@ -21,6 +21,7 @@ default:
 callers:
   greedy:
     max_pending: 5
+  calm: {}
 """
 
 
@@ -101,3 +102,29 @@ def test_a_caller_at_its_quota_is_refused_new_schedules_and_no_one_else_is(
     owned = {m for k in shards for m in redis_client.zrange(k.owned("greedy"), 0, -1)}
     # The fired ones pruned, the cancelled one removed.
     assert owned == {f"@greedy/g{n}".encode() for n in (2, 4, 7, 8, 9)}
+
+
+def test_callers_the_policy_does_not_list_share_the_default_quota(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Anyone may name a new caller: the callers without a rule of their own (anonymous
+    records too) share the default's quota, so a new name per record gains nothing; a
+    listed caller keeps its own."""
+    target = unique("quota-shared")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text('default:\n  topics: ["*"]\n  max_pending: 3\ncallers:\n  listed: {}\n')
+    start_service(BLACKBOX_POLICY_FILE=str(policy))
+    events = reader(env["BLACKBOX_EVENTS_TOPIC"])
+    for n, caller in enumerate(["new-1", "new-2", "new-3", "new-4", "new-5"]):
+        _send(env, caller, {"topic": target, "message": n, "countdown": 3600, "id": "s"})
+    for n in range(3):
+        _send(env, "listed", {"topic": target, "message": n, "countdown": 3600, "id": f"l{n}"})
+    answered = _answers(events.wait_count(8, timeout=30))
+    outcomes = sorted((e["caller"], e["outcome"]) for e in answered)
+    assert outcomes == sorted([
+        ("new-1", "scheduled"), ("new-2", "scheduled"), ("new-3", "scheduled"),
+        ("new-4", "dead_lettered"), ("new-5", "dead_lettered"),
+        ("listed", "scheduled"), ("listed", "scheduled"), ("listed", "scheduled"),
+    ])  # fmt: skip
+    refused = [e for e in answered if e["outcome"] == "dead_lettered"]
+    assert all("shared quota of 3" in e["detail"] for e in refused)
