@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from blackbox import client, envelope
 from blackbox.cli import main as cli
+from blackbox.cli import sending
 from blackbox.client import Repeat
 from blackbox.envelope import CALLER_HEADER, Envelope, Hold, Limits
 from blackbox.errors import InvalidEnvelope
@@ -132,10 +133,10 @@ def test_send_reads_every_series_option() -> None:
     args = _send_args("--cron", "0 9 * * 1-5", "--timezone", "Europe/Berlin", "--id", "daily",
                       "--start", "2030-01-01T00:00:00+00:00", "--end", "1893542400", "--limit",
                       "3", "--jitter", "1.5", "--missed", "skip", "--grace", "30")  # fmt: skip
-    assert cli._when(args) == {"repeat": Repeat(
+    assert sending._when(args) == {"repeat": Repeat(
         cron="0 9 * * 1-5", timezone="Europe/Berlin", start=NEW_YEAR_2030, end=1893542400.0,
         limit=3, jitter=1.5, missed="skip", grace=30.0)}  # fmt: skip
-    every = cli._when(_send_args("--every", "60", "--id", "tick"))
+    every = sending._when(_send_args("--every", "60", "--id", "tick"))
     assert every == {"repeat": Repeat(every=60.0)}
 
 
@@ -151,7 +152,7 @@ def test_send_reads_every_series_option() -> None:
 def test_send_refuses_series_options_it_cannot_use(options: tuple[str, ...], refusal: str) -> None:
     """A series without --id, or a series option without --cron/--every, is a usage error."""
     with pytest.raises(ValueError, match=refusal):
-        cli._when(_send_args(*options))
+        sending._when(_send_args(*options))
 
 
 def test_send_takes_one_way_of_timing() -> None:
@@ -162,6 +163,6 @@ def test_send_takes_one_way_of_timing() -> None:
 
 def test_pause_and_resume_are_commands_like_cancel() -> None:
     """`blackbox pause ID` and `resume ID` take the options of `cancel`."""
-    for verb, command in (("pause", cli.cmd_pause), ("resume", cli.cmd_resume)):
+    for verb, command in (("pause", sending.cmd_pause), ("resume", sending.cmd_resume)):
         args = cli._parser().parse_args([verb, "daily", "--caller", "billing", "--wait", "5"])
         assert (args.command, args.id, args.caller, args.wait) == (command, "daily", "billing", 5)
