@@ -36,7 +36,7 @@ def _policy(work: Path) -> str:
     return str(path)
 
 
-def _produce(bootstrap: str, intake: str, count: int, signed: bool) -> None:
+def produce_records(bootstrap: str, intake: str, count: int, signed: bool) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     signer, target = Signer(KEY, "bench-1"), f"sig-{uuid.uuid4().hex[:8]}"
     now = time.time_ns() // 1_000_000
@@ -58,7 +58,7 @@ def run(count: int, signed: bool) -> dict[str, float]:
     with local_stack() as stack:
         if signed:
             stack.env["BLACKBOX_POLICY_FILE"] = _policy(stack.work)
-        _produce(stack.settings.kafka["bootstrap.servers"], stack.settings.intake_topic,
+        produce_records(stack.settings.kafka["bootstrap.servers"], stack.settings.intake_topic,
                  count, signed)  # fmt: skip
         client = redis.Redis.from_url(stack.redis.url)
         with service_process(stack) as process:

@@ -111,10 +111,14 @@ end
 local tag_length = tonumber(ARGV[4])
 local counting = ARGV[6] == '1'
 -- A caller's ids in its owned set, by due time (quotas.py prunes the ended ones).
+local listed = {}  -- the owned sets this call has put in the owners set already
 local function own(owned_key, id, due)
   if not owned_key then return end
   redis.call('ZADD', owned_key, due, id)
-  redis.call('SADD', KEYS[5], string.sub(owned_key, tag_length + 6))
+  if not listed[owned_key] then
+    redis.call('SADD', KEYS[5], string.sub(owned_key, tag_length + 6))
+    listed[owned_key] = true
+  end
 end
 local k = 6
 for a = 7, #ARGV, 5 do
