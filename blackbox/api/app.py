@@ -130,7 +130,7 @@ Writer = Annotated[Call, Depends(writer)]
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
                                               max_length=255)]  # fmt: skip
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422, 429, 503)
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422, 503)
 }
 router = APIRouter(prefix=PREFIX, responses=ERRORS)
 

@@ -21,7 +21,6 @@ from blackbox import envelope
 from blackbox.api.backend import Backend
 from blackbox.api.errors import ApiError, refusal
 from blackbox.api.views import Answer
-from blackbox.errors import DeadLetterReason
 from blackbox.kafka.events import Outcome
 from blackbox.schedule import split_scoped
 
@@ -110,9 +109,7 @@ def _sent_to_intake(
                        "will be on the events topic")  # fmt: skip
     outcome = Outcome(answer["outcome"])
     if outcome is Outcome.DEAD_LETTERED:
-        reason = str(answer.get("reason"))
-        status = 429 if reason == DeadLetterReason.OVER_QUOTA else 422  # the caller's quota
-        raise ApiError(status, reason, str(answer.get("detail")))
+        raise ApiError(422, str(answer.get("reason")), str(answer.get("detail")))
     return answer_of(outcome, blackbox_id, answer.get("due_ms"), statuses)
 
 

@@ -37,6 +37,8 @@ class Batch:
     signed: list[Signed] = field(default_factory=list)
     # New schedules of callers under a quota, parsed since it was last checked (quotas.py).
     counted: list[Counted] = field(default_factory=list)
+    # Per caller under a quota: its pending count read in this poll, plus what it admitted.
+    quota_tally: dict[str, int] = field(default_factory=dict)
 
     def take_signed(self) -> list[Signed]:
         signed, self.signed = self.signed, []
@@ -47,9 +49,11 @@ class Batch:
         return counted
 
     def unsend(self, where: tuple[str, int, int]) -> None:
-        """Take back the parsed request of one record (not yet sent to Redis)."""
+        """Take back the parsed request of one record (not yet sent to Redis): refused, it
+        is not counted against its caller's quota either."""
         items = self.unsent[where[:2]]
         items[:] = [(offset, write) for offset, write in items if offset != where[2]]
+        self.counted = [c for c in self.counted if c.where != where]
 
     def saw(self, topic: str, partition: int, offset: int) -> None:
         self.unsent.setdefault((topic, partition), [])

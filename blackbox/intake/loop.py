@@ -385,7 +385,8 @@ class Intake:
         counted = batch.take_counted()
         if not counted:
             return
-        for record, error in self.quotas.refusals([(c, c.write) for c in counted], now):
+        writes = [(c, c.write) for c in counted]
+        for record, error in self.quotas.refusals(writes, now, batch.quota_tally):
             batch.unsend(record.where)
             self._refuse(batch, record.message, record.where, headers=record.headers,
                          request=None, error=error)  # fmt: skip

@@ -11,12 +11,13 @@ shard (`{shard}:own:<caller>`, id -> due time, see intake.lua); an id that ended
 cancelled, dead-lettered) leaves it once its due time has passed, when the set is pruned
 (owned.lua): before each count, and for every caller every SWEEP_SECONDS.
 
-The count is read before a part of a poll is written, so replicas that handle the same
-caller's partitions at the same moment may together pass the quota by what one part of a
-poll holds: a quota bounds memory, it is not an exact contract. Ids scheduled while no
-rule set a quota are not counted; nor are an id's occurrences (a series is one id).
-Records a rebuild replays that the service had accepted are written whatever the quota
-says now (rebuild.py): they were accepted under the policy of then.
+The count is read once per poll and caller (and again where the poll's tally reaches the
+quota), so replicas that handle the same caller's partitions at the same moment may
+together pass the quota by what one poll holds: a quota bounds memory, it is not an exact
+contract. Ids scheduled while no rule set a quota are not counted; nor are an id's
+occurrences (a series is one id). Records a rebuild replays that the service had accepted
+are written whatever the quota says now (rebuild.py): they were accepted under the policy
+of then.
 """
 
 from __future__ import annotations
@@ -29,11 +30,10 @@ from urllib.parse import unquote
 from blackbox.errors import DeadLetterReason, InvalidEnvelope
 from blackbox.intake.policy import CallerPolicy
 from blackbox.schedule import SCOPED_PREFIX, Schedule, owner_of, split_scoped
+from blackbox.storage.keys import SHARED_OWNER
 from blackbox.storage.store import RedisStore
 
 SWEEP_SECONDS = 60.0  # how often every caller's owned sets are pruned of ended ids
-# The owned set the callers the policy does not list share (no percent-encoded name is "*").
-DEFAULT_BUCKET = "*"
 
 T = TypeVar("T")
 
@@ -55,38 +55,46 @@ class Quotas:
         self._swept = clock()
 
     def refusals(
-        self, writes: Sequence[tuple[T, Schedule]], now_ms: int
+        self, writes: Sequence[tuple[T, Schedule]], now_ms: int, tally: dict[str, int]
     ) -> list[tuple[T, InvalidEnvelope]]:
         """The new schedules among `writes` (in the order they were read) that would take a
-        caller past its quota, each with its refusal. Reads Redis only for callers with a
-        quota."""
-        by_owner: dict[str, list[tuple[T, Schedule]]] = {}
+        caller past its quota, each with its refusal.
+
+        `tally` (one per poll) holds each count read in this poll plus what was admitted
+        since: Redis is read once per caller and poll, and again only for a caller whose
+        tally reaches its quota (then precisely: an update of a pending id adds nothing)."""
+        by_bucket: dict[str, list[tuple[T, Schedule]]] = {}
         for tag, write in writes:
             if self.policy.rule_for(write.caller).max_pending:
                 bucket = self.bucket(owner_of(write.id, write.caller))
-                by_owner.setdefault(bucket, []).append((tag, write))
-        if not by_owner:
-            return []
-        counts = self.store.count_owned(list(by_owner), now_ms)
+                by_bucket.setdefault(bucket, []).append((tag, write))
+        unread = [bucket for bucket in by_bucket if bucket not in tally]
+        if unread:
+            tally.update(self.store.count_owned(unread, now_ms))
         refused: list[tuple[T, InvalidEnvelope]] = []
-        for owner, items in by_owner.items():
+        for bucket, items in by_bucket.items():
             limit = self.policy.rule_for(items[0][1].caller).max_pending
-            if len(items) <= limit - counts[owner]:
+            if len(items) <= limit - tally[bucket]:
+                tally[bucket] += len(items)
                 continue
-            refused += self._beyond(items, limit, counts[owner])
+            (pending,) = self.store.count_owned([bucket], now_ms).values()
+            beyond, added = self._beyond(items, limit, pending)
+            tally[bucket] = pending + added
+            refused += beyond
         return refused
 
     def bucket(self, owner: str) -> str:
         """Whose count a caller's schedules go to: its own where the policy lists it; else
-        the one all the others share (DEFAULT_BUCKET), so that naming a new caller on every
+        the one all the others share (SHARED_OWNER), so that naming a new caller on every
         record gains no quota."""
-        return owner if owner and unquote(owner) in self.policy.callers else DEFAULT_BUCKET
+        return owner if owner and unquote(owner) in self.policy.callers else SHARED_OWNER
 
     def _beyond(
         self, items: list[tuple[T, Schedule]], limit: int, pending: int
-    ) -> list[tuple[T, InvalidEnvelope]]:
-        """The items past the room one caller has left: a caller's id pending already (an
-        update) adds nothing, nor does an id seen earlier in the same poll."""
+    ) -> tuple[list[tuple[T, InvalidEnvelope]], int]:
+        """The items past the room one caller has left, and how many new ones fit: a
+        caller's id pending already (an update) adds nothing, nor does an id seen earlier
+        in the same part."""
         scoped = [w.id for _, w in items if w.id.startswith(SCOPED_PREFIX)]
         present = dict(zip(scoped, self.store.pending_of(scoped), strict=True)) if scoped else {}
         room, added, refused = limit - pending, set[str](), []
@@ -98,7 +106,7 @@ class Quotas:
                 added.add(write.id)
                 continue
             refused.append((tag, _refusal(write, limit, self.policy)))
-        return refused
+        return refused, len(added)
 
     def sweep(self, now_ms: int) -> None:
         """Every SWEEP_SECONDS, prune every caller's owned sets of the ids that ended, so a

@@ -26,6 +26,9 @@ SHARD_SEPARATOR = "#"
 # The most shards a namespace may have: choosing their tags costs about `shards` tries
 # each at start, and more shards than this only add claim calls.
 MAX_SHARDS = 1024
+# The owned set (keys.owned) of the callers a policy does not list, which share one quota
+# (quotas.py); no percent-encoded caller name is "*".
+SHARED_OWNER = "*"
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,12 +16,12 @@ from typing import Any, NamedTuple
 import redis
 from redis.exceptions import AskError, NoScriptError, TryAgainError
 
-from blackbox.errors import ConcurrentUpdate
-from blackbox.schedule import Schedule
+from blackbox.errors import ConcurrentUpdate, CorruptSchedule
+from blackbox.schedule import CALLER_WITHIN, Schedule, caller_from_prefix, owner_of
 from blackbox.storage import scripts
 from blackbox.storage.applying import Applied, Applying, IntakeScript, IntakeSlice, chunked
 from blackbox.storage.connections import RedisClient, refresh_after
-from blackbox.storage.keys import Layout
+from blackbox.storage.keys import SHARED_OWNER, Layout
 from blackbox.storage.watermarks import Watermarks
 
 # Tries of a reschedule whose payload an intake update replaced between read and write.
@@ -367,7 +367,11 @@ class RedisStore:
         keys = [keys_of.due, keys_of.in_flight, keys_of.attempts,
                 keys_of.payload(schedule_id), keys_of.ended(schedule_id)]  # fmt: skip
         args = [schedule_id, self.ended_retention_seconds]
-        return Applied(int(self._cancel(keys=keys, args=args)))
+        head: bytes = self.client.getrange(keys[3], 0, CALLER_WITHIN)  # type: ignore[assignment]
+        code = Applied(int(self._cancel(keys=keys, args=args)))
+        if code is Applied.CANCELLED:
+            self._owned_now(schedule_id, head, None)
+        return code
 
     def reschedule(
         self, schedule_id: str, due_ms: int, now_ms: int
@@ -385,9 +389,28 @@ class RedisStore:
                 moved.due_ms = due_ms
             new = b"" if moved is None else moved.encode()
             code = int(self._reschedule(keys=keys, args=[schedule_id, due_ms, raw, new, ttl]))
+            if code == Applied.UPDATED:
+                self._owned_now(schedule_id, raw, due_ms)
             if code != RESCHEDULE_CHANGED:
                 return Applied(code), moved if code == Applied.UPDATED else None
         raise ConcurrentUpdate(f"{schedule_id!r} changed {RESCHEDULE_TRIES} times while moved")
+
+    def _owned_now(self, schedule_id: str, head: bytes, due_ms: int | None) -> None:
+        """Keep the owned set (quotas.py) of an id cancelled (`due_ms` None) or moved by
+        the API in step: the id leaves it, or takes its new due time, in whichever of its
+        caller's own set and the shared one holds it. `head`: the start of its payload."""
+        try:
+            caller = caller_from_prefix(head) if head else None
+        except CorruptSchedule:
+            return
+        keys_of = self.layout.keys_of(schedule_id)
+        pipe = self.client.pipeline(transaction=False)
+        for owner in {owner_of(schedule_id, caller), SHARED_OWNER}:
+            if due_ms is None:
+                pipe.zrem(keys_of.owned(owner), schedule_id)
+            else:
+                pipe.zadd(keys_of.owned(owner), {schedule_id: due_ms}, xx=True)
+        pipe.execute()
 
 
 def _claimed(answer: Any, shard: int, due_by: int, limit: int) -> Claim:

@@ -9,9 +9,12 @@ from typing import Any
 
 import orjson
 import redis
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from blackbox.envelope import CALLER_HEADER
+from blackbox.clock import now_ms
+from blackbox.envelope import CALLER_HEADER, Header
 from blackbox.errors import DeadLetterReason
+from blackbox.signing import Parts, Signer, public_text
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import Received, produce, unique
 
@@ -128,3 +131,65 @@ def test_callers_the_policy_does_not_list_share_the_default_quota(
     ])  # fmt: skip
     refused = [e for e in answered if e["outcome"] == "dead_lettered"]
     assert all("shared quota of 3" in e["detail"] for e in refused)
+
+
+def test_room_comes_back_when_a_schedule_is_moved_earlier_or_cancelled_by_id(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str], tmp_path: Path
+) -> None:
+    """A schedule moved earlier frees its place once it fires, not at its old due time; an
+    id-less schedule cancelled by its blackbox id (the HTTP API's DELETE) frees it at once."""
+    target = unique("quota-room")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text('default:\n  topics: ["*"]\ncallers:\n  greedy:\n    max_pending: 2\n')
+    service = start_service(BLACKBOX_POLICY_FILE=str(policy))
+    events = reader(env["BLACKBOX_EVENTS_TOPIC"])
+
+    _send(env, "greedy", {"topic": target, "message": "a", "countdown": 3600})
+    _send(env, "greedy", {"topic": target, "message": "b", "countdown": 3600, "id": "m"})
+    first = _answers(events.wait_count(2, timeout=30))
+    assert [e["outcome"] for e in first] == ["scheduled", "scheduled"]
+    idless = next(e["blackbox_id"] for e in first if e["id"] is None)
+    assert service.store.cancel(idless).name == "CANCELLED"
+    _send(env, "greedy", {"topic": target, "message": "c", "countdown": 3600, "id": "n"})
+    _send(env, "greedy", {"id": "m", "reschedule": True, "countdown": 1})
+    reader(target).wait_count(1, timeout=30)  # m, moved, fired
+    _send(env, "greedy", {"topic": target, "message": "d", "countdown": 3600, "id": "o"})
+    _send(env, "greedy", {"topic": target, "message": "e", "countdown": 3600, "id": "p"})
+    answered = _answers(events.wait_count(6, timeout=30))
+    assert [(e["id"], e["outcome"]) for e in answered[2:]] == [
+        ("n", "scheduled"),
+        ("m", "updated"),
+        ("o", "scheduled"),
+        ("p", "dead_lettered"),
+    ]
+
+
+def test_replays_of_a_signed_record_take_none_of_its_callers_room(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Copies of a caller's signed record, refused as replays, are not counted against its
+    quota: its own new records after them are scheduled."""
+    key = Ed25519PrivateKey.generate()
+    target, intake = unique("quota-signed"), env["BLACKBOX_INTAKE_TOPIC"]
+    policy = tmp_path / "policy.yaml"
+    public = public_text(key.public_key())
+    policy.write_text('default:\n  topics: ["*"]\ncallers:\n  signer:\n    max_pending: 3\n'
+                      f'    require_signature: true\n    keys: {{k-1: "{public}"}}\n')  # fmt: skip
+    start_service(BLACKBOX_POLICY_FILE=str(policy))
+    events = reader(env["BLACKBOX_EVENTS_TOPIC"])
+
+    def signed(n: int) -> tuple[bytes, list[Header]]:
+        value = orjson.dumps({"topic": target, "message": n, "countdown": 3600})
+        headers: list[Header] = [(CALLER_HEADER, b"signer")]
+        header = Signer(key, "k-1").header(Parts(intake, None, value, headers), issued_ms=now_ms())
+        return value, [*headers, header]
+
+    captured = signed(0)
+    produce(env["KAFKA_BOOTSTRAP_SERVERS"], intake, [captured[0]] * 6, captured[1])
+    for n in (1, 2):
+        value, headers = signed(n)
+        produce(env["KAFKA_BOOTSTRAP_SERVERS"], intake, [value], headers)
+    answered = _answers(events.wait_count(8, timeout=30))
+    outcomes = sorted(str((e["caller"], e["outcome"], e["reason"])) for e in answered)
+    assert outcomes == sorted([str(("signer", "scheduled", None))] * 3
+                              + [str((None, "dead_lettered", "bad_signature"))] * 5)  # fmt: skip

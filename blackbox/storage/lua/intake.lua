@@ -173,6 +173,8 @@ for a = 7, #ARGV, 5 do
     end
     if code == 1 or (code == 2 and op ~= 'm') then
       own(owned_key, id, ARGV[a + 2])
+    elseif code == 2 and owned_key then  -- a move: its new due time, where it is counted
+      redis.call('ZADD', owned_key, 'XX', ARGV[a + 2], id)
     elseif code == 3 and owned_key then
       redis.call('ZREM', owned_key, id)
     end
