@@ -22,6 +22,7 @@ lease.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import defaultdict, deque
@@ -47,6 +48,8 @@ from blackbox.metrics import Metrics, observe_all
 from blackbox.schedule import Schedule, Series, origin_topic, split_scoped
 from blackbox.storage.store import (
     DEFAULT_CLAIM_BYTES,
+    PROBED_DUE,
+    PROBED_EMPTY,
     Acks,
     Advance,
     Claim,
@@ -210,19 +213,22 @@ class Dispatcher:
         self, stop: threading.Event, nudged: Nudged = lambda: None, *, sweep: bool = False
     ) -> Fired:
         """Send everything due now in this replica's shards that are due (`sweep`: in all
-        of them, and what is long overdue in the others' shards), batch after batch, until
-        each shard's claim comes back short; settle the batches the broker has reported
-        on, waiting for the rest until shortly before the next due time, or the due time
-        `nudged` tells of meanwhile.
+        of them where a probe finds something due, and what is long overdue in the others'
+        shards), batch after batch, until each shard's claim comes back short; settle the
+        batches the broker has reported on, waiting for the rest until shortly before the
+        next due time, or the due time `nudged` tells of meanwhile.
         """
         fired = Fired(delivered=0, next_due_ms=None)
         now = now_ms()
         failures = NodeFailures(self.store.pool_of)  # a dead node stalls its shards only
-        for shards in failures.by_node(self.share.owned if sweep else self.share.due_by(now)):
+        mine, others = self.share.due_by(now), list[int]()
+        if sweep:
+            mine, others = self._probe(mine, now)
+        for shards in failures.by_node(mine):
             failures.attempt(shards[0], partial(self._drain, shards, stop, fired))
-        if sweep:  # one claim per other shard: its owner drains it, a sweep only helps
+        if others:  # one claim per other shard: its owner drains it, a sweep only helps
             cutoff = now - self.share.sweep_after_ms
-            for shards in failures.by_node(self.share.others()):
+            for shards in failures.by_node(others):
                 failures.attempt(
                     shards[0], partial(self._drain, shards, stop, fired, due_by_ms=cutoff)
                 )
@@ -230,6 +236,25 @@ class Dispatcher:
         fired.next_due_ms = self.share.next_due_ms()
         fired.delivered += self._settle_until_due(fired.next_due_ms, stop, nudged)
         return fired
+
+    def _probe(self, due: Sequence[int], now: int) -> tuple[list[int], list[int]]:
+        """The sweep's look at every shard (the safety net for a lost nudge): the owned
+        shards to claim (those `due` as far as the share knows, and those where something
+        is due by `now`) and the others' shards where something is overdue by the sweep
+        delay. One read-only script per Redis node instead of a claim per shard; an owned
+        shard found empty has no lease to reclaim either."""
+        owned, others = self.share.owned, self.share.others()
+        cutoff = now - self.share.sweep_after_ms
+        probes = [(s, now) for s in owned] + [(s, cutoff) for s in others]
+        found = self.store.probe_all(probes) if probes else {}
+        known = set(due)
+        mine = []
+        for shard in owned:
+            if found[shard] == PROBED_EMPTY:
+                self.share.leased(shard, None, now)
+            if shard in known or found[shard] == PROBED_DUE:
+                mine.append(shard)
+        return mine, [s for s in others if found[s] == PROBED_DUE]
 
     def _drain(
         self,
@@ -265,11 +290,16 @@ class Dispatcher:
             self.share.claiming(shard)
         self.claims += len(shards)
         limit, max_bytes = self.policy.shared(len(shards))
+        at = now_ms()
         claims = self.store.claim_all(
-            now_ms(), limit, self.policy.lease_ms, shards,
-            due_by_ms=due_by_ms, max_bytes=max_bytes,
+            at, limit, self.policy.lease_ms, shards,
+            due_by_ms=due_by_ms, max_bytes=max_bytes, see_leases=self.share.unseen(shards, at),
         )  # fmt: skip
-        for claim in claims:
+        for claim in claims:  # when a lease there can run out: reclaimed only then
+            if claim.leases_seen:
+                self.share.leased(claim.shard, claim.lease_expiry_ms, at)
+            elif claim.ids:
+                self.share.leasing(claim.shard, math.ceil(claim.token))
             if claim.ids:
                 sent = self._send(claim)
                 self._unsettled.append(sent)
@@ -353,10 +383,22 @@ class Dispatcher:
         )
 
     def reclaim_expired(self) -> int:
-        """Return ids whose replica's lease ran out to due, in this replica's shards; how
-        many. (A dead replica's leases come back through whoever owns their shards.) One
-        round trip per Redis node."""
-        return self.store.reclaim_all(now_ms(), self.policy.batch_limit, self.share.owned)
+        """Return ids whose replica's lease ran out to due, in this replica's shards where
+        a lease can have run out (share.expired_by: as the last claim, reclaim or probe
+        there told, or unknown); how many. (A dead replica's leases come back through
+        whoever owns their shards.) One round trip per Redis node, none while no lease
+        can have run out."""
+        now = now_ms()
+        shards = self.share.expired_by(now)
+        if not shards:
+            return 0
+        self.share.reclaiming(shards)
+        reclaimed = self.store.reclaim_each(now, self.policy.batch_limit, shards)
+        for shard, each in zip(shards, reclaimed, strict=True):
+            self.share.reclaimed(shard, each.lease_expiry_ms, now)
+            if each.returned:  # due at once: the waker claims the shard
+                self.share.nudged(shard, now)
+        return sum(each.returned for each in reclaimed)
 
     def _send(self, claim: Claim) -> _Sent:
         # The payloads are not kept till settled.

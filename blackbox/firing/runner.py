@@ -3,8 +3,9 @@
 The waker fires this process's share of the shards at each due instant (woken early by
 this process's intake, its API, or a nudge another process published for one of those
 shards); APScheduler's tick, every poll interval, is the safety net: it renews the share's
-heartbeat, returns expired leases to due, and fires the share and what is long overdue in
-the others' shards. A lock keeps the two apart, and a backoff pauses firing while Redis or
+heartbeat, returns expired leases to due (in the shards where one can have run out), and
+fires what a probe of every shard finds due in the share and long overdue in the others'
+shards. A lock keeps the two apart, and a backoff pauses firing while Redis or
 the broker fails. While a rebuild from Kafka is under way (or stopped half-way), Redis is
 half written back: nothing fires until it ends (storage/rebuilding.py).
 """
@@ -83,7 +84,8 @@ class Firing:
         self._on_tick = on_tick
         self._claims_seen = 0
         self.outbox = firing_outbox(settings)
-        share = Share(store.layout, name, sweep_after_ms(settings.poll_interval))
+        share = Share(store.layout, name, sweep_after_ms(settings.poll_interval),
+                      shares.refresh_ms(settings.lease_seconds))  # fmt: skip
         horizon_of = horizon_of or (lambda _caller: int(settings.max_countdown * 1000))
         self.dispatcher = Dispatcher(store, self.outbox, retry_policy_of(settings), metrics, share,
                                      horizon_of=horizon_of)  # fmt: skip
@@ -130,11 +132,13 @@ class Firing:
 
     def tick(self) -> None:
         """The poll-interval safety net: return expired leases, and fire every shard of the
-        share (and what is long overdue in the others'), after the waker's current run."""
+        share where something is due (and what is long overdue in the others'), after the
+        waker's current run."""
         try:
             if self.dispatcher.reclaim_expired():
                 self.waker.nudge(now_ms())
         except redis.RedisError as e:
+            self.share.forget_leases()  # all reclaimed at the next tick
             log.warning("reclaim_failed", error=str(e))
         self.waker.nudge(self.fire(sweep=True))
         self._on_tick()
@@ -181,6 +185,8 @@ class Firing:
 
     def _paused(self, error: Exception) -> int:
         dependency = "redis" if isinstance(error, redis.RedisError) else "kafka"
+        if isinstance(error, redis.RedisError):  # a failover may have lost what was known
+            self.share.forget_leases()
         self.metrics.dependency_errors.labels(dependency=dependency).inc()
         delay = self._backoff.next()
         log.warning("firing_paused", dependency=dependency, error=str(error), retry_in_s=delay)

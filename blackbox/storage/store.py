@@ -8,7 +8,7 @@ between them is one script call, so any number of replicas may share one Redis.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -86,11 +86,33 @@ class Claim:
     loaded: list[Loaded] = field(default_factory=list)  # per id, in the same order
     shard: int = 0
     more: bool = False  # it stopped at its limit (ids or bytes): more is due
+    # Asked for (`leases_seen`): the earliest lease expiry in the shard after the claim
+    # (this one's or another's), None for no lease; nothing there can be reclaimed before.
+    leases_seen: bool = False
+    lease_expiry_ms: int | None = None
+
+
+class Reclaimed(NamedTuple):
+    """What one shard's reclaim did: ids returned to due, and the earliest lease expiry
+    left there (None: no lease; at or before the reclaim's time: more expired)."""
+
+    returned: int
+    lease_expiry_ms: int | None
+
+
+# A probe's answer per shard: something due by its time, nothing due, or nothing at all
+# (no due id and no lease: nothing to claim or reclaim there).
+PROBED_DUE, PROBED_NOT_DUE, PROBED_EMPTY = 1, 0, -1
 
 
 def pending_counts(client: RedisClient, layout: Layout) -> tuple[int, int]:
     """How many ids are due and in flight, over every shard of `layout` (one round trip
-    per Redis node)."""
+    per Redis node). On one Redis, one EXISTS over every set first: while nothing is
+    pending (idle), that is the only command (the readiness probe asks every 2 s)."""
+    if not isinstance(client, redis.RedisCluster):
+        every = [key for keys in layout.shards for key in (keys.due, keys.in_flight)]
+        if not client.exists(*every):
+            return 0, 0
     pipe = client.pipeline(transaction=False)
     for keys in layout.shards:
         pipe.zcard(keys.due)
@@ -136,6 +158,7 @@ class RedisStore:
         self._retry = _script(client, "retry")
         self._release = _script(client, "release")
         self._reclaim = _script(client, "reclaim")
+        self._probe = _script(client, "probe")
         self._cancel = _script(client, "cancel", shared=True)
         self._reschedule = _script(client, "reschedule", shared=True)
         self._owned = _script(client, "owned")
@@ -254,22 +277,24 @@ class RedisStore:
     def claim_all(  # noqa: PLR0913 - the claim script's arguments, each named
         self, now_ms: int, limit: int, lease_ms: int, shards: Sequence[int], *,
         due_by_ms: int | None = None, max_bytes: int = DEFAULT_CLAIM_BYTES,
+        see_leases: Collection[int] = (),
     ) -> list[Claim]:  # fmt: skip
         """`claim_due` of each of `shards`, in one round trip per Redis node: a claim per
-        shard, in their order."""
+        shard, in their order; those of `see_leases` also answer their shard's earliest
+        lease expiry."""
         due_by = now_ms if due_by_ms is None else due_by_ms
         calls = []
         for shard in shards:
             keys_of = self.layout.shards[shard]
             keys = [keys_of.due, keys_of.in_flight, keys_of.attempts, keys_of.lease_counter]
             args = [due_by, limit, now_ms + lease_ms, keys_of.payload(""), keys_of.ended(""),
-                    max_bytes]  # fmt: skip
+                    max_bytes, "1" if shard in see_leases else "0"]  # fmt: skip
             calls.append(ScriptCall(self._claim, shard, keys, args))
         if len(calls) == 1:  # no pipeline needed
-            _, shard, keys, args = calls[0]
-            return [_claimed(self._claim(keys=keys, args=args), shard, due_by, limit)]
+            call = calls[0]
+            return [_claimed(self._claim(keys=call.keys, args=call.args), call, due_by, limit)]
         answers = self._run_all(calls)
-        return [_claimed(a, c.shard, due_by, limit) for a, c in zip(answers, calls, strict=True)]
+        return [_claimed(a, c, due_by, limit) for a, c in zip(answers, calls, strict=True)]
 
     def ack(self, ids: Sequence[str], token: float, shard: int = 0) -> int:
         """Forget ids of `shard` that were delivered or dead-lettered; return how many were
@@ -343,12 +368,53 @@ class RedisStore:
 
     def reclaim_all(self, now_ms: int, limit: int, shards: Sequence[int]) -> int:
         """`reclaim` in each of `shards`, in one round trip per Redis node; how many in all."""
+        return sum(reclaimed.returned for reclaimed in self.reclaim_each(now_ms, limit, shards))
+
+    def reclaim_each(self, now_ms: int, limit: int, shards: Sequence[int]) -> list[Reclaimed]:
+        """`reclaim` in each of `shards`, in one round trip per Redis node: per shard, how
+        many came back and the earliest lease expiry left there."""
         calls = []
         for shard in shards:
             keys_of = self.layout.shards[shard]
             keys = [keys_of.in_flight, keys_of.due, keys_of.attempts]
             calls.append(ScriptCall(self._reclaim, shard, keys, [now_ms, limit]))
-        return sum(int(answer) for answer in self._run_all(calls))
+        return [Reclaimed(int(count), _ms(expiry)) for count, expiry in self._run_all(calls)]
+
+    def probe_all(self, due_by: Sequence[tuple[int, int]]) -> dict[int, int]:
+        """For each (shard, due-by ms): PROBED_DUE if an id there is due by then, else
+        PROBED_NOT_DUE, or PROBED_EMPTY if the shard holds nothing at all (no lease
+        either). Reads only: one script per Redis node, which on one Redis answers for all
+        the shards with one command while nothing is pending. A node whose probe fails
+        answers PROBED_DUE for its shards (they are claimed, as if there were no probe);
+        the claims then meet the failure, or the slot's new node."""
+        by_node: dict[int, list[tuple[int, int]]] = {}
+        for shard, by in due_by:
+            by_node.setdefault(id(self.pool_of(shard)), []).append((shard, by))
+        one_redis = "0" if isinstance(self.client, redis.RedisCluster) else "1"
+        answers: dict[int, int] = {}
+        nodes = list(by_node.values())
+        pipes = []
+        for probed in nodes:
+            args: list[Any] = [one_redis]
+            for shard, by in probed:
+                keys_of = self.layout.shards[shard]
+                args += [keys_of.due, keys_of.in_flight, by]
+            node = self._node_client(probed[0][0])
+            pipe = node.pipeline(transaction=False)
+            pipe.execute_command("EVALSHA", self._probe.sha, 0, *args)  # type: ignore[no-untyped-call]
+            pipes.append((probed, node, args, pipe))
+        for probed, node, args, pipe in pipes:
+            try:
+                (answer,) = pipe.execute(raise_on_error=False)
+                if isinstance(answer, NoScriptError):  # loaded there, then run
+                    answer = self._probe(keys=[], args=args, client=node)
+                if isinstance(answer, Exception):
+                    raise answer
+            except redis.RedisError:
+                answer = [PROBED_DUE] * len(probed)
+            for (shard, _), found in zip(probed, answer, strict=True):
+                answers[shard] = int(found)
+        return answers
 
     def counts(self) -> tuple[int, int]:
         """How many ids are due and in flight, over all shards."""
@@ -413,9 +479,10 @@ class RedisStore:
         pipe.execute()
 
 
-def _claimed(answer: Any, shard: int, due_by: int, limit: int) -> Claim:
-    """The claim script's answer as a Claim of `shard`."""
-    ids, next_due, payloads, attempts, ended, token = answer
+def _claimed(answer: Any, call: ScriptCall, due_by: int, limit: int) -> Claim:
+    """The claim script's answer to `call` as a Claim of its shard."""
+    shard, seen = call.shard, call.args[-1] == "1"
+    ids, next_due, payloads, attempts, ended, token, lease = answer
     loaded = [
         Loaded(id=i.decode("utf-8"), payload=p, attempts=int(a or 0), ended=e)
         for i, p, a, e in zip(ids, payloads, attempts, ended, strict=True)
@@ -429,4 +496,12 @@ def _claimed(answer: Any, shard: int, due_by: int, limit: int) -> Claim:
         at_ms=due_by,
         shard=shard,
         more=len(loaded) >= limit or (next_due_ms is not None and next_due_ms <= due_by),
+        leases_seen=seen,
+        lease_expiry_ms=_ms(lease),
     )
+
+
+def _ms(score: Any) -> int | None:
+    """A sorted-set score a script answered (text, or false: None), in whole ms; a lease
+    token's fraction of a ms rounds up, so the lease has run out by then."""
+    return math.ceil(float(score)) if score else None

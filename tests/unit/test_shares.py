@@ -86,3 +86,60 @@ def test_a_firer_without_a_shard_says_so() -> None:
     assert share.owned == []
     assert [e["event"] for e in logs] == ["share_changed", "share_empty"]
     assert logs[1]["shards"] == 2 and logs[1]["log_level"] == "warning"
+
+
+def test_a_shard_is_reclaimed_only_once_a_lease_there_can_have_run_out() -> None:
+    """Guarantee 3 at idle cost (issue 40): every owned shard is reclaimed at start (its
+    leases unknown), then only once the earliest lease its last claim, reclaim or probe saw
+    can have run out, or what was seen is older than `refresh_ms`; a share change or a
+    Redis error makes every shard unknown again."""
+    share = Share(Layout("bb", 3), refresh_ms=15_000)
+    assert share.expired_by(1_000) == [0, 1, 2]
+    share.reclaiming([0, 1, 2])
+    for shard in (0, 1, 2):
+        share.reclaimed(shard, None, 1_000)
+    share.leased(1, 31_000, 2_000)  # a claim at 2 s, leased for 29 s
+    assert share.expired_by(15_999) == []
+    assert share.expired_by(16_000) == [0, 2]  # seen 15 s ago: looked at again
+    share.leased(0, None, 16_500)  # a probe found shards 0 and 2 empty
+    share.leased(2, None, 16_500)
+    assert share.expired_by(17_000) == [1]  # its learning is 15 s old too
+    share.reclaiming([1])
+    share.reclaimed(1, 31_000, 17_000)
+    assert share.expired_by(30_999) == [] and share.expired_by(31_000) == [1]
+
+    share.forget_leases()
+    assert share.expired_by(17_001) == [0, 1, 2]
+    for shard in (0, 1, 2):
+        share.leased(shard, None, 18_000)
+    share._take(owned_by(0, 2, 3), members=2)
+    assert share.expired_by(18_001) == [0, 2]
+
+
+def test_a_claim_during_a_reclaim_is_not_overwritten_by_what_the_reclaim_saw() -> None:
+    """Guarantee 3: a lease taken while a reclaim of its shard runs may be unseen by the
+    reclaim's answer; the claim's answer still counts, so the shard is reclaimed once that
+    lease can have run out."""
+    share = Share(Layout("bb", 1), refresh_ms=60_000)
+    share.reclaiming([0])
+    share.leased(0, 31_000, 1_000)  # the claim's answer, read first
+    share.reclaimed(0, None, 1_000)  # the reclaim ran before the claim in Redis
+
+    assert share.expired_by(30_999) == [] and share.expired_by(31_000) == [0]
+
+
+def test_a_claim_looks_at_its_shards_leases_only_now_and_then() -> None:
+    """Guarantee 3 at steady cost: a claim reads its shard's earliest lease (one read more)
+    only where the leases are unknown or were looked at half a refresh ago; otherwise its
+    own lease only lowers the known expiry."""
+    share = Share(Layout("bb", 2), refresh_ms=10_000)
+    assert share.unseen([0, 1], 1_000) == {0, 1}  # unknown at start
+    share.leased(0, None, 1_000)
+    share.leased(1, 40_000, 1_000)
+    assert share.unseen([0, 1], 5_999) == set() and share.unseen([0, 1], 6_000) == {0, 1}
+    share.leasing(0, 31_000)  # a claim at 1 s that did not look
+    share.leasing(1, 35_000)
+    assert share._expiry == {0: 31_000, 1: 35_000} and share.expired_by(10_000) == []
+    share.forget_leases()
+    share.leasing(0, 31_000)  # unknown stays unknown
+    assert share.unseen([0], 1_000) == {0} and share.expired_by(1_000) == [0, 1]

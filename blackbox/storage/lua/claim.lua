@@ -15,10 +15,14 @@
 -- ARGV[4]  payload key prefix: an id's payload key is this followed by the id
 -- ARGV[5]  ended-marker key prefix, likewise (read for caller ids, '@...', only)
 -- ARGV[6]  the most payload bytes to take; the first id is taken whatever its size
+-- ARGV[7]  "1": answer the shard's earliest lease expiry too (one more read; asked now
+--          and then, not at every claim)
 --
 -- Returns: {ids taken (earliest due first), due time of the earliest id left or false,
 -- and per id taken: its payload (false once expired), its failed attempts (false for
--- none), its ended marker (false for none); then the lease token, as text}.
+-- none), its ended marker (false for none); then the lease token, as text; then, if
+-- asked, the earliest lease expiry in the shard (this claim's or anyone's), else false:
+-- the claimer reclaims the shard only once that can have run out}.
 -- The lease token is the lease expiry plus a fraction of a millisecond (n/1024, exact in
 -- a double until the year 2248) that no other claim of this shard within 1,024 claims has:
 -- two claims in one millisecond never share a token, and the in-flight score stays the
@@ -68,4 +72,6 @@ if taken > 0 then
   redis.call('ZREMRANGEBYRANK', KEYS[1], 0, taken - 1)
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {claimed, first[2] or false, payloads, attempts, ended, string.format('%.17g', token)}
+local lease = ARGV[7] == '1' and redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES') or {}
+return {claimed, first[2] or false, payloads, attempts, ended, string.format('%.17g', token),
+        lease[2] or false}

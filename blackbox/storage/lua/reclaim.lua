@@ -10,16 +10,18 @@
 -- ARGV[1]  now, epoch ms: leases that ended at or before it are expired
 -- ARGV[2]  the most ids to return
 --
--- Returns: how many ids were returned.
+-- Returns: {how many ids were returned, the earliest lease expiry left in the shard or
+-- false}: the firer reclaims the shard again only once that can have run out (at or
+-- before now: more expired than the most returned).
 -- Invariant: a returned id is due at once; its interrupted attempt is counted, so the
 -- delivered `blackbox-attempt` header tells consumers a duplicate is possible.
 local ids = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
-if #ids == 0 then
-  return 0
+if #ids > 0 then
+  for _, id in ipairs(ids) do
+    redis.call('ZADD', KEYS[2], 'NX', ARGV[1], id)
+    redis.call('HINCRBY', KEYS[3], id, 1)
+  end
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids - 1)
 end
-for _, id in ipairs(ids) do
-  redis.call('ZADD', KEYS[2], 'NX', ARGV[1], id)
-  redis.call('HINCRBY', KEYS[3], id, 1)
-end
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids - 1)
-return #ids
+local lease = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {#ids, lease[2] or false}
