@@ -20,9 +20,9 @@ from pathlib import Path
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from blackbox.dev.cluster import RedisCluster
 from blackbox.dev.servers import (
     KafkaBroker,
-    RedisCluster,
     RedisServer,
     TansuBroker,
     free_port,

@@ -19,7 +19,8 @@ from typing import Any
 import redis
 from redis.crc import key_slot
 
-from blackbox.dev.servers import CLUSTER_SLOTS, LOOPBACK, RedisCluster, RedisServer
+from blackbox.dev.cluster import CLUSTER_SLOTS, RedisCluster
+from blackbox.dev.servers import LOOPBACK, RedisServer
 from blackbox.storage.keys import Layout
 from tests.kafkatools import wait_until
 from tests.relay import Relay

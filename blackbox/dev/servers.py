@@ -16,12 +16,11 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from shlex import split
-from typing import IO, Any
+from typing import IO
 
-import redis
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
@@ -29,7 +28,6 @@ from blackbox.dev import maven
 from blackbox.errors import StackError
 
 LOOPBACK = "127.0.0.1"
-CLUSTER_SLOTS = 16384  # every hash slot of a Redis Cluster
 
 
 def free_port() -> int:
@@ -153,157 +151,6 @@ class RedisServer(_Server):
         extra = [a for name, value in self.config.items() for a in (f"--{name}", *split(value))]
         return [binary, "--port", str(self.port), "--bind", LOOPBACK, "--save", "",
                 "--dir", str(self.data_dir), "--daemonize", "no", *persistence, *extra]  # fmt: skip
-
-
-def redis_cli() -> str:
-    """The redis-cli binary, which forms a Redis Cluster; StackError if it is missing."""
-    binary = shutil.which("redis-cli")
-    if binary is None:
-        raise StackError("redis-cli is not installed (apt-get install redis-tools)")
-    return binary
-
-
-class RedisCluster:
-    """A Redis Cluster: one cluster-mode `RedisServer` per port (each with its own data folder
-    under `data_dir`, append-only where `appendfsync` says so), joined by `redis-cli
-    --cluster create` on the first start with `replicas` replicas per master (redis-cli
-    chooses which node is which: ask the nodes). Ready when every node reports
-    `cluster_state:ok` with all 16384 slots served by masters and knows every other node
-    (and, with replicas, which nodes are replicas), and every replica has synced with its
-    master (its first AOF written, where append-only).
-
-    Each node's cluster bus listens on a free port of its own (`cluster-port`), not the
-    default port + 10000, which may be taken or above 65535. The slot map is kept in each
-    node's `nodes.conf`: `start()` after `stop()` brings back the same cluster (empty unless
-    `appendfsync` makes every node append-only).
-    """
-
-    start_timeout = 30.0  # seconds until the cluster must be formed and ready
-    node_timeout_ms = 3000  # short, yet long enough that a busy node on 2 cores is not failed
-
-    def __init__(
-        self,
-        ports: Sequence[int],
-        data_dir: Path,
-        replicas: int = 0,
-        appendfsync: str | None = None,
-    ) -> None:
-        if replicas < 0 or len(ports) % (replicas + 1) != 0:
-            raise StackError(f"{len(ports)} nodes cannot be masters with {replicas} replicas each")
-        self.replicas = replicas
-        self.masters = len(ports) // (replicas + 1)
-        self.appendfsync = appendfsync
-        self.nodes = [self._node(port, data_dir / f"node-{port}") for port in ports]
-
-    def _node(self, port: int, node_dir: Path) -> RedisServer:
-        config = {
-            "cluster-enabled": "yes",
-            "cluster-config-file": str(node_dir / "nodes.conf"),
-            "cluster-node-timeout": str(self.node_timeout_ms),
-            "cluster-port": str(free_port()),
-        }
-        if self.replicas:
-            # A replica's first sync starts at once, not after the default 5 s wait for others.
-            config["repl-diskless-sync-delay"] = "0"
-        return RedisServer(port, node_dir, self.appendfsync, config)
-
-    @property
-    def url(self) -> str:
-        """The `redis+cluster://` URL blackbox reads as REDIS_URL: the first node's address."""
-        return f"redis+cluster://{LOOPBACK}:{self.nodes[0].port}"
-
-    def start(self) -> None:
-        """Start every node, form the cluster if it was never formed, wait until it serves;
-        on failure no node is left running."""
-        try:
-            for node in self.nodes:
-                node.data_dir.mkdir(parents=True, exist_ok=True)
-                node.start()
-            if not self._formed():
-                self._create()
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        for node in self.nodes:
-            node.stop()
-
-    def __enter__(self) -> RedisCluster:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def cluster_info(self, node: RedisServer) -> dict[str, str]:
-        """The node's CLUSTER INFO fields."""
-        with _client(node) as client:
-            return dict(client.cluster("INFO"))
-
-    def info(self, node: RedisServer, section: str) -> dict[str, Any]:
-        """One section of the node's INFO."""
-        with _client(node) as client:
-            found: dict[str, Any] = client.info(section)
-            return found
-
-    def _formed(self) -> bool:
-        return int(self.cluster_info(self.nodes[0])["cluster_slots_assigned"]) > 0
-
-    def _create(self) -> None:
-        addresses = [f"{LOOPBACK}:{node.port}" for node in self.nodes]
-        create = [redis_cli(), "--cluster", "create", *addresses,
-                  "--cluster-replicas", str(self.replicas), "--cluster-yes"]  # fmt: skip
-        try:
-            done = subprocess.run(create, capture_output=True, text=True, check=False,
-                                  timeout=self.start_timeout)  # fmt: skip
-        except subprocess.TimeoutExpired as e:
-            raise StackError(f"redis-cli --cluster create took over {e.timeout} s") from e
-        if done.returncode != 0:
-            raise StackError(f"redis-cli --cluster create failed: {done.stdout}{done.stderr}")
-
-    def _ready(self, node: RedisServer) -> bool:
-        info = self.cluster_info(node)
-        return (info["cluster_state"] == "ok"
-                and int(info["cluster_slots_ok"]) == CLUSTER_SLOTS
-                and int(info["cluster_size"]) == self.masters
-                and int(info["cluster_known_nodes"]) == len(self.nodes)
-                and (not self.replicas or self._synced(node)))  # fmt: skip
-
-    def _synced(self, node: RedisServer) -> bool:
-        """The node knows every replica as one, and it is a master, or a replica whose link
-        to its master is up and whose first AOF (which a full sync starts, and during which
-        it refuses SIGTERM) is written."""
-        if self._replicas_known(node) != len(self.nodes) - self.masters:
-            return False
-        replication = self.info(node, "replication")
-        if replication["role"] == "master":
-            return True
-        if replication.get("master_link_status") != "up":
-            return False
-        aof = self.info(node, "persistence")
-        return int(aof["aof_rewrite_in_progress"]) + int(aof["aof_rewrite_scheduled"]) == 0
-
-    def _replicas_known(self, node: RedisServer) -> int:
-        """How many nodes `node` knows as replicas (CLUSTER NODES flags)."""
-        with _client(node) as client:
-            nodes: bytes = client.execute_command("CLUSTER", "NODES")
-        return sum(b"slave" in line.split()[2].split(b",") for line in nodes.splitlines())
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            if all(self._ready(node) for node in self.nodes):
-                return
-            time.sleep(0.05)
-        raise StackError(f"the Redis Cluster on {self.url} was not ready within "
-                         f"{self.start_timeout} s; see the nodes' redis.log")  # fmt: skip
-
-
-def _client(node: RedisServer) -> redis.Redis:
-    """A plain client of one node, answering for that node only."""
-    return redis.Redis(host=LOOPBACK, port=node.port, socket_timeout=2)
 
 
 def tansu_binary() -> str:

@@ -13,7 +13,8 @@ import pytest
 import redis
 from fastapi.dependencies import models as fastapi_models
 
-from blackbox.dev.servers import KafkaBroker, RedisCluster, RedisServer, free_port
+from blackbox.dev.cluster import RedisCluster
+from blackbox.dev.servers import KafkaBroker, RedisServer, free_port
 from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.settings import Settings

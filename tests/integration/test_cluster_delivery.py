@@ -11,7 +11,8 @@ import redis
 from redis.crc import key_slot
 
 from blackbox.clock import now_ms
-from blackbox.dev.servers import LOOPBACK, RedisCluster
+from blackbox.dev.cluster import RedisCluster
+from blackbox.dev.servers import LOOPBACK
 from blackbox.schedule import Schedule
 from blackbox.settings import Settings
 from blackbox.storage import connections

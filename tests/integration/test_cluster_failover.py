@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from blackbox.dev.servers import KafkaBroker, RedisCluster, RedisServer, free_port
+from blackbox.dev.cluster import RedisCluster
+from blackbox.dev.servers import KafkaBroker, RedisServer, free_port
 from blackbox.kafka import clients
 from blackbox.settings import Settings
 from blackbox.storage.keys import Layout

@@ -16,7 +16,8 @@ from blackbox.api.cursors import Position
 from blackbox.api.pending import SCAN_BUDGET, TOPIC_SAMPLE, Filter, Pending
 from blackbox.api.views import Item, State
 from blackbox.clock import now_ms
-from blackbox.dev.servers import RedisCluster, RedisServer
+from blackbox.dev.cluster import RedisCluster
+from blackbox.dev.servers import RedisServer
 from blackbox.schedule import Schedule, intake_id
 from blackbox.storage import connections
 from blackbox.storage.applying import IntakeSlice

@@ -10,7 +10,8 @@ import pytest
 import redis
 from redis.cluster import RedisCluster as ClusterClient
 
-from blackbox.dev.servers import CLUSTER_SLOTS, LOOPBACK, RedisCluster
+from blackbox.dev.cluster import CLUSTER_SLOTS, RedisCluster
+from blackbox.dev.servers import LOOPBACK
 from blackbox.storage import connections
 from blackbox.storage.connections import RedisClient
 from tests.kafkatools import unique, wait_until

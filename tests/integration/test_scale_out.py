@@ -21,7 +21,8 @@ from confluent_kafka import ConsumerGroupState, Producer
 from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from blackbox.dev.servers import KafkaBroker, RedisCluster, RedisServer, free_port
+from blackbox.dev.cluster import RedisCluster
+from blackbox.dev.servers import KafkaBroker, RedisServer, free_port
 from blackbox.envelope import CALLER_HEADER
 from blackbox.firing.shares import owned_by
 from blackbox.kafka import clients

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from blackbox.dev import servers
-from blackbox.dev.servers import RedisCluster
+from blackbox.dev import cluster as servers_cluster
+from blackbox.dev.cluster import RedisCluster
 from blackbox.errors import StackError
 
 
@@ -36,7 +36,7 @@ def test_missing_redis_cli_is_a_stack_error_naming_the_package(
     """Without redis-cli the cluster cannot be formed: the error says what to install."""
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(StackError, match="redis-tools"):
-        servers.redis_cli()
+        servers_cluster.redis_cli()
 
 
 def test_replicas_make_append_only_nodes_that_sync_at_once(tmp_path: Path) -> None:
