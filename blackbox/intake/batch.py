@@ -39,6 +39,8 @@ class Batch:
     counted: list[Counted] = field(default_factory=list)
     # Per caller under a quota: its pending count read in this poll, plus what it admitted.
     quota_tally: dict[str, int] = field(default_factory=dict)
+    # Per partition: shards of requests refused after parsing, whose marks move past them.
+    passed: dict[tuple[str, int], set[int]] = field(default_factory=dict)
 
     def take_signed(self) -> list[Signed]:
         signed, self.signed = self.signed, []
@@ -75,7 +77,12 @@ class Batch:
         partition's watermark past every record parsed so far (refused ones too)."""
         slices = [
             IntakeSlice(
-                topic, partition, self.last_offsets[(topic, partition)], items, self.tags[topic]
+                topic,
+                partition,
+                self.last_offsets[(topic, partition)],
+                items,
+                self.tags[topic],
+                frozenset(self.passed.pop((topic, partition), ())),
             )
             for (topic, partition), items in self.unsent.items()
         ]

@@ -48,7 +48,14 @@ from blackbox.kafka.outbox import Outbox, Record, Reports
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.signing import Parts
-from blackbox.storage.applying import Applied, Cancellation, Holding, Move, Write
+from blackbox.storage.applying import (
+    Applied,
+    Cancellation,
+    Holding,
+    Move,
+    Write,
+    watermark_field,
+)
 from blackbox.storage.store import RedisStore
 from blackbox.storage.watermarks import Watermarks
 from blackbox.tracecontext import Carried
@@ -331,7 +338,7 @@ class Intake:
         kept = self._rewritten(write)
         if kept is not None:
             batch.unsent[where[:2]].append((where[2], kept))
-        if isinstance(kept, Schedule) and self._counted(message, where):
+        if isinstance(kept, Schedule) and self._counted(message, where, kept.id, batch):
             batch.counted.append(Counted(kept, message, where, headers))
 
     def _rewritten(self, write: Write) -> Write | None:
@@ -370,15 +377,20 @@ class Intake:
             self._refuse(batch, record.message, record.where, headers=record.headers,
                          request=None, error=error)  # fmt: skip
 
-    def _counted(self, message: Message, where: tuple[str, int, int]) -> bool:
+    def _counted(
+        self, message: Message, where: tuple[str, int, int], schedule_id: str, batch: Batch
+    ) -> bool:
         """Whether a record's new schedule is checked against its caller's quota: where a
-        policy sets quotas, unless it was handled before (a re-read) or is replayed as
-        accepted before (rebuild.py)."""
-        return (
-            self.quotas.counting
-            and self._judged_by_policy(message)
-            and not self.gaps.handled_before(*where)
-        )
+        policy sets quotas, unless its shard's watermark is at or past it (handled before:
+        applied, or refused for the quota, and read again after a crash or a rebalance;
+        intake.lua answers it as it stands), it was handled before a gap, or it is replayed
+        as accepted before (rebuild.py). The decision is made once per record."""
+        if not self.quotas.counting or not self._judged_by_policy(message):
+            return False
+        topic, partition, offset = where
+        field = watermark_field(topic, partition, batch.tags[topic])
+        mark = self.known.mark(field, self.store.layout.shard_of(schedule_id))
+        return not (mark is not None and offset <= mark) and not self.gaps.handled_before(*where)
 
     def _refuse_over_quota(self, batch: Batch, now: int) -> None:
         """Refuse the new schedules that would take a caller past its quota (quotas.py)."""
@@ -388,6 +400,8 @@ class Intake:
         writes = [(c, c.write) for c in counted]
         for record, error in self.quotas.refusals(writes, now, batch.quota_tally):
             batch.unsend(record.where)
+            shard = self.store.layout.shard_of(record.write.id)
+            batch.passed.setdefault(record.where[:2], set()).add(shard)
             self._refuse(batch, record.message, record.where, headers=record.headers,
                          request=None, error=error)  # fmt: skip
 

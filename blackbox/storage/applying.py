@@ -93,12 +93,14 @@ class IntakeSlice:
     last_offset: int
     items: Sequence[tuple[int, Write]]
     incarnation: str = ""
+    # Shards whose mark must move past the slice though no request of it goes there: those
+    # of requests refused after parsing (over a quota), so a re-read finds them handled.
+    passed: frozenset[int] = frozenset()
 
     @property
     def field(self) -> str:
         """The watermark's field: "topic:partition", then ":tag" of the incarnation."""
-        where = f"{self.topic}:{self.partition}"
-        return f"{where}:{self.incarnation}" if self.incarnation else where
+        return watermark_field(self.topic, self.partition, self.incarnation)
 
     def chunks(
         self, items: Sequence[tuple[int, tuple[int, Write]]], previous: int = -1
@@ -182,6 +184,12 @@ class IntakeScript:
         if write.if_absent and op == UPSERT:
             op = ONCE
         return (offset, op, write.due_ms, self.ttl(write.due_ms, now_ms), write.encode())
+
+
+def watermark_field(topic: str, partition: int, incarnation: str = "") -> str:
+    """A partition's field in every shard's watermarks hash (see IntakeSlice)."""
+    where = f"{topic}:{partition}"
+    return f"{where}:{incarnation}" if incarnation else where
 
 
 def chunked(items: Sequence[Any], size: int = SCRIPT_CHUNK) -> Iterator[Sequence[Any]]:
@@ -276,6 +284,8 @@ class Applying:
         for item in part.items:
             groups.setdefault(layout.shard_of(item[1].id), []).append((len(self._codes), item))
             self._codes.append(None)
+        for shard in part.passed:
+            groups.setdefault(shard, [])
         if self._known is not None:
             for shard in self._known.lagging(part.field, part.last_offset, layout.count):
                 groups.setdefault(shard, [])

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 import redis
+from confluent_kafka import Consumer, TopicPartition
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from blackbox.clock import now_ms
@@ -193,3 +194,51 @@ def test_replays_of_a_signed_record_take_none_of_its_callers_room(
     outcomes = sorted(str((e["caller"], e["outcome"], e["reason"])) for e in answered)
     assert outcomes == sorted([str(("signer", "scheduled", None))] * 3
                               + [str((None, "dead_lettered", "bad_signature"))] * 5)  # fmt: skip
+
+
+def test_a_record_read_again_is_judged_as_it_was_the_first_time(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str],
+    tmp_path: Path, redis_client: redis.Redis,
+) -> None:  # fmt: skip
+    """Records read again past the committed offset (a crash or a rebalance before the
+    commit) are not judged against the quota again: one applied is answered `scheduled`
+    again, never refused while it stays pending; one refused stays refused, though the
+    caller has room by then (its shard's mark moved past it)."""
+    target = unique("quota-reread")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text('default:\n  topics: ["*"]\ncallers:\n  greedy:\n    max_pending: 2\n')
+    service = start_service(BLACKBOX_POLICY_FILE=str(policy))
+    events = reader(env["BLACKBOX_EVENTS_TOPIC"])
+    later = {"topic": target, "message": "x", "countdown": 3600}
+    _send(env, "greedy", later)  # w, offset 0: every shard's mark is set
+    events.wait_count(1, timeout=30)
+    _send(env, "greedy", later, later)  # a scheduled, b refused
+    first = _answers(events.wait_count(3, timeout=30))
+    assert sorted(e["outcome"] for e in first) == ["dead_lettered", "scheduled", "scheduled"]
+    a = next(e for e in first if e["intake"]["offset"] == 1)
+    assert service.store.cancel(a["blackbox_id"]).name == "CANCELLED"  # room for one more
+    service.stop()
+    _rewind(env)  # as if the records were handled and the process died before the commit
+
+    again = start_service(BLACKBOX_POLICY_FILE=str(policy))
+    _send(env, "greedy", later)  # z, offset 3: read after the three read again
+    answered = _answers(events.wait_for(lambda r: _offsets(r).count(3) == 1, timeout=60))
+    by_offset = [(e["intake"]["offset"], e["outcome"]) for e in answered[3:]]
+    assert sorted(by_offset) == [(0, "scheduled"), (3, "scheduled")]  # w answered again
+    pending = {m for k in again.store.layout.shards for m in redis_client.zrange(k.due, 0, -1)}
+    assert pending == {first[0]["blackbox_id"].encode(), answered[-1]["blackbox_id"].encode()}
+
+
+def _offsets(records: list[Received]) -> list[int]:
+    return [int(orjson.loads(r.value or b"")["intake"]["offset"]) for r in records]
+
+
+def _rewind(env: dict[str, str]) -> None:
+    """Commit offset 0 of the intake topic's partition 0 for the service's group."""
+    consumer = Consumer({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"],
+                         "group.id": env["BLACKBOX_GROUP_ID"]})  # fmt: skip
+    try:
+        consumer.commit(offsets=[TopicPartition(env["BLACKBOX_INTAKE_TOPIC"], 0, 0)],
+                        asynchronous=False)  # fmt: skip
+    finally:
+        consumer.close()
