@@ -15,12 +15,13 @@ The count is read once per poll and caller (and again where the poll's tally rea
 quota), so replicas that handle the same caller's partitions at the same moment may
 together pass the quota by what one poll holds: a quota bounds memory, it is not an exact
 contract. Ids scheduled while no rule set a quota are not counted; nor are an id's
-occurrences (a series is one id). A record read again past the committed offset (a crash, a rebalance) is not judged
-again when its shard's watermark is at or past it: applied, intake.lua answers it as it
-stands; refused, its shard's mark was moved past it then (IntakeSlice.passed), so it stays
-refused. Records a rebuild replays that the service had accepted
-are written whatever the quota says now (rebuild.py): they were accepted under the policy
-of then.
+occurrences (a series is one id).
+
+A record read again past the committed offset (a crash, a rebalance) is not judged again
+when its shard's watermark is at or past it: applied, intake.lua answers it as it stands;
+refused, its shard's mark was moved past it then (IntakeSlice.passed), so it stays
+refused. Records a rebuild replays that the service had accepted are written whatever the
+quota says now (rebuild.py): they were accepted under the policy of then.
 """
 
 from __future__ import annotations
