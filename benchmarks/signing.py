@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -54,12 +55,17 @@ def produce_records(bootstrap: str, intake: str, count: int, signed: bool) -> No
     producer.flush(60)
 
 
-def run(count: int, signed: bool) -> dict[str, float]:
+def intake_run(
+    count: int, signed: bool, policy_file: Callable[[Path], str] | None
+) -> dict[str, float]:
+    """One run on a fresh stack: COUNT records (signed or not) produced first, then stored
+    by `blackbox run` under the policy `policy_file` writes (None: none); records/s and
+    service CPU per record."""
     with local_stack() as stack:
-        if signed:
-            stack.env["BLACKBOX_POLICY_FILE"] = _policy(stack.work)
+        if policy_file is not None:
+            stack.env["BLACKBOX_POLICY_FILE"] = policy_file(stack.work)
         produce_records(stack.settings.kafka["bootstrap.servers"], stack.settings.intake_topic,
-                 count, signed)  # fmt: skip
+                        count, signed)  # fmt: skip
         client = redis.Redis.from_url(stack.redis.url)
         with service_process(stack) as process:
             storing = time_storing(client, stack.layout, count, process.pid)
@@ -71,23 +77,35 @@ def run(count: int, signed: bool) -> dict[str, float]:
     }
 
 
+def alternated(
+    run: Callable[[bool], dict[str, float]], rounds: int, name: str, labels: tuple[str, str]
+) -> int:
+    """`run(True)` and `run(False)` in each of `rounds`, which goes first alternating; each
+    run's figures as a JSON line, then the medians of each (`labels`: with, without)."""
+    results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    for round_ in range(rounds):
+        for with_it in (round_ % 2 == 0, round_ % 2 == 1):
+            result = run(with_it)
+            results[with_it].append(result)
+            print(orjson.dumps({name: with_it, **result}).decode(), flush=True)  # noqa: T201
+    for with_it, runs in results.items():
+        rate = statistics.median(r["records_per_s"] for r in runs)
+        cpu = statistics.median(r["cpu_us_per_record"] for r in runs)
+        label = labels[0] if with_it else labels[1]
+        print(f"{label} median of {len(runs)}: {rate:,.0f} records/s, {cpu} µs CPU/record")  # noqa: T201
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--count", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
-    for round_ in range(args.rounds):
-        for signed in (round_ % 2 == 0, round_ % 2 == 1):
-            result = run(args.count, signed)
-            results[signed].append(result)
-            print(orjson.dumps({"signed": signed, **result}).decode(), flush=True)  # noqa: T201
-    for signed, runs in results.items():
-        rate = statistics.median(r["records_per_s"] for r in runs)
-        cpu = statistics.median(r["cpu_us_per_record"] for r in runs)
-        label = "signed  " if signed else "unsigned"
-        print(f"{label} median of {len(runs)}: {rate:,.0f} records/s, {cpu} µs CPU/record")  # noqa: T201
-    return 0
+
+    def run(signed: bool) -> dict[str, float]:
+        return intake_run(args.count, signed, _policy if signed else None)
+
+    return alternated(run, args.rounds, "signed", ("signed  ", "unsigned"))
 
 
 if __name__ == "__main__":
