@@ -16,12 +16,17 @@ idle: 1-3 `--role all` processes with nothing pending for 30 s: what the ticks a
     cost by themselves (Redis calls/s, CPU of Redis and of the processes).
 burst: 1,000,000 messages due at one instant (Sidekiq's failure case), written straight into
     the store (the intake is not what is measured), fired by 3 `--role dispatch` processes:
-    time until the last is on the broker, fire rate, Redis's slowest calls (SLOWLOG).
+    time until the last is on the broker, fire rate, Redis's slowest calls (SLOWLOG). Then
+    its floor on the same Redis and broker (benchmarks/floor.py's `burst_floor`): as many
+    ids fired by the plain firing loop in as many OS processes, each its own share on keys of
+    its own, all started at one instant; "floor" holds its time until every id is
+    acknowledged and its CPU, "over_floor" blackbox's time over the floor's.
 
 Times of delivery are the broker's own: the target topic stamps each record with its append
 time (LogAppendTime), read back after the run, so no reader competes for the cores meanwhile.
 CPU is counted per part (processes, Redis masters, broker) over the measured span; "cores
 busy" is their sum over the span, which shows where a 2-core machine stops the curve.
+The summary shows the floor's figures as "floor.<name>".
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import orjson
 from confluent_kafka import Consumer, ConsumerGroupState, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from benchmarks.floor import burst_floor
 from benchmarks.readings import Cpu, Slowlog, spread
 from benchmarks.stack import (
     ServiceProcess,
@@ -82,6 +88,7 @@ class Run:
     def __post_init__(self) -> None:
         self.intake_topic = f"intake-{self.run}"
         self.target = f"target-{self.run}"
+        self.floor_target = f"floor-{self.run}"  # what the burst's floor fires to
         self.layout = Layout(f"ns{self.run}", self.shards)
         self.env = {
             "REDIS_URL": self.redis_url,
@@ -99,10 +106,15 @@ class Run:
     def create_topics(self) -> None:
         """The intake topic with PARTITIONS partitions and the target topic stamped with
         append times; the service creates its DLQ and events topics itself."""
+        self._create([NewTopic(self.intake_topic, num_partitions=PARTITIONS),
+                      target_topic(self.target)])  # fmt: skip
+
+    def create_floor_target(self) -> None:
+        """The floor's target topic, made as the service's target is."""
+        self._create([target_topic(self.floor_target)])
+
+    def _create(self, topics: list[NewTopic]) -> None:
         admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
-        topics = [NewTopic(self.intake_topic, num_partitions=PARTITIONS),
-                  NewTopic(self.target, num_partitions=1,
-                           config={"message.timestamp.type": "LogAppendTime"})]  # fmt: skip
         for future in admin.create_topics(topics, request_timeout=15).values():
             future.result(15)
 
@@ -114,6 +126,11 @@ class Run:
         if described.state != ConsumerGroupState.STABLE:
             return 0
         return len(described.members)
+
+
+def target_topic(name: str) -> NewTopic:
+    """A target topic: one partition, each record stamped with its append time."""
+    return NewTopic(name, num_partitions=1, config={"message.timestamp.type": "LogAppendTime"})
 
 
 def produce(bootstrap: str, topic: str, values: Sequence[bytes]) -> None:
@@ -225,7 +242,9 @@ def s1_burst(run: Run, processes: int, count: int = S1_MESSAGES) -> Result:
 
 
 def burst(run: Run, processes: int, count: int = BURST_MESSAGES) -> Result:
-    """`count` messages due at one instant, fired by `processes` dispatch processes."""
+    """`count` messages due at one instant, fired by `processes` dispatch processes; then
+    the floor under it, once they are stopped: as many ids fired by the plain loop in as
+    many processes."""
     run.create_topics()
     client = redis_client(run.redis_url)
     with service_processes(run.env, processes, "dispatch") as procs:
@@ -247,8 +266,13 @@ def burst(run: Run, processes: int, count: int = BURST_MESSAGES) -> Result:
         slow = slowlog.read(SLOW_CALL_US)
         got, counted = tally(run, procs, count)
     client.close()
+    run.create_floor_target()
+    floor = burst_floor(run.redis_url, run.broker.bootstrap, run.floor_target, count,
+                        processes, str(count - 1).encode())  # fmt: skip
+    over = (got.last_ms - due) / floor["last_after_start_ms"]  # blackbox's time, the floor's
     return {**burst_figures(got, due), **counted, "fill_s": round(fill_s, 1), **slow,
-            **spent.per(count, "message")}  # fmt: skip
+            **spent.per(count, "message"), "floor": floor,
+            "over_floor": round(over, 2)}  # fmt: skip
 
 
 def idle(run: Run, processes: int, seconds: int = int(IDLE_S)) -> Result:
@@ -343,7 +367,8 @@ def main() -> int:
                 for name in args.names or SCENARIOS:
                     for _ in range(args.repeat):
                         results += runs(name, broker, url, kind, args)
-    print(spread(results, key=("scenario", "redis", "shards", "processes")), flush=True)  # noqa: T201
+    flat = [flattened(result) for result in results]
+    print(spread(flat, key=("scenario", "redis", "shards", "processes")), flush=True)  # noqa: T201
     return 0
 
 
@@ -367,6 +392,18 @@ def one_run(name: str, run: Run, processes: int, count: int) -> Result:
     flush_all(run.redis_url)
     return {"scenario": name, "redis": run.kind, "shards": run.shards, "processes": processes,
             **figures}  # fmt: skip
+
+
+def flattened(result: Result) -> Result:
+    """`result` with each nested figure (the burst's "floor") beside the others, as
+    "floor.<name>", so the summary shows its spread too."""
+    flat: Result = {}
+    for name, value in result.items():
+        if isinstance(value, dict):
+            flat.update({f"{name}.{inner}": figure for inner, figure in value.items()})
+        else:
+            flat[name] = value
+    return flat
 
 
 def flush_all(url: str) -> None:
