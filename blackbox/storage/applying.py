@@ -2,7 +2,7 @@
 
 What an intake request becomes in Redis (`Write`: a schedule stored, a cancel, a move, a
 pause or resume), the slice of one partition's requests one part carries, and the session
-(`Applying`) that sends each slice's script calls per shard and reads what each did
+(`Applying`) that sends each slice's script calls per node and reads what each did
 (`Applied`). The store lends a session what it needs (`IntakeScript`); nothing here reads
 or writes Redis otherwise.
 """
@@ -139,6 +139,9 @@ class IntakeScript:
         self.bucket_of: Callable[[str], str] = str
         # Lua measures strings in bytes: the tag's length to cut an id from its payload key.
         self.tag_bytes = [len(keys.tag.encode("utf-8")) for keys in layout.shards]
+        # Whether one call may carry the chunks of several shards (intake.lua's grouped
+        # form): on one Redis, not on a cluster (a call's keys must share a slot there).
+        self.grouping = False
 
     @property
     def text(self) -> str:
@@ -155,6 +158,33 @@ class IntakeScript:
     ) -> list[Any]:
         """The EVALSHA arguments of one chunk of one shard: the script's keys, then its
         arguments. `marks`: the watermark the chunk before leaves, and the one this moves to."""
+        return self.evalsha(*self.chunk_call(part, shard, chunk, marks, now_ms))
+
+    def evalsha(self, keys: list[Any], args: list[Any]) -> list[Any]:
+        """The EVALSHA arguments of a call with these keys and arguments."""
+        return [self.script.sha, len(keys), *keys, *args]
+
+    def grouped(self, calls: Sequence[tuple[list[Any], list[Any]]]) -> list[Any]:
+        """The EVALSHA arguments of one call carrying several chunks' (keys, arguments),
+        each of another shard or partition (intake.lua's grouped form)."""
+        keys: list[Any] = []
+        args: list[Any] = ["*", len(calls)]
+        for chunk_keys, chunk_args in calls:
+            args += [len(chunk_keys), len(chunk_args)]
+        for chunk_keys, chunk_args in calls:
+            keys += chunk_keys
+            args += chunk_args
+        return self.evalsha(keys, args)
+
+    def chunk_call(
+        self,
+        part: IntakeSlice,
+        shard: int,
+        chunk: Sequence[tuple[int, tuple[int, Write]]],
+        marks: tuple[int, int],
+        now_ms: int,
+    ) -> tuple[list[Any], list[Any]]:
+        """The keys and arguments of one chunk of one shard (see `call`)."""
         after, mark = marks
         keys_of = self.layout.shards[shard]
         keys = [keys_of.due, keys_of.in_flight, keys_of.intake_marks, keys_of.attempts,
@@ -171,7 +201,7 @@ class IntakeScript:
                 owner = owner_of(write.id, getattr(write, "caller", None))
                 keys.append(keys_of.owned(self.bucket_of(owner)))
             args += request
-        return [self.script.sha, len(keys), *keys, *args]
+        return keys, args
 
     def _args(self, offset: int, write: Write, now_ms: int) -> tuple[Any, ...]:
         if isinstance(write, Cancellation):
@@ -198,6 +228,17 @@ def chunked(items: Sequence[Any], size: int = SCRIPT_CHUNK) -> Iterator[Sequence
         yield items[start : start + size]
 
 
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    """One chunk's script keys and arguments, the positions of its requests (in the order
+    sent) and the partition's watermark field and shard it moves."""
+
+    keys: list[Any]
+    args: list[Any]
+    positions: list[int]
+    where: tuple[str, int]
+
+
 @dataclass(slots=True)
 class _Lane:
     """The script calls sent on one connection (one Redis node), in order, with the
@@ -220,11 +261,13 @@ class Applying:
     `RedisStore.applying`, which owns the connections (one per Redis node: one, unless
     the store is a Redis Cluster).
 
-    A slice's requests go to the shards their ids belong to, one call per shard and chunk;
-    each shard keeps its own watermark of the partition. One connection per node keeps
-    the calls in the order they were sent, and a shard's first chunk of a partition in a
-    part waits for the watermark its previous part leaves (see intake.lua), so a later
-    call never moves a watermark past one that failed.
+    A slice's requests go to the shards their ids belong to, a chunk per shard; each shard
+    keeps its own watermark of the partition. On one Redis a call carries the chunks of
+    many shards (up to SCRIPT_CHUNK requests), on a cluster a call carries one chunk (its
+    keys must share a slot). One connection per node keeps the calls in the order they
+    were sent, and a shard's first chunk of a partition in a part waits for the watermark
+    its previous part leaves (see intake.lua), so a later call never moves a watermark
+    past one that failed.
 
     Calls are packed with hiredis directly: redis-py's pipeline checks each argument in
     Python (six or more per request) and its Script adds a SCRIPT EXISTS round trip. They
@@ -251,19 +294,52 @@ class Applying:
 
     def send(self, slices: Sequence[IntakeSlice]) -> None:
         """Send the slices' script calls; Redis runs them while the caller goes on."""
-        sent: dict[int, tuple[list[list[Any]], list[list[int]]]] = {}
+        sent: dict[int, list[_Chunk]] = {}
         for part in slices:
             for shard, items in self._by_shard(part):
                 lane = self._lane(shard)
-                calls, positions = sent.setdefault(id(lane), ([], []))
                 previous = self._previous(part.field, shard)
                 for chunk, after, mark in part.chunks(items, previous):
-                    calls.append(self._script.call(part, shard, chunk, (after, mark), self._now_ms))
-                    positions.append([p for p, _ in chunk])
-                    self._marks[(part.field, shard)] = mark
+                    keys, args = self._script.chunk_call(
+                        part, shard, chunk, (after, mark), self._now_ms
+                    )
+                    where = (part.field, shard)
+                    chunks = sent.setdefault(id(lane), [])
+                    chunks.append(_Chunk(keys, args, [p for p, _ in chunk], where))
+                    self._marks[where] = mark
         for lane in self._lanes.values():
             if id(lane) in sent:
-                self._send_calls(lane, *sent[id(lane)])
+                self._send_calls(lane, *self._calls(sent[id(lane)]))
+
+    def _calls(self, chunks: Sequence[_Chunk]) -> tuple[list[list[Any]], list[list[int]]]:
+        """The EVALSHA arguments of one node's chunks, in order, with the positions of the
+        requests each call carries. On one Redis, consecutive chunks of other shards (or
+        partitions) go in one call (intake.lua's grouped form) up to SCRIPT_CHUNK requests,
+        so a poll costs a call per node rather than per shard; a chunk of a shard and
+        partition the call holds already starts the next call, after it in order."""
+        calls: list[list[Any]] = []
+        positions: list[list[int]] = []
+        group: list[_Chunk] = []
+        for chunk in chunks:
+            size = sum(len(c.positions) for c in group) + len(chunk.positions)
+            if group and (
+                not self._script.grouping
+                or size > SCRIPT_CHUNK
+                or chunk.where in {c.where for c in group}
+            ):
+                calls.append(self._call_of(group))
+                positions.append([p for c in group for p in c.positions])
+                group = []
+            group.append(chunk)
+        if group:
+            calls.append(self._call_of(group))
+            positions.append([p for c in group for p in c.positions])
+        return calls, positions
+
+    def _call_of(self, group: Sequence[_Chunk]) -> list[Any]:
+        if len(group) == 1:
+            return self._script.evalsha(group[0].keys, group[0].args)
+        return self._script.grouped([(c.keys, c.args) for c in group])
 
     def _previous(self, field: str, shard: int) -> int:
         """The mark a shard's first call of a partition must find: the one this session

@@ -152,6 +152,7 @@ class RedisStore:
         self.ended_retention_seconds = ended_retention_seconds
         self.intake = IntakeScript(_script(client, "intake", shared=True), layout,
                                    self.pool_of, self.ttl, ended_retention_seconds)  # fmt: skip
+        self.intake.grouping = not isinstance(client, redis.RedisCluster)
         self._claim = _script(client, "claim")
         self._ack = _script(client, "ack")
         self._advance = _script(client, "advance")

@@ -79,13 +79,16 @@ def test_a_re_read_is_replayed_in_every_shard(store: RedisStore) -> None:
     assert marks == [b"149"] * SHARDS
 
 
+@pytest.mark.parametrize("grouping", [False, True], ids=["a-call-per-shard", "grouped"])
 def test_a_shard_whose_call_failed_is_applied_on_the_retry_and_the_others_replayed(
-    store: RedisStore,
+    store: RedisStore, grouping: bool
 ) -> None:
     """Guarantee 1 with shards: one shard's script call failing leaves that shard's
-    watermark where it was, while the other shards' calls ran; the retry of the whole
-    range applies the failed shard's requests and replays the rest: nothing lost, nothing
-    twice."""
+    watermark where it was; the retry of the whole range applies the failed shard's
+    requests and replays what ran: nothing lost, nothing twice. With a call per shard (a
+    cluster) the other shards' calls ran; grouped in one call (one Redis), the call is
+    refused whole before it changes anything, and the retry applies it all."""
+    store.intake.grouping = grouping
     due = now_ms() + 60_000
     items = _plain(range(40), due)
     broken = store.layout.shards[store.layout.shard_of("in:0:0")]
@@ -94,13 +97,75 @@ def test_a_shard_whose_call_failed_is_applied_on_the_retry_and_the_others_replay
 
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         store.apply([IntakeSlice("in", 0, 39, items)], now_ms())
-    assert store.client.zcard(broken.due) == 0 and sum(_per_shard(store)) > 0
+    ran = sum(_per_shard(store))
+    assert store.client.zcard(broken.due) == 0 and (ran == 0 if grouping else ran > 0)
     store.client.delete(broken.intake_marks)
 
     codes = store.apply([IntakeSlice("in", 0, 39, items)], now_ms())
     in_broken = [store.layout.keys_of(w.id) == broken for _, w in items]
-    assert codes == [Applied.SCHEDULED if b else Applied.REREAD_PENDING for b in in_broken]
+    expected = [Applied.SCHEDULED if b or grouping else Applied.REREAD_PENDING for b in in_broken]
+    assert codes == expected
     assert sum(_per_shard(store)) == 40
+
+
+def _intake_calls(client: redis.Redis) -> int:
+    """EVALSHA calls Redis has run so far (its command statistics)."""
+    stats = client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def test_a_poll_over_every_shard_is_one_call_on_one_redis(
+    store: RedisStore, client: redis.Redis
+) -> None:
+    """Scale: on one Redis, the requests of two partitions spread over every shard are
+    written in one script call, not a call per shard and partition; each shard still moves
+    its own watermark of each partition, and a re-read is replayed in each."""
+    due = now_ms() + 60_000
+    parts = [IntakeSlice("in", p, 39, [(o, Schedule(f"in:{p}:{o}", "orders", b"v", due))
+                                       for o in range(40)]) for p in (0, 1)]  # fmt: skip
+    before = _intake_calls(client)
+
+    codes = store.apply(parts, now_ms())
+
+    assert _intake_calls(client) - before == 1
+    assert codes == [Applied.SCHEDULED] * 80 and min(_per_shard(store)) > 0
+    for keys in store.layout.shards:
+        assert store.client.hmget(keys.intake_marks, ["in:0", "in:1"]) == [b"39", b"39"]
+    assert store.apply(parts, now_ms()) == [Applied.REREAD_PENDING] * 80
+
+
+def test_a_grouped_call_with_one_gap_changes_nothing(store: RedisStore) -> None:
+    """Guarantee 1, grouped: a call carrying several shards' chunks checks every chunk's
+    watermark before it applies any. One shard below the mark its chunk expects (Redis lost
+    writes) refuses the whole call: no shard's requests or marks move, so a re-read from
+    the lowest mark applies each exactly once."""
+    due = now_ms() + 60_000
+    first = IntakeSlice("in", 0, 39, _plain(range(40), due))
+    store.apply([first], now_ms())
+    lost = store.layout.shards[store.layout.shard_of("in:0:40")]
+    store.client.hset(lost.intake_marks, "in:0", 20)  # as a failover that lost writes leaves it
+    following = IntakeSlice("in", 0, 79, _plain(range(40, 80), due))
+    session = store.intake
+    chunks = [
+        session.chunk_call(following, shard, items, (39, 79), now_ms())
+        for shard, items in _by_shard(store, following)
+    ]
+    call = session.grouped(chunks)
+
+    with pytest.raises(redis.ResponseError, match="BLACKBOX_GAP"):
+        store.client.execute_command("EVALSHA", *call)  # type: ignore[no-untyped-call]
+    assert sum(_per_shard(store)) == 40
+    marks = [store.client.hget(keys.intake_marks, "in:0") for keys in store.layout.shards]
+    assert marks.count(b"39") == SHARDS - 1 and marks.count(b"20") == 1
+
+
+def _by_shard(
+    store: RedisStore, part: IntakeSlice
+) -> list[tuple[int, list[tuple[int, tuple[int, Write]]]]]:
+    groups: dict[int, list[tuple[int, tuple[int, Write]]]] = {s: [] for s in range(SHARDS)}
+    for n, item in enumerate(part.items):
+        groups[store.layout.shard_of(item[1].id)].append((n, item))
+    return list(groups.items())
 
 
 def test_updates_and_cancels_find_ids_in_every_shard(store: RedisStore) -> None:

@@ -45,143 +45,184 @@
 -- while it is being produced is queued as a new schedule, not lost; the dispatcher skips
 -- a claimed id whose payload turns out cancelled ("c").
 -- Plain requests pass one key and five arguments: they are most of the traffic.
+--
+-- Grouped form, on one Redis (not a cluster: its keys span shards): the chunks of several
+-- shards (or partitions) in one call, so a poll costs a call per node, not per shard.
+-- ARGV[1] "*", ARGV[2] the number of groups n, ARGV[2g+1], ARGV[2g+2] the number of keys
+-- and of arguments of group g; then each group's keys in KEYS and its arguments in ARGV, in
+-- order, each as the single form takes them. No two groups share a shard and a partition.
+-- Every group's watermark is checked before any is applied: one refused refuses the whole
+-- call, changing nothing. Returns the groups' codes one after the other.
 -- ended_code() and cancel() come from pending.lua, which the store loads in front of this.
-local mark = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '-1')
-if mark < tonumber(ARGV[5]) then
-  return redis.error_reply('BLACKBOX_GAP the previous chunk of ' .. ARGV[1] .. ' was not applied')
-end
-local retention = ARGV[3]
-local codes = {}
 
-local function upsert(payload_key, marker_key, id, due, ttl, payload)
-  local pending = redis.call('ZSCORE', KEYS[1], id)
-  redis.call('SET', payload_key, payload, 'EX', ttl)
-  redis.call('ZADD', KEYS[1], due, id)
-  redis.call('DEL', marker_key)
-  redis.call('HDEL', KEYS[4], id)
-  if pending then return 2 end
-  return 1
+-- The refusal of a chunk whose previous chunk did not run, or nil.
+local function gap(KEYS, ARGV)
+  local mark = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '-1')
+  if mark < tonumber(ARGV[5]) then
+    return redis.error_reply('BLACKBOX_GAP the previous chunk of ' .. ARGV[1] .. ' was not applied')
+  end
+  return nil
 end
 
-local sets = {due = KEYS[1], fly = KEYS[2], attempts = KEYS[4]}
+-- One chunk of one shard (KEYS and ARGV as the single form takes them); its codes.
+local function apply(KEYS, ARGV)
+  local mark = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '-1')
+  local retention = ARGV[3]
+  local codes = {}
 
--- An epoch-ms due time as the payload encodes it (schedule.py): 8 bytes, big-endian.
-local function be64(n)
-  local bytes = {}
-  for i = 8, 1, -1 do
-    bytes[i] = string.char(n % 256)
-    n = math.floor(n / 256)
+  local function upsert(payload_key, marker_key, id, due, ttl, payload)
+    local pending = redis.call('ZSCORE', KEYS[1], id)
+    redis.call('SET', payload_key, payload, 'EX', ttl)
+    redis.call('ZADD', KEYS[1], due, id)
+    redis.call('DEL', marker_key)
+    redis.call('HDEL', KEYS[4], id)
+    if pending then return 2 end
+    return 1
   end
-  return table.concat(bytes)
-end
 
--- As the API's reschedule: an id in flight is never moved (its firer owns it).
-local function move(payload_key, marker_key, id, due, ttl)
-  if redis.call('ZSCORE', KEYS[2], id) then return 4 end
-  local payload = redis.call('GET', payload_key)
-  if not redis.call('ZSCORE', KEYS[1], id) or not payload then
-    return ended_code(sets, marker_key, id)
-  end
-  -- A series moves by its rule: sending it again changes that.
-  if is_series(payload) then return 12 end
-  local moved = string.sub(payload, 1, 1) .. be64(tonumber(due)) .. string.sub(payload, 10)
-  redis.call('SET', payload_key, moved, 'EX', ttl)
-  redis.call('ZADD', KEYS[1], 'XX', due, id)
-  return 2
-end
+  local sets = {due = KEYS[1], fly = KEYS[2], attempts = KEYS[4]}
 
--- Pause or resume a series: the paused bit (64) of its payload's flags byte, nothing else.
--- A series paused stays due: the dispatcher passes over its occurrences until resumed.
-local function hold(payload_key, marker_key, id, pause)
-  local payload = redis.call('GET', payload_key)
-  local pending = redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)
-  -- (A series cancelled while an occurrence is in flight keeps its payload till settled.)
-  if not payload or not pending or redis.call('GET', marker_key) == 'c' then
-    return ended_code(sets, marker_key, id)
-  end
-  if not is_series(payload) then return 9 end
-  local flags = string.byte(payload, 10)
-  if pause then flags = bit.bor(flags, 64) else flags = bit.band(flags, 191) end
-  local held = string.sub(payload, 1, 9) .. string.char(flags) .. string.sub(payload, 11)
-  redis.call('SET', payload_key, held, 'KEEPTTL')
-  if pause then return 10 end
-  return 11
-end
-
-local tag_length = tonumber(ARGV[4])
-local counting = ARGV[6] == '1'
--- A caller's ids in its owned set, by due time (quotas.py prunes the ended ones).
-local listed = {}  -- the owned sets this call has put in the owners set already
-local function own(owned_key, id, due)
-  if not owned_key then return end
-  redis.call('ZADD', owned_key, due, id)
-  if not listed[owned_key] then
-    redis.call('SADD', KEYS[5], string.sub(owned_key, tag_length + 6))
-    listed[owned_key] = true
-  end
-end
-local k = 6
-for a = 7, #ARGV, 5 do
-  local payload_key, op = KEYS[k], ARGV[a + 1]
-  local id = string.sub(payload_key, tag_length + 1)
-  local marker_key = false
-  if op == 'n' then
-    k = k + 1
-  else
-    marker_key = KEYS[k + 1]
-    k = k + 2
-  end
-  local owned_key = false
-  if counting then
-    owned_key = KEYS[k]
-    k = k + 1
-  end
-  local code = 0
-  if tonumber(ARGV[a]) <= mark then
-    -- Applied before: its first answer may have been lost with the replica that applied
-    -- it, so it is answered again from what is there now. A cancel: how the id ended; any
-    -- other request whose id is still pending or in flight: 8.
-    if op == 'c' and not redis.call('ZSCORE', KEYS[1], id) then
-      local again = ended_code(sets, marker_key, id)
-      if again ~= 5 then code = again end
-    elseif op ~= 'c' and (redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)) then
-      code = 8
+  -- An epoch-ms due time as the payload encodes it (schedule.py): 8 bytes, big-endian.
+  local function be64(n)
+    local bytes = {}
+    for i = 8, 1, -1 do
+      bytes[i] = string.char(n % 256)
+      n = math.floor(n / 256)
     end
-  else
+    return table.concat(bytes)
+  end
+
+  -- As the API's reschedule: an id in flight is never moved (its firer owns it).
+  local function move(payload_key, marker_key, id, due, ttl)
+    if redis.call('ZSCORE', KEYS[2], id) then return 4 end
+    local payload = redis.call('GET', payload_key)
+    if not redis.call('ZSCORE', KEYS[1], id) or not payload then
+      return ended_code(sets, marker_key, id)
+    end
+    -- A series moves by its rule: sending it again changes that.
+    if is_series(payload) then return 12 end
+    local moved = string.sub(payload, 1, 1) .. be64(tonumber(due)) .. string.sub(payload, 10)
+    redis.call('SET', payload_key, moved, 'EX', ttl)
+    redis.call('ZADD', KEYS[1], 'XX', due, id)
+    return 2
+  end
+
+  -- Pause or resume a series: the paused bit (64) of its payload's flags byte, nothing else.
+  -- A series paused stays due: the dispatcher passes over its occurrences until resumed.
+  local function hold(payload_key, marker_key, id, pause)
+    local payload = redis.call('GET', payload_key)
+    local pending = redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)
+    -- (A series cancelled while an occurrence is in flight keeps its payload till settled.)
+    if not payload or not pending or redis.call('GET', marker_key) == 'c' then
+      return ended_code(sets, marker_key, id)
+    end
+    if not is_series(payload) then return 9 end
+    local flags = string.byte(payload, 10)
+    if pause then flags = bit.bor(flags, 64) else flags = bit.band(flags, 191) end
+    local held = string.sub(payload, 1, 9) .. string.char(flags) .. string.sub(payload, 11)
+    redis.call('SET', payload_key, held, 'KEEPTTL')
+    if pause then return 10 end
+    return 11
+  end
+
+  local tag_length = tonumber(ARGV[4])
+  local counting = ARGV[6] == '1'
+  -- A caller's ids in its owned set, by due time (quotas.py prunes the ended ones).
+  local listed = {}  -- the owned sets this call has put in the owners set already
+  local function own(owned_key, id, due)
+    if not owned_key then return end
+    redis.call('ZADD', owned_key, due, id)
+    if not listed[owned_key] then
+      redis.call('SADD', KEYS[5], string.sub(owned_key, tag_length + 6))
+      listed[owned_key] = true
+    end
+  end
+  local k = 6
+  for a = 7, #ARGV, 5 do
+    local payload_key, op = KEYS[k], ARGV[a + 1]
+    local id = string.sub(payload_key, tag_length + 1)
+    local marker_key = false
     if op == 'n' then
-      if redis.call('SET', payload_key, ARGV[a + 4], 'NX', 'EX', ARGV[a + 3]) then
-        redis.call('ZADD', KEYS[1], 'NX', ARGV[a + 2], id)
-        code = 1
-      end
-    elseif op == 'u' then
-      code = upsert(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
-    elseif op == 'o' then
-      if redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id) then
-        code = 7
-      else
-        code = ended_code(sets, marker_key, id)
-        if code == 5 then
-          code = upsert(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
-        end
-      end
-    elseif op == 'm' then
-      code = move(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3])
-    elseif op == 'p' or op == 'r' then
-      code = hold(payload_key, marker_key, id, op == 'p')
+      k = k + 1
     else
-      code = cancel(sets, payload_key, marker_key, id, retention)
+      marker_key = KEYS[k + 1]
+      k = k + 2
     end
-    if code == 1 or (code == 2 and op ~= 'm') then
-      own(owned_key, id, ARGV[a + 2])
-    elseif code == 2 and owned_key then  -- a move: its new due time, where it is counted
-      redis.call('ZADD', owned_key, 'XX', ARGV[a + 2], id)
-    elseif code == 3 and owned_key then
-      redis.call('ZREM', owned_key, id)
+    local owned_key = false
+    if counting then
+      owned_key = KEYS[k]
+      k = k + 1
     end
+    local code = 0
+    if tonumber(ARGV[a]) <= mark then
+      -- Applied before: its first answer may have been lost with the replica that applied
+      -- it, so it is answered again from what is there now. A cancel: how the id ended; any
+      -- other request whose id is still pending or in flight: 8.
+      if op == 'c' and not redis.call('ZSCORE', KEYS[1], id) then
+        local again = ended_code(sets, marker_key, id)
+        if again ~= 5 then code = again end
+      elseif op ~= 'c' and (redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)) then
+        code = 8
+      end
+    else
+      if op == 'n' then
+        if redis.call('SET', payload_key, ARGV[a + 4], 'NX', 'EX', ARGV[a + 3]) then
+          redis.call('ZADD', KEYS[1], 'NX', ARGV[a + 2], id)
+          code = 1
+        end
+      elseif op == 'u' then
+        code = upsert(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+      elseif op == 'o' then
+        if redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id) then
+          code = 7
+        else
+          code = ended_code(sets, marker_key, id)
+          if code == 5 then
+            code = upsert(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+          end
+        end
+      elseif op == 'm' then
+        code = move(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3])
+      elseif op == 'p' or op == 'r' then
+        code = hold(payload_key, marker_key, id, op == 'p')
+      else
+        code = cancel(sets, payload_key, marker_key, id, retention)
+      end
+      if code == 1 or (code == 2 and op ~= 'm') then
+        own(owned_key, id, ARGV[a + 2])
+      elseif code == 2 and owned_key then  -- a move: its new due time, where it is counted
+        redis.call('ZADD', owned_key, 'XX', ARGV[a + 2], id)
+      elseif code == 3 and owned_key then
+        redis.call('ZREM', owned_key, id)
+      end
+    end
+    codes[#codes + 1] = code
   end
-  codes[#codes + 1] = code
+  if tonumber(ARGV[2]) > mark then
+    redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+  end
+  return codes
 end
-if tonumber(ARGV[2]) > mark then
-  redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+
+if ARGV[1] ~= '*' then
+  local refused = gap(KEYS, ARGV)
+  if refused then return refused end
+  return apply(KEYS, ARGV)
+end
+local groups, k, a = {}, 0, 2 + 2 * tonumber(ARGV[2])
+for g = 1, tonumber(ARGV[2]) do
+  local keys, args = {}, {}
+  for i = 1, tonumber(ARGV[2 * g + 1]) do keys[i] = KEYS[k + i] end
+  for i = 1, tonumber(ARGV[2 * g + 2]) do args[i] = ARGV[a + i] end
+  k, a = k + #keys, a + #args
+  groups[g] = {keys, args}
+end
+for _, group in ipairs(groups) do
+  local refused = gap(group[1], group[2])
+  if refused then return refused end
+end
+local codes = {}
+for _, group in ipairs(groups) do
+  for _, code in ipairs(apply(group[1], group[2])) do codes[#codes + 1] = code end
 end
 return codes
