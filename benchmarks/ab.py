@@ -31,6 +31,8 @@ DEFAULT_FIELDS = {
         "fire_rate_per_s",
         "service_cpu_us_per_fired",
         "redis_cpu_us_per_fired",
+        "floor.cpu_us_per_message",
+        "service_cpu_over_floor",
     ],
     "s2": [
         "own_lateness_ms.p50",
@@ -39,7 +41,12 @@ DEFAULT_FIELDS = {
         "lateness_ms.p99",
         "broker_probe_ms.p99",
     ],
-    "s3": ["records_per_s", "service_cpu_us_per_record", "redis_cpu_us_per_record"],
+    "s3": [
+        "records_per_s",
+        "service_cpu_us_per_record",
+        "redis_cpu_us_per_record",
+        "floor.cpu_us_per_record",
+    ],
 }
 
 
