@@ -16,13 +16,18 @@ from typing import Any
 
 import hiredis
 import redis
+import structlog
 
 from blackbox.schedule import SCOPED_PREFIX, Schedule, owner_of
 from blackbox.storage.keys import Layout
 from blackbox.storage.watermarks import Watermarks
 
+log = structlog.get_logger("blackbox.storage.applying")
 # Bounds the work of one script call so Redis never blocks on one huge batch.
 SCRIPT_CHUNK = 500
+# The most chunks one grouped call carries, requests or none (a chunk that only moves a
+# watermark costs a read and a write): 16 shards of 4 partitions.
+GROUPS_PER_CALL = 64
 # intake.lua's ops: a new id derived from the record, a caller's id stored or replaced, a
 # cancel of a caller's id, a move of a caller's pending id to another due time, a caller's
 # id stored only if neither pending nor ended lately, a pause and a resume of a series.
@@ -314,23 +319,28 @@ class Applying:
     def _calls(self, chunks: Sequence[_Chunk]) -> tuple[list[list[Any]], list[list[int]]]:
         """The EVALSHA arguments of one node's chunks, in order, with the positions of the
         requests each call carries. On one Redis, consecutive chunks of other shards (or
-        partitions) go in one call (intake.lua's grouped form) up to SCRIPT_CHUNK requests,
-        so a poll costs a call per node rather than per shard; a chunk of a shard and
-        partition the call holds already starts the next call, after it in order."""
+        partitions) go in one call (intake.lua's grouped form), up to SCRIPT_CHUNK requests
+        and GROUPS_PER_CALL chunks, so a poll costs a call per node rather than per shard;
+        a chunk of a shard and partition the call holds already starts the next call,
+        after it in order."""
         calls: list[list[Any]] = []
         positions: list[list[int]] = []
         group: list[_Chunk] = []
+        held: set[tuple[str, int]] = set()
+        size = 0
         for chunk in chunks:
-            size = sum(len(c.positions) for c in group) + len(chunk.positions)
             if group and (
                 not self._script.grouping
-                or size > SCRIPT_CHUNK
-                or chunk.where in {c.where for c in group}
+                or size + len(chunk.positions) > SCRIPT_CHUNK
+                or len(group) >= GROUPS_PER_CALL
+                or chunk.where in held
             ):
                 calls.append(self._call_of(group))
                 positions.append([p for c in group for p in c.positions])
-                group = []
+                group, held, size = [], set(), 0
             group.append(chunk)
+            held.add(chunk.where)
+            size += len(chunk.positions)
         if group:
             calls.append(self._call_of(group))
             positions.append([p for c in group for p in c.positions])
@@ -414,6 +424,16 @@ class Applying:
                 continue
             except redis.exceptions.OutOfMemoryError as e:
                 refused, reply = e, None
+            except redis.exceptions.ClusterCrossSlotError:
+                # A Redis that keeps hash slots behind a plain URL (one node in cluster
+                # mode, a proxy): a call's keys must share a slot there, as on a cluster.
+                # Refused before it ran; the intake reads the poll again, a call per shard.
+                self._script.grouping = False
+                log.warning(
+                    "intake_calls_per_shard",
+                    reason="the Redis refused keys of several slots in one call",
+                )
+                raise
             except redis.ResponseError:
                 if refused is None:  # not a gap left by a refused call: a real error
                     raise

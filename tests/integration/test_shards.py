@@ -5,13 +5,14 @@ is refused."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 from structlog.testing import capture_logs
 
 from blackbox.clock import now_ms
-from blackbox.dev.servers import RedisServer
+from blackbox.dev.servers import RedisServer, free_port
 from blackbox.errors import ShardsChanged
 from blackbox.exits import EXIT_SETTINGS
 from blackbox.firing.shares import Share
@@ -86,8 +87,10 @@ def test_a_shard_whose_call_failed_is_applied_on_the_retry_and_the_others_replay
     """Guarantee 1 with shards: one shard's script call failing leaves that shard's
     watermark where it was; the retry of the whole range applies the failed shard's
     requests and replays what ran: nothing lost, nothing twice. With a call per shard (a
-    cluster) the other shards' calls ran; grouped in one call (one Redis), the call is
-    refused whole before it changes anything, and the retry applies it all."""
+    cluster) the other shards' calls ran; grouped in one call (one Redis), the call fails
+    at its watermark checks, which all run before any write, and the retry applies it all.
+    (An error met later, while a grouped call writes, leaves the chunks before it applied
+    and their marks moved, as separate calls would: the retry replays them.)"""
     store.intake.grouping = grouping
     due = now_ms() + 60_000
     items = _plain(range(40), due)
@@ -157,6 +160,36 @@ def test_a_grouped_call_with_one_gap_changes_nothing(store: RedisStore) -> None:
     assert sum(_per_shard(store)) == 40
     marks = [store.client.hget(keys.intake_marks, "in:0") for keys in store.layout.shards]
     assert marks.count(b"39") == SHARDS - 1 and marks.count(b"20") == 1
+
+
+def test_a_redis_keeping_slots_behind_a_plain_url_is_written_a_call_per_shard(
+    tmp_path: Path,
+) -> None:
+    """Scale: one node in cluster mode reached by `redis://` (a managed Redis with cluster
+    mode on, a proxy) refuses a call whose keys span slots. The first grouped call is
+    refused before it runs; intake turns grouping off, logs it, and the poll read again
+    is written a call per shard, each shard once."""
+    config = {"cluster-enabled": "yes", "cluster-port": str(free_port())}  # not port + 10000
+    server = RedisServer(free_port(), tmp_path, config=config)
+    server.start()
+    client = redis.Redis.from_url(server.url)
+    try:
+        client.cluster("ADDSLOTSRANGE", 0, 16383)
+        wait_until(lambda: client.cluster("INFO")["cluster_state"] == "ok",
+                   timeout=10, what="the one-node cluster to take its slots")  # fmt: skip
+        store = RedisStore(client, Layout(unique("ns"), SHARDS), grace_seconds=60)
+        part = IntakeSlice("in", 0, 39, _plain(range(40), now_ms() + 60_000))
+
+        with capture_logs() as logs, pytest.raises(redis.exceptions.ClusterCrossSlotError):
+            store.apply([part], now_ms())
+        assert sum(_per_shard(store)) == 0 and not store.intake.grouping
+        assert [e["event"] for e in logs] == ["intake_calls_per_shard"]
+
+        assert store.apply([part], now_ms()) == [Applied.SCHEDULED] * 40
+        assert sum(_per_shard(store)) == 40 and min(_per_shard(store)) > 0
+    finally:
+        client.close()
+        server.stop()
 
 
 def _by_shard(

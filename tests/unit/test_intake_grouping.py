@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from blackbox.storage.applying import SCRIPT_CHUNK, Applying, IntakeScript, _Chunk
+from blackbox.storage.applying import (
+    GROUPS_PER_CALL,
+    SCRIPT_CHUNK,
+    Applying,
+    IntakeScript,
+    _Chunk,
+)
 from blackbox.storage.keys import Layout
 
 
@@ -56,3 +62,11 @@ def test_without_grouping_or_with_one_chunk_the_single_form_is_sent(grouping: bo
     chunks = [_chunk(0, 3), _chunk(1, 2)][: 2 if not grouping else 1]
     calls, _ = _session(grouping)._calls(chunks)
     assert [c[2 + c[1]] for c in calls] == ["in:0"] * len(chunks)
+
+
+def test_a_call_carries_at_most_so_many_chunks_even_empty_ones() -> None:
+    """Chunks that only move a watermark (lagging shards, many partitions) carry no request
+    and still cost Redis a read and a write each: a call is bounded by their count too."""
+    chunks = [_chunk(n % 4, 0, f"in:{n // 4}") for n in range(GROUPS_PER_CALL * 2 + 1)]
+    calls, _ = _session(grouping=True)._calls(chunks)
+    assert [_groups(c) for c in calls] == [GROUPS_PER_CALL, GROUPS_PER_CALL, 1]
