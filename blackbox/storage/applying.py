@@ -153,18 +153,6 @@ class IntakeScript:
         """The script's text, to load on a node that lost its script cache."""
         return str(self.script.script)
 
-    def call(
-        self,
-        part: IntakeSlice,
-        shard: int,
-        chunk: Sequence[tuple[int, tuple[int, Write]]],
-        marks: tuple[int, int],
-        now_ms: int,
-    ) -> list[Any]:
-        """The EVALSHA arguments of one chunk of one shard: the script's keys, then its
-        arguments. `marks`: the watermark the chunk before leaves, and the one this moves to."""
-        return self.evalsha(*self.chunk_call(part, shard, chunk, marks, now_ms))
-
     def evalsha(self, keys: list[Any], args: list[Any]) -> list[Any]:
         """The EVALSHA arguments of a call with these keys and arguments."""
         return [self.script.sha, len(keys), *keys, *args]
@@ -189,7 +177,8 @@ class IntakeScript:
         marks: tuple[int, int],
         now_ms: int,
     ) -> tuple[list[Any], list[Any]]:
-        """The keys and arguments of one chunk of one shard (see `call`)."""
+        """The keys and arguments of one chunk of one shard: the script's keys, then its
+        arguments. `marks`: the watermark the chunk before leaves, and the one this moves to."""
         after, mark = marks
         keys_of = self.layout.shards[shard]
         keys = [keys_of.due, keys_of.in_flight, keys_of.intake_marks, keys_of.attempts,
@@ -335,21 +324,25 @@ class Applying:
                 or len(group) >= GROUPS_PER_CALL
                 or chunk.where in held
             ):
-                calls.append(self._call_of(group))
-                positions.append([p for c in group for p in c.positions])
+                self._close(group, calls, positions)
                 group, held, size = [], set(), 0
             group.append(chunk)
             held.add(chunk.where)
             size += len(chunk.positions)
         if group:
-            calls.append(self._call_of(group))
-            positions.append([p for c in group for p in c.positions])
+            self._close(group, calls, positions)
         return calls, positions
 
-    def _call_of(self, group: Sequence[_Chunk]) -> list[Any]:
+    def _close(
+        self, group: Sequence[_Chunk], calls: list[list[Any]], positions: list[list[int]]
+    ) -> None:
+        """Add one call carrying `group`'s chunks (the single form for one chunk), with the
+        positions of its requests."""
         if len(group) == 1:
-            return self._script.evalsha(group[0].keys, group[0].args)
-        return self._script.grouped([(c.keys, c.args) for c in group])
+            calls.append(self._script.evalsha(group[0].keys, group[0].args))
+        else:
+            calls.append(self._script.grouped([(c.keys, c.args) for c in group]))
+        positions.append([p for c in group for p in c.positions])
 
     def _previous(self, field: str, shard: int) -> int:
         """The mark a shard's first call of a partition must find: the one this session

@@ -227,7 +227,7 @@ def test_a_chunk_whose_predecessor_failed_applies_nothing(store: RedisStore) -> 
     (_, _, first_mark), (second, after, mark) = list(whole.chunks(list(enumerate(items))))
     assert after == first_mark == SCRIPT_CHUNK - 1 and mark == SCRIPT_CHUNK + 99
 
-    call = store.intake.call(whole, 0, second, (after, mark), now_ms())
+    call = store.intake.evalsha(*store.intake.chunk_call(whole, 0, second, (after, mark), now_ms()))
     with pytest.raises(redis.ResponseError, match="BLACKBOX_GAP"):
         store.client.execute_command("EVALSHA", *call)  # type: ignore[no-untyped-call]
     assert store.counts() == (0, 0)
