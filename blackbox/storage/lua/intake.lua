@@ -55,18 +55,19 @@
 -- call, changing nothing. Returns the groups' codes one after the other.
 -- ended_code() and cancel() come from pending.lua, which the store loads in front of this.
 
--- The refusal of a chunk whose previous chunk did not run, or nil.
+-- A chunk's watermark as it stands, and the refusal of the chunk (nil if none): its
+-- previous chunk did not run.
 local function gap(KEYS, ARGV)
   local mark = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '-1')
   if mark < tonumber(ARGV[5]) then
-    return redis.error_reply('BLACKBOX_GAP the previous chunk of ' .. ARGV[1] .. ' was not applied')
+    return mark, redis.error_reply('BLACKBOX_GAP the previous chunk of ' .. ARGV[1] .. ' was not applied')
   end
-  return nil
+  return mark, nil
 end
 
--- One chunk of one shard (KEYS and ARGV as the single form takes them); its codes.
-local function apply(KEYS, ARGV)
-  local mark = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '-1')
+-- One chunk of one shard (KEYS and ARGV as the single form takes them), its watermark as
+-- `gap` read it (no two chunks of one call share it); its codes.
+local function apply(KEYS, ARGV, mark)
   local retention = ARGV[3]
   local codes = {}
 
@@ -205,9 +206,9 @@ local function apply(KEYS, ARGV)
 end
 
 if ARGV[1] ~= '*' then
-  local refused = gap(KEYS, ARGV)
+  local mark, refused = gap(KEYS, ARGV)
   if refused then return refused end
-  return apply(KEYS, ARGV)
+  return apply(KEYS, ARGV, mark)
 end
 local groups, k, a = {}, 0, 2 + 2 * tonumber(ARGV[2])
 for g = 1, tonumber(ARGV[2]) do
@@ -218,11 +219,12 @@ for g = 1, tonumber(ARGV[2]) do
   groups[g] = {keys, args}
 end
 for _, group in ipairs(groups) do
-  local refused = gap(group[1], group[2])
+  local mark, refused = gap(group[1], group[2])
   if refused then return refused end
+  group[3] = mark
 end
 local codes = {}
 for _, group in ipairs(groups) do
-  for _, code in ipairs(apply(group[1], group[2])) do codes[#codes + 1] = code end
+  for _, code in ipairs(apply(group[1], group[2], group[3])) do codes[#codes + 1] = code end
 end
 return codes
