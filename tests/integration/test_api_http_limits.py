@@ -67,8 +67,11 @@ served.mount("/api", document)
 limits = server.Limits(*map(float, sys.argv[3:4]))
 endpoints = server.Endpoints("127.0.0.1", 0, served, limits=limits)
 endpoints.start()
+started_by = time.monotonic() + 30
 while not endpoints.server.started:
-    time.sleep(0.01)
+    if time.monotonic() > started_by:
+        raise SystemExit("the server did not start within 30 s")
+    time.sleep(0.01)  # the poll of a wait with a deadline
 held = []
 while sys.argv[2:3] == ["starve"]:
     try:
