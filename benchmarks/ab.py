@@ -40,6 +40,8 @@ DEFAULT_FIELDS = {
         "lateness_ms.p50",
         "lateness_ms.p99",
         "broker_probe_ms.p99",
+        "service_cpu_us_per_message",
+        "redis_cpu_us_per_message",
     ],
     "s3": [
         "records_per_s",

@@ -151,9 +151,11 @@ def s2_steady(rate: int = 1000, seconds: int = 20) -> Result:
     count = rate * seconds
     rng = random.Random(2)
     topic_seconds = TANSU_S2_TOPIC_SECONDS if broker_name() == "tansu" else seconds
-    with local_stack() as stack, service_process(stack):
+    with local_stack() as stack, service_process(stack) as process:
         producer = new_producer(stack)
         warm_up(stack, producer)
+        client = redis.Redis.from_url(stack.redis.url)
+        cpu, redis_cpu = cpu_seconds(process.pid), redis_cpu_seconds(client)
         run = uuid.uuid4().hex[:8]
         targets = [f"s2-{run}-{i}" for i in range(-(-seconds // topic_seconds))]
         clients.ensure_topics(stack.settings.kafka, targets)
@@ -177,6 +179,9 @@ def s2_steady(rate: int = 1000, seconds: int = 20) -> Result:
         producer.flush(30)
         prober.flush(30)
         got, probes = collector.result(timeout=seconds + 70).without_probes()
+        # Intake's and firing's CPU together, from the first send to the last delivery.
+        cpu, redis_cpu = cpu_seconds(process.pid) - cpu, redis_cpu_seconds(client) - redis_cpu
+        client.close()
         service = service_lateness(stack)
     return {
         "scenario": "S2 steady", "broker": broker_name(), "shards": stack.layout.count,
@@ -188,6 +193,8 @@ def s2_steady(rate: int = 1000, seconds: int = 20) -> Result:
         "own_lateness_ms": summary(got.own_lateness_ms()),
         "service_send_lateness_ms": service["send"], "service_ack_lateness_ms": service["ack"],
         "broker_probe_ms": summary(probes),
+        "service_cpu_us_per_message": round(cpu / count * 1e6, 1),
+        "redis_cpu_us_per_message": round(redis_cpu / count * 1e6, 1),
     }  # fmt: skip
 
 
