@@ -75,10 +75,10 @@ SETTLE_AHEAD_MS = 3
 REPORT_POLL_S = 0.01
 # The fewest ids a shard's claim takes when shards are claimed together.
 MIN_SHARD_CLAIM = 64
-# Due instants closer together than that (steady firing at ~1,000/s) settle the reported
-# batches once the oldest was sent this long ago, all in one round trip: an ack round
-# trip per this many ms, not one per due instant (a kill may deliver again what was sent
-# in this span).
+# Due instants closer together than SETTLE_AHEAD_MS (steady firing at ~1,000/s) settle
+# the reported batches once the oldest was sent this long ago, all in one round trip: an
+# ack round trip per this many ms, not one per due instant (a kill may deliver again what
+# was sent in this span).
 SETTLE_EVERY_S = 0.002
 
 
