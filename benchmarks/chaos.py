@@ -15,6 +15,7 @@ import argparse
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -104,8 +105,7 @@ def crash(messages: int = 5000, kills: int = 20, seed: int = 11) -> Result:
             try:
                 phases.await_assignment()  # a kill before it reads anything proves nothing
                 time.sleep(rng.uniform(0.5, 2.0))  # the chaos schedule: a random moment to die
-                phases.await_work()
-                phases.sample()
+                phases.kill_at_work(process)
             finally:  # killed whatever happened: a failed wait leaves no service behind
                 process.kill()
                 process.wait()
@@ -127,8 +127,8 @@ def crash(messages: int = 5000, kills: int = 20, seed: int = 11) -> Result:
 
 
 class _Phases:
-    """What the service was in the middle of at each kill, sampled just before it: ids
-    claimed and not yet acked (mid-fire), intake records not yet committed (mid-intake)."""
+    """What the service was in the middle of at each kill: ids claimed and not yet acked
+    (mid-fire), intake records not yet committed (mid-intake)."""
 
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
@@ -159,18 +159,20 @@ class _Phases:
             time.sleep(0.1)
         raise TimeoutError(f"no new member of {group} was assigned intake in {timeout} s")
 
-    def await_work(self, timeout: float = 2.0) -> None:
-        """Wait (briefly) until an id is in flight, so the kill lands mid-fire when it can."""
+    def kill_at_work(self, process: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+        """Kill `process` the moment an id is in flight (or once `timeout` runs out), so the
+        kill lands mid-fire when it can: an id is in flight for a few ms only. Then count
+        what it died in the middle of: ids it claimed and had not acked, seen just before
+        the kill, and intake records it had not committed, counted just after."""
         deadline = time.monotonic() + timeout
-        while self._in_flight() == 0 and time.monotonic() < deadline:
+        while (in_flight := self._in_flight()) == 0 and time.monotonic() < deadline:
             time.sleep(0.001)
+        process.kill()
+        self.counts["kills_mid_fire"] += in_flight > 0
+        self.counts["kills_mid_intake"] += self._uncommitted() > 0
 
     def _in_flight(self) -> int:
         return pending_counts(self.redis, self.layout)[1]
-
-    def sample(self) -> None:
-        self.counts["kills_mid_fire"] += self._in_flight() > 0
-        self.counts["kills_mid_intake"] += self._uncommitted() > 0
 
     def _uncommitted(self) -> int:
         topic = self.stack.settings.intake_topic
