@@ -187,6 +187,7 @@ def test_a_redis_keeping_slots_behind_a_plain_url_is_written_a_call_per_shard(
 
         assert store.apply([part], now_ms()) == [Applied.SCHEDULED] * 40
         assert sum(_per_shard(store)) == 40 and min(_per_shard(store)) > 0
+        assert store.counts() == (40, 0)  # the readiness probe's counts, per shard there
     finally:
         client.close()
         server.stop()
