@@ -443,6 +443,45 @@ def test_shards_are_claimed_and_acked_together_though_redis_lost_its_scripts(
     assert store.counts() == (0, 0)
 
 
+def test_acks_of_many_shards_leave_a_batch_whose_lease_another_claim_took(
+    store: RedisStore,
+) -> None:
+    """Guarantee 3 with shards: each batch acked together is judged by its own lease token,
+    so a batch whose lease ran out and was claimed again is left to that claimer, while the
+    other shards' batches are forgotten."""
+    store.apply([IntakeSlice("in", 0, 39, _plain(range(40), now_ms() - 1))], now_ms())
+    claims = store.claim_all(now_ms() - 60_000, 100, 1, range(SHARDS), due_by_ms=now_ms())
+    lost = claims[0]
+    assert lost.ids
+    (again,) = store.reclaim_each(now_ms(), 100, [lost.shard])
+    assert again.returned == len(lost.ids)
+    retaken = store.claim_due(now_ms(), 100, 30_000, lost.shard)
+
+    acked = store.ack_all([Acks(c.ids, c.token, c.shard) for c in claims])
+
+    assert acked == [0] + [len(c.ids) for c in claims[1:]]
+    assert store.counts() == (0, len(retaken.ids))
+    assert store.ack(retaken.ids, retaken.token, retaken.shard) == len(lost.ids)
+
+
+def test_a_shard_whose_ack_fails_leaves_the_other_shards_acked(
+    store: RedisStore, client: redis.Redis
+) -> None:
+    """Guarantee 3 with shards: a key of one shard that breaks its ack (a wrong type, here)
+    fails the acks with Redis's error, but the other shards' batches acked with it are
+    acknowledged all the same: a corrupt shard does not make the others deliver again."""
+    store.apply([IntakeSlice("in", 0, 39, _plain(range(40), now_ms() - 1))], now_ms())
+    claims = store.claim_all(now_ms(), 100, 30_000, range(SHARDS))
+    broken = store.layout.shards[1]
+    client.set(broken.attempts, "not a hash")
+
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        store.ack_all([Acks(claim.ids, claim.token, claim.shard) for claim in claims])
+
+    flying = [int(client.zcard(keys.in_flight)) for keys in store.layout.shards]
+    assert flying == [0, len(claims[1].ids), 0, 0] and claims[1].ids
+
+
 def test_batches_with_nothing_to_ack_are_answered_in_place(store: RedisStore) -> None:
     """A settle groups batches whose ids are all series occurrences (settled by `advance`,
     nothing to ack) with ordinary ones: each batch gets its own count, in order, whether
