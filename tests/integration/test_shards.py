@@ -164,6 +164,34 @@ def test_a_grouped_call_with_one_gap_changes_nothing(store: RedisStore) -> None:
     assert marks.count(b"39") == SHARDS - 1 and marks.count(b"20") == 1
 
 
+@pytest.mark.parametrize("grouping", [False, True], ids=["a-call-per-shard", "grouped"])
+def test_a_due_set_overwritten_from_outside_refuses_intake_and_strands_nothing(
+    store: RedisStore, grouping: bool
+) -> None:
+    """Guarantee 1: a shard's due key overwritten with another type (a careless script, a
+    wrong namespace) refuses that shard's intake call before it writes anything, with an
+    error that names the key. Once the key is repaired, the retry schedules every request:
+    no payload was stored without its id in the due set (which the retry would have taken
+    for a request applied before, its id never due)."""
+    store.intake.grouping = grouping
+    items = _plain(range(40), now_ms() + 60_000)
+    broken = store.layout.shards[store.layout.shard_of("in:0:0")]
+    key = broken.due
+    store.client.set(key, "not a sorted set")
+
+    with pytest.raises(redis.ResponseError, match=f"BLACKBOX_CORRUPT {key} holds a string"):
+        store.apply([IntakeSlice("in", 0, 39, items)], now_ms())
+    in_broken = [store.layout.keys_of(w.id) == broken for _, w in items]
+    stored = [store.client.exists(broken.payload(w.id)) for _, w in items]
+    assert not any(s for s, b in zip(stored, in_broken, strict=True) if b)
+    store.client.delete(key)
+
+    codes = store.apply([IntakeSlice("in", 0, 39, items)], now_ms())
+    expected = [Applied.SCHEDULED if b or grouping else Applied.REREAD_PENDING for b in in_broken]
+    assert codes == expected
+    assert sum(_per_shard(store)) == 40
+
+
 def test_a_redis_keeping_slots_behind_a_plain_url_is_written_a_call_per_shard(
     tmp_path: Path,
 ) -> None:

@@ -38,7 +38,8 @@
 -- a one-off schedule), 10 paused, 11 resumed, 12 a series (a move of a series: nothing
 -- changed; its occurrences follow its rule). An error, changing nothing, when the chunk
 -- before this one did not run (its call failed): applying this one would move the
--- watermark past requests never applied, and a retry would skip them as re-reads.
+-- watermark past requests never applied, and a retry would skip them as re-reads; and
+-- likewise (BLACKBOX_CORRUPT) when the shard's due key is not a sorted set.
 -- Invariants: a record at or below the watermark was applied before; re-reading it after a
 -- crash changes nothing (a re-read cancel is answered again from the ended-marker, read
 -- only). An id in flight keeps its payload until its firer acks, so an update that lands
@@ -56,11 +57,20 @@
 -- ended_code() and cancel() come from pending.lua, which the store loads in front of this.
 
 -- A chunk's watermark as it stands, and the refusal of the chunk (nil if none): its
--- previous chunk did not run.
+-- previous chunk did not run, or its shard's due key holds another type than a sorted set
+-- (overwritten from outside). That is looked at before anything is written: a ZADD that
+-- failed after a new id's SET NX would leave its payload behind, which the retry would
+-- take for a request applied before, the id never due. (Every op reads the in-flight set
+-- before it writes: a wrong type there fails the call unchanged.)
 local function gap(KEYS, ARGV)
   local mark = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '-1')
   if mark < tonumber(ARGV[5]) then
     return mark, redis.error_reply('BLACKBOX_GAP the previous chunk of ' .. ARGV[1] .. ' was not applied')
+  end
+  local kind = redis.call('TYPE', KEYS[1])['ok']
+  if kind ~= 'zset' and kind ~= 'none' then
+    return mark, redis.error_reply('BLACKBOX_CORRUPT ' .. KEYS[1] .. ' holds a ' .. kind ..
+      ', not a sorted set: nothing of this intake call was applied')
   end
   return mark, nil
 end
