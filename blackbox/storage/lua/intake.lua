@@ -60,8 +60,9 @@
 -- previous chunk did not run, or its shard's due key holds another type than a sorted set
 -- (overwritten from outside). That is looked at before anything is written: a ZADD that
 -- failed after a new id's SET NX would leave its payload behind, which the retry would
--- take for a request applied before, the id never due. (Every op reads the in-flight set
--- before it writes: a wrong type there fails the call unchanged.)
+-- take for a request applied before, the id never due. (A wrong type met later, on
+-- another key of the shard, fails the call after the requests before it were written, and
+-- before the watermark moved: the retry finds those ids due, and answers them as such.)
 local function gap(KEYS, ARGV)
   local mark = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '-1')
   if mark < tonumber(ARGV[5]) then
