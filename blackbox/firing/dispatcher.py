@@ -68,8 +68,8 @@ MAX_UNSETTLED_CLAIMS = 4
 # and acknowledges in Redis what is reported meanwhile: what a kill delivers again is
 # what was sent and not yet acknowledged, so the wait is worth even a few ms between two
 # due instants. (At 50 ms, a batch stayed unacknowledged until a later due instant
-# whenever messages fell due less than 50 ms apart: `benchmarks.chaos crash`, at 125
-# messages/s, delivered 1.2-1.8 copies per kill, now 0.2-0.4.)
+# whenever messages fell due less than 50 ms apart; `benchmarks.chaos crash` measures
+# the copies per kill, see docs/PERFORMANCE.md.)
 SETTLE_AHEAD_MS = 3
 # While it waits, it looks this often for a sooner due time (a nudge).
 REPORT_POLL_S = 0.01
