@@ -69,7 +69,7 @@ MAX_UNSETTLED_CLAIMS = 4
 # what was sent and not yet acknowledged, so the wait is worth even a few ms between two
 # due instants. (At 50 ms, a batch stayed unacknowledged until a later due instant
 # whenever messages fell due less than 50 ms apart; `benchmarks.chaos crash` measures
-# the copies per kill, see docs/PERFORMANCE.md.)
+# the copies per kill, see docs/profiles.md.)
 SETTLE_AHEAD_MS = 3
 # While it waits, it looks this often for a sooner due time (a nudge).
 REPORT_POLL_S = 0.01
