@@ -9,7 +9,8 @@ Sending does not wait for the broker: a batch is settled in Redis (acked, retrie
 dead-lettered) once its reports are in, on a later run, so the next due messages are
 claimed while the broker acknowledges earlier ones.
 
-One verb per step: a batch is *sent* (`_send`), then *settled* (`_settle`: each batch
+One verb per step: a batch is *prepared* and *released* (`_prepare`, `_release`: each
+delivery produced at its due instant), then *settled* (`_settle`: each batch
 *concluded* by its reports and dead-lettered where it must be, then the acks of all in one
 round trip, and the rest *recorded* in Redis by `_record`); `_settle_ready`,
 `_settle_until_due` and `settle_all` choose which batches to settle when. Shards cost
@@ -73,6 +74,14 @@ MAX_UNSETTLED_CLAIMS = 4
 SETTLE_AHEAD_MS = 3
 # While it waits, it looks this often for a sooner due time (a nudge).
 REPORT_POLL_S = 0.01
+# A claim takes what falls due within this many ms and produces each at its due instant:
+# a steady stream costs one claim, one ack and one producer request per window, not per
+# message (at 1,000/s, ten messages a window). A message stored with a shorter countdown
+# while a window is being released waits for its end, this long at most.
+FIRE_AHEAD_MS = 20
+# The waker wakes this many ms before the next due time, so that the claim's round trip
+# is over by then and the first message of a window leaves on time.
+CLAIM_LEAD_MS = 2
 # The fewest ids a shard's claim takes when shards are claimed together.
 MIN_SHARD_CLAIM = 64
 # Due instants closer together than SETTLE_AHEAD_MS (steady firing at ~1,000/s) settle
@@ -214,6 +223,7 @@ class Dispatcher:
         self.share = share or Share(store.layout)
         self._unsettled_messages = 0
         self._unsettled_bytes = 0
+        self.ahead_ms = FIRE_AHEAD_MS
 
     def fire_due(
         self, stop: threading.Event, nudged: Nudged = lambda: None, *, sweep: bool = False
@@ -227,7 +237,7 @@ class Dispatcher:
         fired = Fired(delivered=0, next_due_ms=None)
         now = now_ms()
         failures = NodeFailures(self.store.pool_of)  # a dead node stalls its shards only
-        mine, others = self.share.due_by(now), list[int]()
+        mine, others = self.share.due_by(now + self.ahead_ms), list[int]()
         if sweep:
             mine, others = self._probe(mine, now)
         for shards in failures.by_node(mine):
@@ -299,18 +309,22 @@ class Dispatcher:
         at = now_ms()
         claims = self.store.claim_all(
             at, limit, self.policy.lease_ms, shards,
-            due_by_ms=due_by_ms, max_bytes=max_bytes, see_leases=self.share.unseen(shards, at),
+            due_by_ms=at + self.ahead_ms if due_by_ms is None else due_by_ms,
+            max_bytes=max_bytes, see_leases=self.share.unseen(shards, at),
         )  # fmt: skip
+        batches = []
         for claim in claims:  # when a lease there can run out: reclaimed only then
             if claim.leases_seen:
                 self.share.leased(claim.shard, claim.lease_expiry_ms, at)
             elif claim.ids:
                 self.share.leasing(claim.shard, math.ceil(claim.token))
             if claim.ids:
-                sent = self._send(claim)
-                self._unsettled.append(sent)
-                self._unsettled_messages += len(claim.ids)
-                self._unsettled_bytes += sent.payload_bytes
+                batches.append(self._prepare(claim))
+        self._release(batches, stop)
+        for sent in batches:
+            self._unsettled.append(sent)
+            self._unsettled_messages += len(sent.claim.ids)
+            self._unsettled_bytes += sent.payload_bytes
         fired.delivered += self._settle_ready(stop)
         for claim in claims:  # more is due where a claim was full: look again
             self.share.learned(claim.shard, claim.at_ms if claim.more else claim.next_due_ms)
@@ -406,22 +420,45 @@ class Dispatcher:
                 self.share.nudged(shard, now)
         return sum(each.returned for each in reclaimed)
 
-    def _send(self, claim: Claim) -> _Sent:
+    def _prepare(self, claim: Claim) -> _Sent:
+        """Judge each id a claim took (deliver, dead-letter, skip), the deliveries in due
+        order; nothing is produced yet."""
         # The payloads are not kept till settled.
         sent = _Sent(claim=replace(claim, loaded=[]),
                      payload_bytes=sum(len(i.payload or b"") for i in claim.loaded))  # fmt: skip
         for item in claim.loaded:
             self._classify(item, sent)
-        records = [delivery_record(s, a) for s, a in sent.schedules]
-        self._observe_send(sent.schedules, now_ms())
-        sent.reports = self.outbox.submit(records) if records else None
-        sent.sent_at = time.monotonic()
-        sent.deadline = sent.sent_at + self.outbox.wait_seconds
+        sent.schedules.sort(key=lambda pair: pair[0].due_ms)
         return sent
 
-    def _observe_send(self, schedules: Sequence[tuple[Schedule, int]], at_ms: int) -> None:
-        late = [max(0, at_ms - schedule.due_ms) / 1000 for schedule, _ in schedules]
+    def _release(self, batches: Sequence[_Sent], stop: threading.Event) -> None:
+        """Produce every delivery of `batches` at its due instant, soonest first (a claim
+        takes what falls due within `ahead_ms`: one claim, one ack and one wake-up of the
+        producer's batch serve all of them). Stopping meanwhile, what is not due yet is
+        released back to due, unproduced."""
+        for sent in batches:
+            sent.reports = self.outbox.reports(len(sent.schedules)) if sent.schedules else None
+        order = sorted(
+            ((schedule.due_ms, n, i) for n, sent in enumerate(batches)
+             for i, (schedule, _) in enumerate(sent.schedules)),
+        )  # fmt: skip
+        produced = [0] * len(batches)
+        late = []
+        for due_ms, n, i in order:
+            if not _wait_until(due_ms, stop):
+                break
+            sent = batches[n]
+            schedule, attempt = sent.schedules[i]
+            assert sent.reports is not None  # it has schedules
+            self.outbox.produce(delivery_record(schedule, attempt), sent.reports, i)
+            late.append(max(0, now_ms() - due_ms) / 1000)
+            produced[n] += 1
+        self.outbox.producer.poll(0)
         observe_all(self.metrics.send_lateness, late)
+        sent_at = time.monotonic()
+        for sent, count in zip(batches, produced, strict=True):
+            _withhold(sent, count)
+            sent.sent_at, sent.deadline = sent_at, sent_at + self.outbox.wait_seconds
 
     def _settle(self, batches: Sequence[_Sent], stop: threading.Event) -> int:
         """Settle sent batches: the acks of all of them in one round trip (per Redis node),
@@ -595,6 +632,29 @@ class Dispatcher:
             retry_at = now_ms() + self.policy.retry_delay_ms(attempt)
             self.store.retry(ids, claim.token, retry_at, claim.shard)
             self.share.nudged(claim.shard, retry_at)
+
+
+def _wait_until(due_ms: int, stop: threading.Event) -> bool:
+    """Wait until `due_ms` (epoch ms); False if stopping."""
+    wait_s = (due_ms - now_ms()) / 1000
+    if wait_s > 0:
+        stop.wait(wait_s)
+    return not stop.is_set()
+
+
+def _withhold(sent: _Sent, produced: int) -> None:
+    """Keep the first `produced` deliveries of a batch; the rest (not due when firing
+    stopped) go back to due at their due time, unproduced."""
+    if produced == len(sent.schedules):
+        return
+    withheld, sent.schedules = sent.schedules[produced:], sent.schedules[:produced]
+    sent.later += [(schedule.id, schedule.due_ms) for schedule, _ in withheld]
+    for schedule, _ in withheld:
+        sent.advances.pop(schedule.id, None)
+    if sent.reports is not None:
+        sent.reports.withdraw_after(produced)
+        if produced == 0:
+            sent.reports = None
 
 
 def _version(schedule: Schedule, series: Series) -> Schedule:

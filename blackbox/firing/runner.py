@@ -24,7 +24,7 @@ from confluent_kafka import KafkaException, Producer
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
 from blackbox.firing import shares
-from blackbox.firing.dispatcher import Dispatcher, Horizon, RetryPolicy
+from blackbox.firing.dispatcher import CLAIM_LEAD_MS, Dispatcher, Horizon, RetryPolicy
 from blackbox.firing.nudges import NudgeListener
 from blackbox.firing.shares import Share, sweep_after_ms
 from blackbox.firing.waker import Waker
@@ -169,7 +169,10 @@ class Firing:
                 return now_ms() + self._paused(e)
             self._backoff.reset()
         next_poll = now_ms() + poll_ms
-        return next_poll if fired.next_due_ms is None else min(fired.next_due_ms, next_poll)
+        if fired.next_due_ms is None:
+            return next_poll
+        # Woken a little early, the claim's round trip is over by the due instant.
+        return min(fired.next_due_ms - CLAIM_LEAD_MS, next_poll)
 
     def _rebuild_under_way(self, poll_ms: int) -> bool:
         """Whether a rebuild's mark is in Redis, looked up at most once a poll interval."""

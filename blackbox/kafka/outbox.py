@@ -53,6 +53,11 @@ class Reports:
         self.pending -= 1
         self.last_ms = now_ms()
 
+    def withdraw_after(self, count: int) -> None:
+        """Only the first `count` records were produced: the rest are no part of the batch."""
+        self.pending -= len(self.errors) - count
+        del self.errors[count:]
+
     def all_landed(self) -> None:
         """Every record without a report landed (a producer that reports only errors)."""
         self.errors = [None if e is NO_REPORT else e for e in self.errors]
@@ -105,11 +110,19 @@ class Outbox:
 
     def submit(self, records: Sequence[Record]) -> Reports:
         """Hand all records to the producer; their reports arrive while others work."""
-        reports = Reports(len(records), self.producer)
+        reports = self.reports(len(records))
         for index, record in enumerate(records):
-            self._produce(record, partial(reports.report, index), reports, index)
+            self.produce(record, reports, index)
         self.producer.poll(0)
         return reports
+
+    def reports(self, size: int) -> Reports:
+        """The reports of a batch of `size` records, each handed over later by `produce`."""
+        return Reports(size, self.producer)
+
+    def produce(self, record: Record, reports: Reports, index: int) -> None:
+        """Hand one record of a batch to the producer: its report fills `reports[index]`."""
+        self._produce(record, partial(reports.report, index), reports, index)
 
     def wait(
         self, reports: Reports, stop: threading.Event | None = None, seconds: float | None = None
