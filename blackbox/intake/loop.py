@@ -9,6 +9,7 @@ is lost; the writes are idempotent, so the retry cannot store anything twice.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +64,8 @@ from blackbox.tracecontext import Carried
 log = structlog.get_logger("blackbox.intake.loop")
 # How long one poll waits for a record; also how soon intake sees a stop.
 POLL_SECONDS = 0.5
+# How long intake gathers records after the first of a poll (see _consume).
+WINDOW_SECONDS = 0.01
 # How long a stopping intake waits for its last answers before committing.
 FINAL_ANSWER_SECONDS = 3.0
 # Records parsed before their part is sent to Redis: small enough that Redis applies one
@@ -184,14 +187,19 @@ class Intake:
             stop.wait(delay)
 
     def _consume(self) -> list[Message]:
-        """Up to a batch of what the consumer has fetched, waiting for the first record only:
-        a record is handled as it arrives, a backlog in full batches. (consume(n, t) would
-        hold the first record until n arrived or t passed: a countdown 0 fired up to t late.)
-        """
+        """Up to a batch of records: the first as soon as it comes, then what comes within
+        WINDOW_SECONDS of it (a backlog fills the batch at once). A steady stream then
+        costs a Redis write, a crash note and an answer request per window, not per
+        record; a record waits the window at most (its due time runs from its timestamp,
+        so only a countdown shorter than the window is late by it)."""
         first = self.consumer.poll(POLL_SECONDS)
         if first is None or self.config.batch == 1:
             return [] if first is None else [first]
-        return [first, *self.consumer.consume(self.config.batch - 1, timeout=0)]
+        records = [first, *self.consumer.consume(self.config.batch - 1, timeout=0)]
+        closes = time.monotonic() + WINDOW_SECONDS
+        while len(records) < self.config.batch and (left := closes - time.monotonic()) > 0:
+            records += self.consumer.consume(self.config.batch - len(records), timeout=left)
+        return records
 
     def _one_at_a_time_after_crashes(self, records: list[Message]) -> list[Message]:
         """The records to handle now; where a handler died, the rest are read again."""
