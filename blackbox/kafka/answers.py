@@ -96,6 +96,8 @@ def _about(
 
 Coordinates = tuple[str, int, int]  # an intake record's topic, partition, offset
 RECENT_ANSWERS = 10_000
+# A follower no request was sent through for this long stops reading until the next one.
+IDLE_SECONDS = 10.0
 # How often the follower looks for partitions added to the events topic.
 NEW_PARTITIONS_SECONDS = 10.0
 
@@ -117,6 +119,9 @@ class Follower:
         self._stop = threading.Event()
         self._marked = threading.Event()
         self._expected: dict[bytes, int] = {}  # event keys (ids) -> requests awaiting them
+        self._wanted = threading.Event()  # set: follow the topic (marked anew if resting)
+        self._wanted.set()  # from the start: the first request finds it marked
+        self._wanted_at = time.monotonic()  # the last `ready`
         self._thread = threading.Thread(target=self._run, name="answers", daemon=True)
 
     def start(self) -> None:
@@ -124,7 +129,11 @@ class Follower:
         self._thread.start()
 
     def ready(self, timeout: float) -> bool:
-        """Whether it follows the topic (a request sent from now on gets its answer)."""
+        """Whether it follows the topic (a request sent from now on gets its answer): one
+        resting since IDLE_SECONDS without a request marks the topic's end again first."""
+        with self._lock:
+            self._wanted_at = time.monotonic()
+            self._wanted.set()
         return self._marked.wait(timeout)
 
     @contextmanager
@@ -175,11 +184,13 @@ class Follower:
                 delay = min(delay * 2, 5.0)
 
     def _follow(self) -> None:
-        if not self._marked.is_set():
-            self.answers.mark(timeout=5.0)
-            self._marked.set()
         looked = time.monotonic()
         while not self._stop.is_set():
+            if not self._marked.is_set():
+                if not self._wanted.wait(0.5):
+                    continue
+                self.answers.mark(timeout=5.0)
+                self._marked.set()
             if time.monotonic() - looked > NEW_PARTITIONS_SECONDS:
                 self.answers.follow_new_partitions()
                 looked = time.monotonic()
@@ -187,6 +198,18 @@ class Follower:
             for message in self.answers.consumer.consume(100, timeout=0.2):
                 if message.key() in expected and message.error() is None and message.value():
                     self._arrived(orjson.loads(message.value() or b"null"))
+            self._rest_if_idle()
+
+    def _rest_if_idle(self) -> None:
+        """Stop reading once no request was sent for IDLE_SECONDS: the topic carries an
+        answer per intake record, and reading them all for no one costs the broker a fetch
+        and this process a decode per batch. The next `ready` marks the end again."""
+        with self._lock:
+            if self._expected or time.monotonic() - self._wanted_at < IDLE_SECONDS:
+                return
+            self._marked.clear()
+            self._wanted.clear()
+        self.answers.consumer.unassign()
 
     def _arrived(self, event: object) -> None:
         where = event.get("intake") if isinstance(event, dict) else None
