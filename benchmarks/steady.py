@@ -94,7 +94,10 @@ def relay(bootstrap: str, intake: str) -> None:
                 request = orjson.loads(record.value() or b"{}")
                 stamp = str(record.timestamp()[1]).encode()
                 ident = f"{record.partition()}-{record.offset()}".encode()
-                headers = [("blackbox-id", ident), ("blackbox-due-ms", stamp)]
+                headers: list[tuple[str, str | bytes | None]] = [
+                    ("blackbox-id", ident),
+                    ("blackbox-due-ms", stamp),
+                ]
                 producer.produce(request["topic"], orjson.dumps(request["message"]),
                                  headers=headers)  # fmt: skip
                 consumer.store_offsets(record)

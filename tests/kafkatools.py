@@ -30,6 +30,7 @@ class Received:
     value: bytes | None
     headers: dict[str, bytes | None]
     received_ms: int
+    created_ms: int = 0  # the record's timestamp: its producer's create time
 
     def header(self, name: str) -> str:
         raw = self.headers[name]
@@ -149,6 +150,7 @@ class TopicReader:
                     value=m.value(),
                     headers=dict(normalize_headers(m.headers())),
                     received_ms=time.time_ns() // 1_000_000,
+                    created_ms=m.timestamp()[1],
                 )
             )
 

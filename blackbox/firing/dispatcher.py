@@ -635,10 +635,10 @@ class Dispatcher:
 
 
 def _wait_until(due_ms: int, stop: threading.Event) -> bool:
-    """Wait until `due_ms` (epoch ms); False if stopping."""
-    wait_s = (due_ms - now_ms()) / 1000
-    if wait_s > 0:
-        stop.wait(wait_s)
+    """Wait until `due_ms` (epoch ms), never returning before it; False if stopping."""
+    while (wait_s := (due_ms - now_ms()) / 1000) > 0:
+        if stop.wait(wait_s):  # a timed wait may end a fraction of a ms early: look again
+            return False
     return not stop.is_set()
 
 

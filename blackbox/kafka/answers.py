@@ -136,6 +136,11 @@ class Follower:
             self._wanted.set()
         return self._marked.wait(timeout)
 
+    @property
+    def following(self) -> bool:
+        """Whether it reads the topic now (False while it rests, see IDLE_SECONDS)."""
+        return self._marked.is_set()
+
     @contextmanager
     def expecting(self, key: bytes) -> Iterator[None]:
         """Around sending a request about the id `key` and waiting for its answer."""

@@ -16,7 +16,7 @@ from confluent_kafka import Producer
 
 from blackbox.clock import now_ms
 from blackbox.dev.servers import KafkaBroker, RedisServer, free_port
-from blackbox.firing.dispatcher import Dispatcher, RetryPolicy
+from blackbox.firing.dispatcher import CLAIM_LEAD_MS, Dispatcher, RetryPolicy
 from blackbox.firing.shares import Share
 from blackbox.kafka import clients
 from blackbox.kafka.outbox import Outbox
@@ -25,7 +25,7 @@ from blackbox.schedule import Schedule
 from blackbox.storage.applying import IntakeSlice
 from blackbox.storage.keys import Layout
 from blackbox.storage.store import RedisStore
-from tests.kafkatools import unique
+from tests.kafkatools import TopicReader, unique
 
 POLICY = RetryPolicy(batch_limit=100, lease_ms=30_000, max_attempts=3, backoff_ms=100,
                      backoff_max_ms=1000, dlq_topic="dlq", events_topic="events")  # fmt: skip
@@ -349,3 +349,81 @@ def test_a_lease_left_in_a_shard_known_as_empty_is_reclaimed_once_it_runs_out(
     assert dead.token <= now_ms() <= dead.token + lease_ms
     assert store.counts() == (1, 0)
     client.close()
+
+
+def _fire_until_settled(dispatcher: Dispatcher, store: RedisStore, timeout: float) -> None:
+    """Run the dispatcher as the waker does, waking CLAIM_LEAD_MS before each due time,
+    until nothing is due or in flight."""
+    stop, deadline = threading.Event(), time.monotonic() + timeout
+    while store.counts() != (0, 0) and time.monotonic() < deadline:
+        fired = dispatcher.fire_due(stop)
+        next_ms = fired.next_due_ms if fired.next_due_ms is not None else now_ms() + 50
+        stop.wait(max(0.0, (next_ms - CLAIM_LEAD_MS - now_ms()) / 1000))
+
+
+def test_a_window_is_claimed_once_and_each_delivery_leaves_at_its_due_instant(
+    store: RedisStore, broker: KafkaBroker
+) -> None:
+    """Guarantee 6 (on time, never early): schedules falling due within one firing window
+    are taken by one claim (a steady stream pays a claim per window, not per message), and
+    each is handed to the producer at its own due instant: its record's create time is at
+    or after its due time, and within a few ms of it."""
+    topic = unique("window")
+    clients.ensure_topics({"bootstrap.servers": broker.bootstrap}, [topic])
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    producer.list_topics(topic, timeout=10)
+    now = now_ms()
+    window = [(o, Schedule(f"in:0:{o}", topic, str(o).encode(), now + 300 + 3 * o))
+              for o in range(5)]  # fmt: skip
+    store.apply([IntakeSlice("in", 0, 4, window)], now)
+    dispatcher = Dispatcher(store, Outbox(producer, REPORT_WAIT_S), POLICY, Metrics())
+    dispatcher.fire_due(threading.Event())  # nothing due within a window yet: learns when
+    claims = dispatcher.claims
+
+    _fire_until_settled(dispatcher, store, REPORT_WAIT_S)
+    reader = TopicReader(broker.bootstrap, topic)
+    records = reader.wait_count(len(window))
+    reader.close()
+
+    assert dispatcher.claims == claims + 1
+    due_of = {s.id: s.due_ms for _, s in window}
+    early = [(r.header("blackbox-id"), r.created_ms - due_of[r.header("blackbox-id")])
+             for r in records if r.created_ms < due_of[r.header("blackbox-id")]]  # fmt: skip
+    assert early == []
+    assert sorted(r.created_ms for r in records) == [r.created_ms for r in records]
+    producer.flush(10)
+
+
+def test_stopping_within_a_window_returns_what_is_not_due_yet_unproduced(
+    store: RedisStore, broker: KafkaBroker
+) -> None:
+    """Guarantee 1 and 6: a process told to stop while it releases a claimed window
+    produces nothing before its due time; what was not due yet goes back to due at its own
+    time, with no attempt counted, for whoever fires next."""
+    topic = unique("stopped")
+    clients.ensure_topics({"bootstrap.servers": broker.bootstrap}, [topic])
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    now = now_ms()
+    first = Schedule("in:0:0", topic, b"now", now - 1)
+    later = Schedule("in:0:1", topic, b"later", now + 5_000)
+    store.apply([IntakeSlice("in", 0, 1, [(0, first), (1, later)])], now)
+    dispatcher = Dispatcher(store, Outbox(producer, REPORT_WAIT_S), POLICY, Metrics())
+    dispatcher.ahead_ms = 10_000  # both in one claim
+    stop = threading.Event()
+    firing = threading.Thread(target=dispatcher.fire_due, args=(stop,))
+    reader = TopicReader(broker.bootstrap, topic)
+
+    firing.start()
+    reader.wait_count(1)  # the first left; the other waits for its due time
+    stop.set()
+    firing.join(10)
+    dispatcher.settle_all(threading.Event())
+
+    assert not firing.is_alive()
+    assert [r.value for r in reader.read_to_end()] == [b"now"]
+    reader.close()
+    shard = store.layout.shards[0]
+    assert store.client.zscore(shard.due, later.id) == later.due_ms
+    assert store.client.zscore(shard.in_flight, later.id) is None
+    assert store.client.hget(shard.attempts, later.id) is None
+    producer.flush(10)
