@@ -145,6 +145,7 @@ def one_run(subject: str, rate: int, seconds: int, against: Path | None) -> Resu
         time.sleep(IDLE_SECONDS)  # the subject idle: what it costs per second doing nothing
         idle = meters(stack, pid, client).since(idle_start)
         producer = new_producer(stack)
+        commands = client.info("commandstats")
         start = meters(stack, pid, client)
         for n in range(count):
             lag = start.at + n / rate - time.monotonic()
@@ -156,8 +157,19 @@ def one_run(subject: str, rate: int, seconds: int, against: Path | None) -> Resu
         # last delivery, and the idle rate over the whole span is taken off (net figures).
         got = collector.result(timeout=seconds + 120)
         used = meters(stack, pid, client).since(start)
+        calls = _calls_per_message(commands, client.info("commandstats"), count)
         client.close()
-    return _figures(subject, rate, seconds, count, got, used, idle)
+    return {**_figures(subject, rate, seconds, count, got, used, idle),
+            "redis_calls_per_message": calls}  # fmt: skip
+
+
+def _calls_per_message(
+    before: dict[str, Any], after: dict[str, Any], count: int
+) -> dict[str, float]:
+    """Redis commands per message over the run, by command (scripts count as one each)."""
+    calls = {name.removeprefix("cmdstat_"): stats["calls"] - before.get(name, {}).get("calls", 0)
+             for name, stats in after.items()}  # fmt: skip
+    return {n: round(c / count, 3) for n, c in sorted(calls.items(), key=lambda x: -x[1]) if c}
 
 
 def _figures(  # noqa: PLR0913, PLR0917 - one run's settings and readings

@@ -123,7 +123,8 @@ class Firing:
         (its waker then fires by `due_ms`)."""
         if not self.share.nudged(shard, due_ms):
             return False
-        self.waker.nudge(due_ms)
+        # Woken just before it, as for every shard: the claim is over by the due time.
+        self.waker.nudge(due_ms - CLAIM_LEAD_MS)
         return True
 
     def _nudged(self, shard: int, due_ms: int) -> None:
@@ -169,10 +170,7 @@ class Firing:
                 return now_ms() + self._paused(e)
             self._backoff.reset()
         next_poll = now_ms() + poll_ms
-        if fired.next_due_ms is None:
-            return next_poll
-        # Woken a little early, the claim's round trip is over by the due instant.
-        return min(fired.next_due_ms - CLAIM_LEAD_MS, next_poll)
+        return next_poll if fired.wake_ms is None else min(fired.wake_ms, next_poll)
 
     def _rebuild_under_way(self, poll_ms: int) -> bool:
         """Whether a rebuild's mark is in Redis, looked up at most once a poll interval."""

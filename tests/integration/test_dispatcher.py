@@ -16,7 +16,7 @@ from confluent_kafka import Producer
 
 from blackbox.clock import now_ms
 from blackbox.dev.servers import KafkaBroker, RedisServer, free_port
-from blackbox.firing.dispatcher import CLAIM_LEAD_MS, Dispatcher, RetryPolicy
+from blackbox.firing.dispatcher import FIRE_AHEAD_MS, Dispatcher, RetryPolicy
 from blackbox.firing.shares import Share
 from blackbox.kafka import clients
 from blackbox.kafka.outbox import Outbox
@@ -96,14 +96,15 @@ def test_a_nudge_ends_the_wait_for_reports(store: RedisStore, silent_producer: P
 def test_a_batch_reported_before_the_next_due_time_is_acked_in_the_same_run(
     store: RedisStore, broker: KafkaBroker
 ) -> None:
-    """Guarantee 1 (what a crash delivers again): with the next message due 40 ms later,
-    the run waits for the broker's report on what it sent and acknowledges it in Redis
-    then, not at a later due instant; a kill in between would deliver it twice. It may
-    return with the batch unsettled only once the next due time is a few ms away."""
+    """Guarantee 1 (what a crash delivers again): with the next message due 40 ms after
+    the firing window, the run waits for the broker's report on what it sent and
+    acknowledges it in Redis then, not at a later due instant; a kill in between would
+    deliver it twice. It may return with the batch unsettled only once the next due time
+    is a few ms away."""
     clients.ensure_topics({"bootstrap.servers": broker.bootstrap}, ["orders"])
     producer = Producer({"bootstrap.servers": broker.bootstrap})
     producer.list_topics("orders", timeout=10)  # the report then waits on the broker alone
-    _, second = _two_due(store, 40)
+    _, second = _two_due(store, FIRE_AHEAD_MS + 40)
     dispatcher = Dispatcher(store, Outbox(producer, REPORT_WAIT_S), POLICY, Metrics())
 
     fired = dispatcher.fire_due(threading.Event())
@@ -352,13 +353,13 @@ def test_a_lease_left_in_a_shard_known_as_empty_is_reclaimed_once_it_runs_out(
 
 
 def _fire_until_settled(dispatcher: Dispatcher, store: RedisStore, timeout: float) -> None:
-    """Run the dispatcher as the waker does, waking CLAIM_LEAD_MS before each due time,
-    until nothing is due or in flight."""
+    """Run the dispatcher as the waker does, at each instant it asks to be woken, until
+    nothing is due or in flight."""
     stop, deadline = threading.Event(), time.monotonic() + timeout
     while store.counts() != (0, 0) and time.monotonic() < deadline:
         fired = dispatcher.fire_due(stop)
-        next_ms = fired.next_due_ms if fired.next_due_ms is not None else now_ms() + 50
-        stop.wait(max(0.0, (next_ms - CLAIM_LEAD_MS - now_ms()) / 1000))
+        wake_ms = fired.wake_ms if fired.wake_ms is not None else now_ms() + 50
+        stop.wait(max(0.0, (wake_ms - now_ms()) / 1000))
 
 
 def test_a_window_is_claimed_once_and_each_delivery_leaves_at_its_due_instant(
