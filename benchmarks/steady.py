@@ -4,6 +4,7 @@ lateness, beside a plain relay (the floor) and, optionally, another checkout of 
     python -m benchmarks.steady                                  # 100, 1,000, 10,000/s
     python -m benchmarks.steady --rates 1000 --rounds 3          # alternated, 3 rounds
     python -m benchmarks.steady --rates 1000 --against /tmp/v010 # beside another release
+    python -m benchmarks.steady --rates 1000 --burst 20000        # and 20,000 due at once
 
 Each run starts a fresh stack (Redis, Apache Kafka), waits until its subject is ready,
 measures every process's CPU over an idle window, then sends `rate` messages a second for
@@ -163,6 +164,32 @@ def one_run(subject: str, rate: int, seconds: int, against: Path | None) -> Resu
             "redis_calls_per_message": calls}  # fmt: skip
 
 
+def burst_run(subject: str, count: int, against: Path | None, ahead_s: float = 10.0) -> Result:
+    """`count` messages due at one instant `ahead_s` from the first send (as S1): how long
+    after it the last arrived, and the CPU from the due instant to the last delivery."""
+    with local_stack() as stack, subject_process(stack, subject, against) as pid:
+        client = redis.Redis.from_url(stack.redis.url)
+        target = f"burst-{uuid.uuid4().hex[:8]}"
+        clients.ensure_topics(stack.settings.kafka, [target])
+        collector = CollectorProcess(stack.broker.bootstrap, target, count, ahead_s + 90)
+        producer = new_producer(stack)
+        due = time.time() + ahead_s
+        for n in range(count):
+            send(producer, stack.settings.intake_topic, target, n, due - time.time())
+        producer.flush(30)
+        time.sleep(max(0.0, due - time.time()))  # the firing alone from here
+        start = meters(stack, pid, client)
+        got = collector.result(timeout=ahead_s + 100)
+        used = meters(stack, pid, client).since(start)
+        client.close()
+    last = max((c[0][0] - c[0][1] for c in got.copies.values()), default=None)
+    return {"scenario": "burst", "subject": subject, "messages": count,
+            "delivered": len(got.copies), "lost": count - len(got.copies),
+            "duplicated": got.duplicated(), "last_after_due_ms": last,
+            "subject_cpu_us_per_message": round(used["subject"] / count * 1e6, 1),
+            "redis_cpu_us_per_message": round(used["redis"] / count * 1e6, 1)}  # fmt: skip
+
+
 def _calls_per_message(
     before: dict[str, Any], after: dict[str, Any], count: int
 ) -> dict[str, float]:
@@ -228,6 +255,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument(
+        "--burst",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also N messages due at one instant, per subject but the relay",
+    )
+    parser.add_argument(
         "--subjects",
         nargs="+",
         default=["service", "relay"],
@@ -251,6 +285,9 @@ def main() -> int:
                 result = one_run(subject, rate, args.seconds, args.against)
                 results.append(result)
                 print(orjson.dumps(result).decode(), flush=True)  # noqa: T201 - figures
+        for subject in [s for s in subjects if s != "relay"] if args.burst else []:
+            print(orjson.dumps(burst_run(subject, args.burst, args.against)).decode(),  # noqa: T201
+                  flush=True)  # fmt: skip
     print(median_table(results), flush=True)  # noqa: T201
     return 0
 

@@ -428,3 +428,35 @@ def test_stopping_within_a_window_returns_what_is_not_due_yet_unproduced(
     assert store.client.zscore(shard.in_flight, later.id) is None
     assert store.client.hget(shard.attempts, later.id) is None
     producer.flush(10)
+
+
+def test_a_message_stored_while_a_window_is_held_leaves_at_its_own_due_time(
+    store: RedisStore, broker: KafkaBroker
+) -> None:
+    """Guarantee 6: a schedule stored after a window was claimed and due before that
+    window's deliveries (a short countdown) is not held back behind them: the nudge that
+    announces it has it claimed just before its due time, and it leaves then, at or
+    after its due instant and well before the held ones."""
+    topic = unique("nudged")
+    clients.ensure_topics({"bootstrap.servers": broker.bootstrap}, [topic])
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    producer.list_topics(topic, timeout=10)
+    dispatcher = Dispatcher(store, Outbox(producer, REPORT_WAIT_S), POLICY, Metrics())
+    dispatcher.ahead_ms = 5_000
+    now = now_ms()
+    held = Schedule("in:0:0", topic, b"held", now + 2_000)
+    store.apply([IntakeSlice("in", 0, 0, [(0, held)])], now)
+    dispatcher.fire_due(threading.Event())  # claims the window: `held` waits in the process
+    assert dispatcher.held_due_ms() == held.due_ms
+    short = Schedule("in:0:1", topic, b"short", now_ms() + 300)
+    store.apply([IntakeSlice("in", 0, 1, [(1, short)])], now_ms())
+    dispatcher.share.nudged(0, short.due_ms)  # what intake tells the firing part
+
+    _fire_until_settled(dispatcher, store, REPORT_WAIT_S)
+    reader = TopicReader(broker.bootstrap, topic)
+    records = {r.value: r for r in reader.wait_count(2)}
+    reader.close()
+
+    assert short.due_ms <= records[b"short"].created_ms < short.due_ms + 200
+    assert records[b"held"].created_ms >= held.due_ms
+    producer.flush(10)
