@@ -21,7 +21,11 @@ from blackbox.storage.keys import MAX_SHARDS, SHARD_SEPARATOR
 KAFKA_PREFIX = "KAFKA_"
 # Properties for one kind of client only (KAFKA_CONSUMER_SESSION_TIMEOUT_MS).
 CLIENT_PREFIXES = ("CONSUMER_", "PRODUCER_")
-_SECRET_WORDS = ("password", "secret", "key", "token")
+# A librdkafka property whose name holds one of these is masked: sasl.password,
+# ssl.key.password, ssl.key.pem, sasl.oauthbearer.client.secret, the private key's
+# passphrase, and sasl.oauthbearer.config / .extensions, which may carry credentials.
+_SECRET_WORDS = ("password", "secret", "key", "token", "credential", "oauthbearer.config",
+                 "oauthbearer.extensions")  # fmt: skip
 MAX_COUNTDOWN_LIMIT = ABSOLUTE_MAX_COUNTDOWN_SECONDS
 MIN_TIMEOUT = 0.01
 MIN_TOKEN_CHARS = 16
@@ -152,12 +156,14 @@ class Var:
     parse: Callable[[str], Any]
     default: str
     help: str
+    secret: bool = False  # its value is never shown: not in repr, not in an error
 
 
 VARIABLES: tuple[Var, ...] = (
     Var("REDIS_URL", "redis_url", str, "redis://localhost:6379/0",
         "Redis to keep schedules in; redis+sentinel://host:26379,host2:26379/mymaster/0 for the "
-        "master Sentinel names; redis+cluster://host:port (any node) for Redis Cluster"),
+        "master Sentinel names; redis+cluster://host:port (any node) for Redis Cluster",
+        secret=True),
     Var("BLACKBOX_ACCEPT_EVICTION", "accept_eviction", _flag, "false",
         "true: start on a Redis whose maxmemory-policy evicts keys (it may delete schedules)"),
     Var("BLACKBOX_NAMESPACE", "namespace", _namespace, "bb",
@@ -225,7 +231,8 @@ VARIABLES: tuple[Var, ...] = (
         "most open HTTP connections from one client address; one more closes that "
         "address's one waiting longest for a request, or is answered 503 when all are busy"),
     Var("BLACKBOX_API_TOKEN", "api_token", _token, "",
-        "bearer token of the HTTP API (16+ characters); empty: none, mutations refused"),
+        "bearer token of the HTTP API (16+ characters); empty: none, mutations refused",
+        secret=True),
     Var("BLACKBOX_API_TOKENS_FILE", "api_tokens_file", str, "",
         "YAML or JSON of tokens (SHA-256 hashes) acting for some callers, read and/or write"),
     Var("BLACKBOX_API_SIGNING_KEY_FILE", "api_signing_key_file", str, "",
@@ -355,8 +362,9 @@ class Settings:
 
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in fields(self)}
-        shown["redis_url"] = mask_url(self.redis_url)
-        shown["api_token"] = MASK if self.api_token else ""
+        for var in VARIABLES:
+            if var.secret:
+                shown[var.attribute] = _masked(var, getattr(self, var.attribute))
         for name in ("kafka", "kafka_consumer", "kafka_producer"):
             shown[name] = {k: MASK if _is_secret(k) else v for k, v in shown[name].items()}
         return f"Settings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
@@ -373,7 +381,16 @@ def _read(var: Var, environ: Mapping[str, str]) -> Any:
     try:
         return var.parse(text)
     except ValueError as e:
-        raise SettingsError(f"{var.name}={text!r} is invalid: {e}") from e
+        shown = _masked(var, text) if var.secret else text
+        raise SettingsError(f"{var.name}={shown!r} is invalid: {e}") from e
+
+
+def _masked(var: Var, value: str) -> str:
+    """A secret variable's value as it may be shown: a URL with its password masked, any
+    other secret as asterisks (empty stays empty: "no token" is no secret)."""
+    if var.name == "REDIS_URL":
+        return mask_url(value)
+    return MASK if value else ""
 
 
 # What Kubernetes (and Docker's legacy links) inject for a Service named NAME:

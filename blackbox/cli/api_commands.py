@@ -19,6 +19,7 @@ import orjson
 
 from blackbox.exits import EXIT_FAILED, EXIT_OK
 from blackbox.settings import Settings
+from blackbox.storage.connections import mask_url
 
 TIMEOUT_SECONDS = 15.0
 
@@ -103,7 +104,8 @@ def _call(
     data = None if body is None else orjson.dumps(body)
     url = api.rstrip("/") + "/api/v1" + path
     if not url.startswith(("http://", "https://")):
-        return 0, {"error": "bad_address", "reason": f"--api {api!r} is not an http(s) URL"}
+        shown = mask_url(api)
+        return 0, {"error": "bad_address", "reason": f"--api {shown!r} is not an http(s) URL"}
     request = urllib.request.Request(url, data, headers, method=method)  # noqa: S310 - checked
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:  # noqa: S310
@@ -111,7 +113,7 @@ def _call(
     except urllib.error.HTTPError as e:
         return e.code, orjson.loads(e.read() or b"{}")
     except urllib.error.URLError as e:
-        return 0, {"error": "unreachable", "reason": f"{api}: {e.reason}"}
+        return 0, {"error": "unreachable", "reason": f"{mask_url(api)}: {e.reason}"}
 
 
 def _quoted(blackbox_id: str) -> str:
