@@ -79,6 +79,16 @@ def test_the_settings_reference_names_the_brokers_and_what_the_port_serves() -> 
         assert served in rows["BLACKBOX_HTTP_HOST"], served
 
 
+def test_the_exit_codes_reference_names_one_code_for_not_found() -> None:
+    """The exit codes page, generated from blackbox/exits.py, gives every command that can
+    meet an id blackbox does not hold the one code 3."""
+    row = next(line for line in reference.exit_codes_page().splitlines()
+               if "`EXIT_UNCHANGED`" in line)  # fmt: skip
+    assert row.startswith("| `3` |")
+    for command in ("cancel", "pause", "resume", "reschedule", "show", "not_found"):
+        assert command in row, command
+
+
 def test_the_references_describe_only_what_exists() -> None:
     """No description is left for a reason or outcome the code no longer has."""
     assert set(reference.REASONS) == set(DeadLetterReason)
