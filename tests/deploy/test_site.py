@@ -108,5 +108,12 @@ def test_the_references_list_every_entry() -> None:
     assert {"blackbox_up", "blackbox_ready", "blackbox_overdue_messages"} <= set(names)
     assert all(name in pages["reference/metrics.md"] for name in names)
     cli = pages["reference/cli.md"]
-    for option in ("--redis-port", "--kafka-port", "--state-dir", "--cursor", "--wait"):
+    for option in (
+        "--redis-port",
+        "--kafka-port",
+        "--state-dir",
+        "--no-service",
+        "--cursor",
+        "--wait",
+    ):
         assert f"`{option}`" in cli, option

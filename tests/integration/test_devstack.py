@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+import redis
 from confluent_kafka.admin import AdminClient
 
 from blackbox.dev.servers import LOOPBACK, port_open
@@ -199,6 +200,35 @@ def _events(process: BlackboxProcess) -> list[dict[str, Any]]:
     """Every JSON log event written so far."""
     lines = process.output().splitlines()
     return [orjson.loads(line) for line in lines if line.startswith('{"')]
+
+
+def test_dev_without_the_service_starts_only_redis_and_kafka(
+    tmp_path: Path, ports: tuple[int, int]
+) -> None:
+    """`blackbox dev --no-service` starts Redis and Apache Kafka, creates blackbox's topics
+    as `create-topics` does (partitions, retention the service's check accepts), prints
+    the settings that reach them, runs no service, and stops both on SIGTERM."""
+    kafka_port, redis_port = ports
+    dev = _dev(tmp_path / "state", tmp_path / "dev.log", kafka_port, redis_port, "kafka",
+               "--no-service")  # fmt: skip
+    try:
+        wait_until(lambda: _printed(dev, "export KAFKA_BOOTSTRAP_SERVERS="), timeout=120,
+                   what="the connection settings")  # fmt: skip
+        lines = dev.output().splitlines()
+        assert f"export REDIS_URL=redis://127.0.0.1:{redis_port}/0" in lines
+        assert f"export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:{kafka_port}" in lines
+        config: dict[str, Any] = {"bootstrap.servers": f"127.0.0.1:{kafka_port}"}
+        found = AdminClient(config).list_topics(timeout=30).topics
+        assert all(len(found[t].partitions) == DEV_PARTITIONS for t in Settings.from_env(
+            {}).own_topics)  # fmt: skip
+        _assert_kept_long_enough(config)
+        assert redis.Redis(port=redis_port).ping()
+    finally:
+        assert dev.terminate(30) == 0, dev.output()
+    names = [event["event"] for event in _events(dev)]
+    assert "local_stack_ready" in names
+    assert "service_starting" not in names and "http_listening" not in names
+    assert not port_open(redis_port) and not port_open(kafka_port)
 
 
 def _assert_kept_long_enough(config: dict[str, Any]) -> None:
