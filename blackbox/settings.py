@@ -235,6 +235,11 @@ VARIABLES: tuple[Var, ...] = (
         "(/live, /ready, /metrics); `blackbox dev`: 127.0.0.1"),
     Var("BLACKBOX_HTTP_PORT", "http_port", _port, "8080",
         "its port; 0 picks a free one, 'off' serves none"),
+    Var("BLACKBOX_PROBE_PORT", "probe_port", _port, "off",
+        "port of a listener of its own serving only /live, /ready and /metrics, with caps of "
+        "its own, so API clients can never starve the probes (the Helm chart sets 8081 and "
+        "points its probes there); 0 picks a free one; off: none (the probes are also on "
+        "BLACKBOX_HTTP_PORT, with 16 connections beyond its cap kept for them)"),
     Var("BLACKBOX_HTTP_HEADER_TIMEOUT", "http_header_timeout", _positive_float, "10",
         "seconds a connection has to send a whole request head (from connecting, or from "
         "its last answer); then it is closed (a half-sent head answered 408)"),
@@ -320,6 +325,7 @@ class Settings:
     fired_retention: int
     http_host: str
     http_port: int | None
+    probe_port: int | None
     http_header_timeout: float
     http_body_timeout: float
     http_max_connections: int

@@ -68,6 +68,10 @@ class Limits:
     max_connections: int = 1000
     answer_seconds: float = 30.0
     per_client: int = 100
+    # The most seconds from a request head's end to its answer's last byte written (None:
+    # no such bound); past it the connection is aborted. Its bytes then have answer_seconds
+    # to leave.
+    request_seconds: float | None = None
 
     @property
     def accept_batch(self) -> int:
@@ -223,6 +227,7 @@ class Guarded(H11Protocol):
         self.stalled: asyncio.TimerHandle | None = None  # writes held back: abort at this
         self.sending: asyncio.TimerHandle | None = None  # answer bytes waiting: check at this
         self.sending_since = 0.0  # when the waiting answer bytes began to wait
+        self.overdue: asyncio.TimerHandle | None = None  # the request's answer: abort at this
         self.head_begun = False  # some bytes of the awaited request head have come
         self.refused = False
         self.lingering: Lingering | None = None  # closing once its answer has left
@@ -264,6 +269,18 @@ class Guarded(H11Protocol):
         super().handle_events()
         if self.cycle is not cycle:  # a request head came in whole
             self._stop_waiting()
+            self._answer_by(self.gate.limits.request_seconds)
+
+    def _answer_by(self, seconds: float | None) -> None:
+        """Abort the connection unless this request's answer has left within `seconds`."""
+        self._stop_overdue()
+        if seconds is not None:
+            self.overdue = self.loop.call_later(seconds, self.transport.abort)
+
+    def _stop_overdue(self) -> None:
+        if self.overdue is not None:
+            self.overdue.cancel()
+            self.overdue = None
 
     def send_400_response(self, msg: str) -> None:
         """A head h11 cannot read: a whole JSON 400 (uvicorn's own is chunked text)."""
@@ -281,6 +298,7 @@ class Guarded(H11Protocol):
             self.lingering = Lingering(self.raw, self.loop)
 
     def on_response_complete(self) -> None:
+        self._stop_overdue()  # written: what is left to leave has answer_seconds
         super().on_response_complete()
         # uvicorn has begun the next pipelined request, if one came: that one is busy. A
         # closing connection waits too, for its answer to leave.
@@ -305,6 +323,7 @@ class Guarded(H11Protocol):
             return
         self._stop_waiting()
         self._stop_stall()
+        self._stop_overdue()
         if self.sending is not None:
             self.sending.cancel()
         self.gate.leave(self)  # only now: till then the socket holds a descriptor
