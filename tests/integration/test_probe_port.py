@@ -5,11 +5,15 @@ within 1 s on the probe port; a slow reader there is cut off at its answer deadl
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import time
+from dataclasses import replace
 
 import httpx
+from fastapi import FastAPI
 
-from blackbox.api.server import PROBE_LIMITS
+from blackbox.api.server import PROBE_LIMITS, Endpoints
 from blackbox.dev.servers import free_port
 from blackbox.service import Service
 from tests.integration.conftest import ServiceFactory
@@ -87,6 +91,29 @@ def test_a_slow_reader_on_the_probe_port_is_cut_off_at_the_answer_deadline(
         wait_until(lambda: not server.server_state.connections, 10, "the slow reader cut off")
     most = PROBE_LIMITS.header_seconds + PROBE_LIMITS.answer_seconds + 1.0
     assert time.monotonic() - started < most
+
+
+def test_an_answer_not_written_by_its_deadline_closes_the_connection() -> None:
+    """A probe whose answer hangs (here a route that never returns) is not waited for: its
+    connection is aborted at the request deadline (0.5 s here, 2 s on the probe port), so
+    a probe never holds a connection past it, whatever the app does."""
+    hanging = FastAPI()
+
+    @hanging.get("/live")
+    async def never() -> None:
+        await asyncio.Event().wait()
+
+    limits = replace(PROBE_LIMITS, request_seconds=0.5)
+    server = Endpoints("127.0.0.1", 0, hanging, limits=limits)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            started = time.monotonic()
+            sock.sendall(b"GET /live HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert sock.recv(1024) == b""  # closed without an answer
+            assert time.monotonic() - started < 0.5 + 1.0
+    finally:
+        server.stop()
 
 
 def _port(service: Service) -> int:
