@@ -102,7 +102,8 @@ def test_a_refused_or_failing_start_shows_no_secret(
     guarded_redis: RedisServer, broker: KafkaBroker, tmp_path: Path
 ) -> None:
     """A token too short, a malformed Redis URL and a Redis that refuses the password: each
-    start fails or waits, saying why, and shows no secret."""
+    start fails or waits, saying why, and shows no secret; nor does `blackbox send` refusing
+    a signing key file that holds no key."""
     env = _planted_environment(guarded_redis, broker, tmp_path)
     short = BlackboxProcess({**env, "BLACKBOX_API_TOKEN": SHORT}, tmp_path / "a.log")
     assert short.wait(30) == 2
@@ -121,5 +122,12 @@ def test_a_refused_or_failing_start_shows_no_secret(
             refused.terminate(30)
         else:
             refused.wait()
-    for process in (short, malformed, refused):
+    (tmp_path / "bad.pem").write_text(f"-----BEGIN PRIVATE KEY-----\n{PLANTED}\n"
+                                      "-----END PRIVATE KEY-----\n")  # fmt: skip
+    signed = BlackboxProcess(env, tmp_path / "d.log", "send", "--signing-key",
+                             str(tmp_path / "bad.pem"), "--key-id", "k1", "--caller", "c",
+                             "--topic", "t", "--countdown", "60", '"x"')  # fmt: skip
+    assert signed.wait(30) == 2
+    assert "--signing-key" in signed.output()
+    for process in (short, malformed, refused, signed):
         assert _secrets_in(process.output(), tmp_path) == [], process.output()[-2000:]
