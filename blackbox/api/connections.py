@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -47,6 +48,10 @@ if TYPE_CHECKING:
     from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallable, Scope
 
 log = structlog.get_logger("blackbox.api.connections")
+# uvicorn's protocol logs a warning per malformed request (a fuzzer's flood: a line each);
+# the refusals are counted in `Gate.heads` instead. Its errors are still logged.
+protocol_log = logging.getLogger("blackbox.api.protocol")
+protocol_log.setLevel(logging.ERROR)
 # Connections the kernel holds for the server to accept (uvicorn's default).
 LISTEN_BACKLOG = 2048
 # Connections beyond the cap kept for the probes: a kubelet and a scraper or two, with room.
@@ -124,6 +129,7 @@ class Gate:
     limits: Limits
     refused: Throttled
     cut: Throttled | None = None  # answers that did not leave in time
+    heads: Throttled | None = None  # request heads refused: too long (414, 431), malformed
     open: set[Guarded] = field(default_factory=set)
     reserved: set[Guarded] = field(default_factory=set)
     clients: dict[str, set[Guarded]] = field(default_factory=dict)
@@ -233,6 +239,7 @@ class Guarded(H11Protocol):
         self.lingering: Lingering | None = None  # closing once its answer has left
         self.raw: asyncio.Transport | None = None  # the transport itself, not Sending
         self.client_host = ""
+        self.logger = protocol_log
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         peer = transport.get_extra_info("peername")
@@ -263,7 +270,7 @@ class Guarded(H11Protocol):
         if self.conn.their_state is h11.IDLE:  # a head is awaited: within MAX_HEAD_BYTES?
             refused = head_refusal(self.conn.trailing_data[0])
             if refused is not None:
-                self._answer_and_close(refused)
+                self._refuse_head(refused)
                 return
         cycle = self.cycle
         super().handle_events()
@@ -284,12 +291,14 @@ class Guarded(H11Protocol):
 
     def send_400_response(self, msg: str) -> None:
         """A head h11 cannot read: a whole JSON 400 (uvicorn's own is chunked text)."""
-        self._answer_and_close(MALFORMED)
+        self._refuse_head(MALFORMED)
 
-    def _answer_and_close(self, answer: bytes) -> None:
+    def _refuse_head(self, answer: bytes) -> None:
         self._stop_waiting()
         self.transport.write(answer)
         self.transport.close()
+        if self.gate.heads is not None:
+            self.gate.heads.note(self.loop, last_status=int(answer.split(b" ", 2)[1]))
 
     def _linger(self) -> None:
         """Close once the answer has left (closing.py): Sending's close."""

@@ -56,7 +56,8 @@ class Endpoints:
         self.socket = socket.create_server((host, port), reuse_port=False)
         self.limits = _fitted(limits)
         gate = Gate(self.limits, Throttled("http_connections_refused", LOG_EVERY_SECONDS),
-                    Throttled("http_answers_cut", LOG_EVERY_SECONDS))  # fmt: skip
+                    Throttled("http_answers_cut", LOG_EVERY_SECONDS),
+                    heads=Throttled("http_requests_refused", LOG_EVERY_SECONDS))  # fmt: skip
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
                                 loop="asyncio", http=protocol_for(gate), ws="none",
                                 backlog=self.limits.accept_batch)  # fmt: skip

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import httpx
 import orjson
 import pytest
+from structlog.testing import capture_logs
 
 from blackbox.api.closing import MAX_HEAD_BYTES
 from blackbox.service import Service
@@ -92,6 +93,24 @@ def test_a_malformed_request_is_answered_400_in_whole(port: int) -> None:
     """A head HTTP/1.1 cannot read is answered 400 with a JSON body, not a chunked text."""
     answer = _whole_answer(_send_whole(port, b"GET / HTTP/1.1\r\nno colon here\r\n\r\n"))
     _expect(answer, 400, "bad_request", "HTTP/1.1")
+
+
+def test_refused_heads_are_logged_once_per_interval(
+    port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fuzzer's flood of malformed and over-long heads is logged as one
+    `http_requests_refused` line per interval with their count, never a line each (uvicorn
+    logged "Invalid HTTP request received." for every one)."""
+    long_line = f"GET /?x={LONG_QUERY} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode()
+    with capture_logs() as events:
+        for _ in range(10):
+            _whole_answer(_send_whole(port, b"GET / HTTP/1.1\r\nno colon here\r\n\r\n"))
+            _whole_answer(_send_whole(port, long_line))
+        wait_until(lambda: any(e["event"] == "http_requests_refused" for e in events), 5,
+                   "the refusals logged")  # fmt: skip
+    refused = [e for e in events if e["event"] == "http_requests_refused"]
+    assert len(refused) <= 2 and sum(e["times"] for e in refused) >= 1, refused
+    assert not [r for r in caplog.records if "Invalid HTTP request" in r.getMessage()]
 
 
 def _chunks(total: int) -> Iterator[bytes]:
