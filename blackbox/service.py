@@ -24,7 +24,7 @@ from blackbox import tracing
 from blackbox.api import app
 from blackbox.api.backend import backend_of
 from blackbox.api.connections import Limits
-from blackbox.api.server import Endpoints
+from blackbox.api.server import PROBE_LIMITS, PROBE_PATHS, Endpoints
 from blackbox.clock import now_ms
 from blackbox.errors import RedisFull, SettingsError, ShardsChanged
 from blackbox.exits import EXIT_FAILED, EXIT_SETTINGS
@@ -93,6 +93,7 @@ class Service:
         self.endpoints = (
             None if settings.http_port is None else self._endpoints(settings, caller_policy)
         )
+        self.probe_endpoints = self._probe_endpoints(settings)
         self._threads = [
             threading.Thread(target=self._guard(loop), name=name, daemon=True)
             for name, loop in self._loops().items()
@@ -155,10 +156,18 @@ class Service:
             return Endpoints(settings.http_host, settings.http_port or 0,
                              app.create_app(backend), backend.close, limits)  # fmt: skip
         except OSError as e:
-            raise SettingsError(
-                f"BLACKBOX_HTTP_PORT={settings.http_port} cannot be served on "
-                f"{settings.http_host}: {e}"
-            ) from e
+            raise _unservable("BLACKBOX_HTTP_PORT", settings.http_port, settings, e) from e
+
+    def _probe_endpoints(self, settings: Settings) -> Endpoints | None:
+        """The probes' own listener, where BLACKBOX_PROBE_PORT asks for one."""
+        if settings.probe_port is None:
+            return None
+        try:
+            return Endpoints(settings.http_host, settings.probe_port,
+                             app.probes_app(self.health, self.metrics), limits=PROBE_LIMITS,
+                             paths=PROBE_PATHS)  # fmt: skip
+        except OSError as e:
+            raise _unservable("BLACKBOX_PROBE_PORT", settings.probe_port, settings, e) from e
 
     def _probes(self) -> dict[str, Probe]:
         """Redis (its eviction policy and memory) and the broker, through this role's
@@ -192,8 +201,9 @@ class Service:
         log.info("service_starting", role=self.role.value, settings=repr(self.settings))
         self._tracing = tracing.configure(self._environ)
         self._check_eviction()
-        if self.endpoints is not None:
-            self.endpoints.start()
+        for endpoints in (self.endpoints, self.probe_endpoints):
+            if endpoints is not None:
+                endpoints.start()
         for thread in self._threads:
             thread.start()
         if self.firing is not None:
@@ -295,8 +305,9 @@ class Service:
         self._join_threads()
         unflushed = sum(part.stop() for part in (self.receiving, self.firing) if part)
         self._leave()
-        if self.endpoints is not None:
-            self.endpoints.stop()
+        for endpoints in (self.endpoints, self.probe_endpoints):
+            if endpoints is not None:
+                endpoints.stop()
         self.redis.close()
         self._probe_client.close()
         if self._tracing:
@@ -339,3 +350,10 @@ class Service:
             log.info("signal_received", signal=signal.Signals(received[0]).name)
         self.stop()
         return self.exit_code
+
+
+def _unservable(
+    variable: str, port: int | None, settings: Settings, error: OSError
+) -> SettingsError:
+    """The error for a port the HTTP server cannot listen on, naming its variable."""
+    return SettingsError(f"{variable}={port} cannot be served on {settings.http_host}: {error}")

@@ -21,7 +21,11 @@ from blackbox.storage.keys import MAX_SHARDS, SHARD_SEPARATOR
 KAFKA_PREFIX = "KAFKA_"
 # Properties for one kind of client only (KAFKA_CONSUMER_SESSION_TIMEOUT_MS).
 CLIENT_PREFIXES = ("CONSUMER_", "PRODUCER_")
-_SECRET_WORDS = ("password", "secret", "key", "token")
+# A librdkafka property whose name holds one of these is masked: sasl.password,
+# ssl.key.password, ssl.key.pem, sasl.oauthbearer.client.secret, the private key's
+# passphrase, and sasl.oauthbearer.config / .extensions, which may carry credentials.
+_SECRET_WORDS = ("password", "secret", "key", "token", "credential", "oauthbearer.config",
+                 "oauthbearer.extensions")  # fmt: skip
 MAX_COUNTDOWN_LIMIT = ABSOLUTE_MAX_COUNTDOWN_SECONDS
 MIN_TIMEOUT = 0.01
 MIN_TOKEN_CHARS = 16
@@ -152,45 +156,63 @@ class Var:
     parse: Callable[[str], Any]
     default: str
     help: str
+    secret: bool = False  # its value is never shown: not in repr, not in an error
 
 
 VARIABLES: tuple[Var, ...] = (
     Var("REDIS_URL", "redis_url", str, "redis://localhost:6379/0",
-        "Redis to keep schedules in; redis+sentinel://host:26379,host2:26379/mymaster/0 for the "
-        "master Sentinel names; redis+cluster://host:port (any node) for Redis Cluster"),
+        "Redis to keep schedules in (rediss:// for TLS; a password in it is masked in logs); "
+        "redis+sentinel://host:26379,host2:26379/mymaster/0 (or rediss+sentinel://) for the "
+        "master Redis Sentinel names (?sentinel_password= if the Sentinels want their own); "
+        "redis+cluster://host:port (or rediss+cluster://), naming any one node, for Redis "
+        "Cluster",
+        secret=True),
     Var("BLACKBOX_ACCEPT_EVICTION", "accept_eviction", _flag, "false",
-        "true: start on a Redis whose maxmemory-policy evicts keys (it may delete schedules)"),
+        "true: start on a Redis whose maxmemory-policy is not noeviction (it may delete "
+        "payloads: lost schedules; see Going to production, Redis memory)"),
     Var("BLACKBOX_NAMESPACE", "namespace", _namespace, "bb",
         "Redis key hash tag (no braces, no #); one per deployment"),
     Var("BLACKBOX_SHARDS", "shards", _shards, "",
-        "shards the pending messages are spread over (each its own Redis Cluster slot), at "
-        "least the firing replicas; empty: the count the namespace was written with, or 16 "
-        "for a new one; keep it fixed while any are pending"),
+        "shards the pending messages are spread over (each its own hash tag, so its own Redis "
+        "Cluster slot), so that firing replicas share the work: at least the firing replicas, "
+        "a multiple of the masters; empty: the count the namespace was written with (one for "
+        "data written before counts were recorded), or 16 for a new one; keep it fixed while "
+        "any are pending"),
     Var("BLACKBOX_REREAD_LIMIT", "reread_limit", _positive_int, "100000",
         "the most intake records of one partition read again by themselves when Redis holds "
-        "less than the group committed (a failover's lag); a larger gap is lost data"),
+        "less than the group committed (a failover to a lagging replica); a larger gap is "
+        "lost data, handled as BLACKBOX_REDIS_LOSS says"),
     Var("BLACKBOX_REDIS_LOSS", "redis_loss", _choice("stop", "reread", "skip"), "stop",
-        "when Redis lost a partition's data (a gap over BLACKBOX_REREAD_LIMIT, or no "
-        "watermark under committed offsets): stop reading it, read it all again, or skip it"),
+        "when Redis lost an intake partition's data (a gap over BLACKBOX_REREAD_LIMIT, or no "
+        "watermark at all under committed offsets): stop reading it (/ready 503, alert "
+        "BlackboxRedisLostData), reread it all (what fired since is delivered again, under "
+        "the same ids) or skip it (its schedules given up, counted)"),
     Var("BLACKBOX_INTAKE_TOPIC", "intake_topic", _topic, "blackbox", "topic schedules arrive on"),
     Var("BLACKBOX_GROUP_ID", "group_id", str, "blackbox", "consumer group of the intake"),
     Var("BLACKBOX_DLQ_TOPIC", "dlq_topic", _topic, "blackbox.dlq", "dead-letter topic"),
     Var("BLACKBOX_EVENTS_TOPIC", "events_topic", _topic, "blackbox.events",
         "topic of the answers: scheduled, updated, cancelled, already_fired, ..."),
     Var("BLACKBOX_POLICY_FILE", "policy_file", str, "",
-        "YAML or JSON per-caller policy; empty: any caller, any topic, within the limits"),
+        "YAML or JSON per-caller policy; empty: any caller may target any topic, within the "
+        "limits"),
     Var("BLACKBOX_POLL_INTERVAL", "poll_interval", _positive_float, "1.0",
         "seconds between firing ticks"),
     Var("BLACKBOX_BATCH_LIMIT", "batch_limit", _batch, "1000",
-        "most ids claimed by one claim (at most 10,000)"),
+        "most ids one claim takes, at most 10,000 (one Lua call holds Redis); a full claim is "
+        "followed at once by the next"),
     Var("BLACKBOX_BATCH_BYTES", "batch_bytes", _positive_int, "16777216",
-        "most payload bytes claimed by one claim (one id at least, whatever its size)"),
+        "most payload bytes one claim takes (one id at least, whatever its size); sent and "
+        "unsettled payloads stay under 4 times this"),
     Var("BLACKBOX_INTAKE_BATCH", "intake_batch", _batch, "500",
-        "most intake records handled per poll (sent to Redis in parts of 100)"),
+        "most intake records handled per poll, at most 10,000 (sent to Redis in parts of "
+        "100); intake waits for the first record only, so a quiet topic's records are handled "
+        "one by one as they arrive"),
     Var("BLACKBOX_LEASE_SECONDS", "lease_seconds", _positive_float, "30",
-        "how long a claimed id is held before another replica may fire it"),
+        "how long a claimed id is held before another replica may fire it, counted from the "
+        "claim; must be longer than the delivery timeout + 1 s + the sweep delay (2 poll "
+        "intervals, at least 2 s) + 1 s, or the start is refused (exit code 2)"),
     Var("BLACKBOX_DELIVERY_TIMEOUT", "delivery_timeout", _timeout, "10",
-        "seconds the broker has to acknowledge a delivery (< lease)"),
+        "seconds the broker has to acknowledge a delivery (see BLACKBOX_LEASE_SECONDS)"),
     Var("BLACKBOX_MAX_ATTEMPTS", "max_attempts", _positive_int, "5",
         "attempts before a lasting delivery failure is dead-lettered"),
     Var("BLACKBOX_RETRY_BACKOFF", "retry_backoff", _positive_float, "1.0",
@@ -198,53 +220,78 @@ VARIABLES: tuple[Var, ...] = (
     Var("BLACKBOX_RETRY_BACKOFF_MAX", "retry_backoff_max", _positive_float, "60",
         "longest retry delay in seconds"),
     Var("BLACKBOX_GRACE_SECONDS", "grace_seconds", _positive_int, "604800",
-        "payload TTL beyond its due time (a down service still fires late, not never)"),
+        "how long past its due time a payload is kept (a service down for less still fires "
+        "it late, not never)"),
     Var("BLACKBOX_MAX_MESSAGE_BYTES", "max_message_bytes", _positive_int, "1048576",
         "largest intake record value accepted"),
     Var("BLACKBOX_MAX_COUNTDOWN", "max_countdown", _countdown_limit, "315576000",
-        "maximum horizon: latest due time accepted, seconds ahead (default 10 years)"),
+        "the horizon: how far ahead a due time may be, seconds (default 10 years); the "
+        "policy may set it per caller"),
     Var("BLACKBOX_FIRED_RETENTION", "fired_retention", _positive_int, "86400",
-        "seconds a caller's id is remembered after it fired or was cancelled (a key each)"),
+        "seconds a caller's id is remembered after it fired or was cancelled (answers to "
+        "late cancels; one key each)"),
     Var("BLACKBOX_HTTP_HOST", "http_host", str, "0.0.0.0",  # noqa: S104 - probes come from outside
-        "address of the /live, /ready and /metrics endpoints"),
+        "address of the HTTP server: the admin page (/), the API (/api/v1) and the probes "
+        "(/live, /ready, /metrics); `blackbox dev`: 127.0.0.1"),
     Var("BLACKBOX_HTTP_PORT", "http_port", _port, "8080",
-        "port of those endpoints; 0 picks a free one, 'off' serves none"),
+        "its port; 0 picks a free one, 'off' serves none"),
+    Var("BLACKBOX_PROBE_PORT", "probe_port", _port, "off",
+        "port of a listener of its own serving only /live, /ready and /metrics, with caps of "
+        "its own, so API clients can never starve the probes (the Helm chart sets 8081 and "
+        "points its probes there); 0 picks a free one; off: none (the probes are also on "
+        "BLACKBOX_HTTP_PORT, with 16 connections beyond its cap kept for them)"),
     Var("BLACKBOX_HTTP_HEADER_TIMEOUT", "http_header_timeout", _positive_float, "10",
         "seconds a connection has to send a whole request head (from connecting, or from "
-        "its last answer); then it is closed"),
+        "its last answer); then it is closed (a half-sent head answered 408)"),
     Var("BLACKBOX_HTTP_BODY_TIMEOUT", "http_body_timeout", _positive_float, "30",
-        "seconds a request has to send its whole body once its head is in; then it is 408"),
+        "seconds a request has to send its whole body once its head is in; then it is "
+        "answered 408 and closed"),
     Var("BLACKBOX_HTTP_MAX_CONNECTIONS", "http_max_connections", _positive_int, "1000",
-        "most open HTTP connections (at most half the free file descriptors); one more "
-        "closes the one waiting longest for a request, or is answered 503 when all are busy"),
+        "most open HTTP connections (at most half the free file descriptors at start); one "
+        "more closes the one waiting longest for a request, or is answered 503 when all are "
+        "busy; 16 more are kept for /live, /ready and /metrics"),
     Var("BLACKBOX_HTTP_ANSWER_TIMEOUT", "http_answer_timeout", _positive_float, "30",
-        "seconds an answer's bytes may wait for a client that reads slowly; then the "
-        "connection is aborted"),
+        "seconds an answer's bytes may wait to leave for a client that reads them slowly "
+        "(from the write that found none waiting); then the connection is aborted"),
     Var("BLACKBOX_HTTP_MAX_CONNECTIONS_PER_CLIENT", "http_max_connections_per_client",
         _positive_int, "100",
-        "most open HTTP connections from one client address; one more closes that "
-        "address's one waiting longest for a request, or is answered 503 when all are busy"),
+        "most open HTTP connections from one client address (raise it behind a proxy that "
+        "gathers many clients); one more closes that address's one waiting longest for a "
+        "request, or is answered 503 when all are busy"),
     Var("BLACKBOX_API_TOKEN", "api_token", _token, "",
-        "bearer token of the HTTP API (16+ characters); empty: none, mutations refused"),
+        "the operator's bearer token of the HTTP API (every caller), 16+ characters; empty: "
+        "none, mutations refused",
+        secret=True),
     Var("BLACKBOX_API_TOKENS_FILE", "api_tokens_file", str, "",
-        "YAML or JSON of tokens (SHA-256 hashes) acting for some callers, read and/or write"),
+        "YAML or JSON of tokens acting for some callers (SHA-256 hashes, callers, read and/or "
+        "write scopes)"),
     Var("BLACKBOX_API_SIGNING_KEY_FILE", "api_signing_key_file", str, "",
-        "Ed25519 private key (PEM) the API signs its requests for callers with"),
+        "Ed25519 private key (PEM) the API signs its requests for callers with (needed for "
+        "callers that must sign)"),
     Var("BLACKBOX_API_KEY_ID", "api_key_id", str, "blackbox-api",
         "the key id the callers' policy lists the API's public key under"),
     Var("BLACKBOX_API_READS", "api_reads", _choice("open", "token"), "token",
         "open: anyone reaching the port may read schedules; token: reads need the token too"),
     Var("BLACKBOX_API_DEV_OPEN", "api_dev_open", _flag, "false",
-        "local development only: without a token, allow every API call (`blackbox dev`)"),
+        "local development only: without a token, allow every API call (`blackbox dev` "
+        "sets it)"),
     Var("BLACKBOX_API_ALLOWED_HOSTS", "api_allowed_hosts", _hosts, "",
         "with the API open (reads open, or dev open without a token): Host names answered "
         "besides localhost, 127.0.0.1 and [::1], comma-separated (*.domain, * for any)"),
     Var("BLACKBOX_HEALTH_INTERVAL", "health_interval", _positive_float, "2",
-        "seconds between probes of Redis and the broker (readiness)"),
+        "seconds between probes of Redis (its memory, whether it has room for intake) and "
+        "the broker (a metadata request), which readiness reports"),
     Var("BLACKBOX_LOG_FORMAT", "log_format", _choice("auto", "json", "console"), "auto",
         "auto: console on a terminal, JSON otherwise"),
     Var("BLACKBOX_LOG_LEVEL", "log_level", _choice("debug", "info", "warning", "error"), "info",
         "least severe log level written"),
+)  # fmt: skip
+
+# The librdkafka properties given a default here (the rest are librdkafka's own): each is a
+# row of `blackbox run --help` and of the settings reference; `attribute` is the property.
+KAFKA_DEFAULTS: tuple[Var, ...] = (
+    Var("KAFKA_BOOTSTRAP_SERVERS", "bootstrap.servers", str, "localhost:9092",
+        "the Kafka brokers to start from, host:port comma-separated"),
 )  # fmt: skip
 
 
@@ -278,6 +325,7 @@ class Settings:
     fired_retention: int
     http_host: str
     http_port: int | None
+    probe_port: int | None
     http_header_timeout: float
     http_body_timeout: float
     http_max_connections: int
@@ -355,8 +403,9 @@ class Settings:
 
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in fields(self)}
-        shown["redis_url"] = mask_url(self.redis_url)
-        shown["api_token"] = MASK if self.api_token else ""
+        for var in VARIABLES:
+            if var.secret:
+                shown[var.attribute] = _masked(var, getattr(self, var.attribute))
         for name in ("kafka", "kafka_consumer", "kafka_producer"):
             shown[name] = {k: MASK if _is_secret(k) else v for k, v in shown[name].items()}
         return f"Settings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
@@ -373,7 +422,16 @@ def _read(var: Var, environ: Mapping[str, str]) -> Any:
     try:
         return var.parse(text)
     except ValueError as e:
-        raise SettingsError(f"{var.name}={text!r} is invalid: {e}") from e
+        shown = _masked(var, text) if var.secret else text
+        raise SettingsError(f"{var.name}={shown!r} is invalid: {e}") from e
+
+
+def _masked(var: Var, value: str) -> str:
+    """A secret variable's value as it may be shown: a URL with its password masked, any
+    other secret as asterisks (empty stays empty: "no token" is no secret)."""
+    if var.name == "REDIS_URL":
+        return mask_url(value)
+    return MASK if value else ""
 
 
 # What Kubernetes (and Docker's legacy links) inject for a Service named NAME:
@@ -416,10 +474,10 @@ def _is_link(variable: str, service: str, environ: Mapping[str, str]) -> bool:
 def kafka_config(environ: Mapping[str, str], client: str = "") -> dict[str, str]:
     """librdkafka properties from KAFKA_[client]* variables.
 
-    With no `client`, the properties every client shares (bootstrap.servers defaulting
-    to localhost:9092); with "CONSUMER_" or "PRODUCER_", those of that client alone.
+    With no `client`, the properties every client shares (those of KAFKA_DEFAULTS given
+    their defaults); with "CONSUMER_" or "PRODUCER_", those of that client alone.
     """
-    config = {} if client else {"bootstrap.servers": "localhost:9092"}
+    config = {} if client else {var.attribute: var.default for var in KAFKA_DEFAULTS}
     prefix = KAFKA_PREFIX + client
     for name, value in environ.items():
         rest = name[len(prefix) :]
@@ -443,10 +501,11 @@ def _is_secret(property_name: str) -> bool:
 def describe() -> str:
     """A table of every variable, its default and meaning, for `blackbox run --help`."""
     width = max(len(v.name) for v in VARIABLES)
-    rows = [f"  {v.name:<{width}}  {v.help} (default: {v.default})" for v in VARIABLES]
+    rows = [f"  {v.name:<{width}}  {v.help} (default: {v.default})"
+            for v in (*VARIABLES, *KAFKA_DEFAULTS)]  # fmt: skip
     rows.append(
-        f"  {'KAFKA_*':<{width}}  any librdkafka property: KAFKA_BOOTSTRAP_SERVERS, "
-        "KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_USERNAME, ... (dots become underscores)"
+        f"  {'KAFKA_*':<{width}}  any librdkafka property: KAFKA_SECURITY_PROTOCOL, "
+        "KAFKA_SASL_USERNAME, ... (dots become underscores)"
     )
     rows.append(
         f"  {'KAFKA_CONSUMER_*':<{width}}  a property for the intake consumer only "

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -41,16 +42,26 @@ import orjson
 import structlog
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from blackbox.api.closing import MALFORMED, Lingering, head_refusal, raw_answer
+
 if TYPE_CHECKING:
     from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallable, Scope
 
 log = structlog.get_logger("blackbox.api.connections")
+# uvicorn's protocol logs a warning per malformed request (a fuzzer's flood: a line each);
+# the refusals are counted in `Gate.heads` instead. Its errors are still logged.
+protocol_log = logging.getLogger("blackbox.api.protocol")
+protocol_log.setLevel(logging.ERROR)
 # Connections the kernel holds for the server to accept (uvicorn's default).
 LISTEN_BACKLOG = 2048
 # Connections beyond the cap kept for the probes: a kubelet and a scraper or two, with room.
 PROBE_RESERVE = 16
 # The paths a reserved connection may ask for.
 PROBE_PATHS = frozenset({"/live", "/ready", "/metrics"})
+# Connections refused at the cap that may linger at once (closing.py) to let their 503 be
+# read; past that number a refused connection is closed at once (they hold descriptors out
+# of any count meanwhile).
+MAX_REFUSED_LINGERING = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +73,10 @@ class Limits:
     max_connections: int = 1000
     answer_seconds: float = 30.0
     per_client: int = 100
+    # The most seconds from a request head's end to its answer's last byte written (None:
+    # no such bound); past it the connection is aborted. Its bytes then have answer_seconds
+    # to leave.
+    request_seconds: float | None = None
 
     @property
     def accept_batch(self) -> int:
@@ -73,14 +88,6 @@ class Limits:
         """At most half the free descriptors: the rest stay for Redis, Kafka and files."""
         most = max(1, free_descriptors // 2)
         return self if self.max_connections <= most else replace(self, max_connections=most)
-
-
-def _raw(status: str, error: str, reason: str, *extra: bytes) -> bytes:
-    """A whole HTTP/1.1 answer, written to a connection that is then closed."""
-    body = orjson.dumps({"error": error, "reason": reason})
-    head = [f"HTTP/1.1 {status}".encode(), b"content-type: application/json",
-            b"connection: close", b"content-length: %d" % len(body), *extra]  # fmt: skip
-    return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
 class Throttled:
@@ -122,10 +129,12 @@ class Gate:
     limits: Limits
     refused: Throttled
     cut: Throttled | None = None  # answers that did not leave in time
+    heads: Throttled | None = None  # request heads refused: too long (414, 431), malformed
     open: set[Guarded] = field(default_factory=set)
     reserved: set[Guarded] = field(default_factory=set)
     clients: dict[str, set[Guarded]] = field(default_factory=dict)
     waiting: dict[Guarded, None] = field(default_factory=dict)
+    refused_lingering: int = 0  # connections refused at the cap, lingering
 
     def make_room(self, client: str) -> Room:
         """Whether one more connection from `client` may open, and for what: over the
@@ -169,11 +178,21 @@ class Gate:
 
 class Sending:
     """A connection's transport, telling each run of answer bytes it could not send at once:
-    `started` is called when a write leaves bytes waiting where none waited before.
-    Everything else is the transport's own."""
+    `started` is called when a write leaves bytes waiting where none waited before; and
+    closing as `close` says (a lingering close, closing.py). Everything else is the
+    transport's own."""
 
-    def __init__(self, transport: asyncio.Transport, started: Callable[[], None]) -> None:
-        self._transport, self._started = transport, started
+    def __init__(self, transport: asyncio.Transport, started: Callable[[], None],
+                 close: Callable[[], None]) -> None:  # fmt: skip
+        self._transport, self._started, self._close = transport, started, close
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+        self._close()
+
+    def is_closing(self) -> bool:
+        return self.closed or self._transport.is_closing()
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         fresh = self._transport.get_write_buffer_size() == 0
@@ -214,9 +233,13 @@ class Guarded(H11Protocol):
         self.stalled: asyncio.TimerHandle | None = None  # writes held back: abort at this
         self.sending: asyncio.TimerHandle | None = None  # answer bytes waiting: check at this
         self.sending_since = 0.0  # when the waiting answer bytes began to wait
+        self.overdue: asyncio.TimerHandle | None = None  # the request's answer: abort at this
         self.head_begun = False  # some bytes of the awaited request head have come
         self.refused = False
+        self.lingering: Lingering | None = None  # closing once its answer has left
+        self.raw: asyncio.Transport | None = None  # the transport itself, not Sending
         self.client_host = ""
+        self.logger = protocol_log
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         peer = transport.get_extra_info("peername")
@@ -227,24 +250,64 @@ class Guarded(H11Protocol):
             return
         self.gate.enter(self, room)
         super().connection_made(transport)
-        self.transport = cast(asyncio.Transport, Sending(transport, self._answer_waits))
+        self.raw = transport
+        sending = Sending(transport, self._answer_waits, self._linger)
+        self.transport = cast(asyncio.Transport, sending)
         if room is Room.PROBES:
             self.app = probes_only(self.app)
         self._await_head()
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering is not None:
+            self.lingering.dropped(len(data))  # answered: what comes now is dropped
+            return
         if self.refused:
             return
         self.head_begun = self.head_begun or self in self.gate.waiting
         super().data_received(data)
 
     def handle_events(self) -> None:
+        if self.conn.their_state is h11.IDLE:  # a head is awaited: within MAX_HEAD_BYTES?
+            refused = head_refusal(self.conn.trailing_data[0])
+            if refused is not None:
+                self._refuse_head(refused)
+                return
         cycle = self.cycle
         super().handle_events()
         if self.cycle is not cycle:  # a request head came in whole
             self._stop_waiting()
+            self._answer_by(self.gate.limits.request_seconds)
+
+    def _answer_by(self, seconds: float | None) -> None:
+        """Abort the connection unless this request's answer has left within `seconds`."""
+        self._stop_overdue()
+        if seconds is not None:
+            self.overdue = self.loop.call_later(seconds, self.transport.abort)
+
+    def _stop_overdue(self) -> None:
+        if self.overdue is not None:
+            self.overdue.cancel()
+            self.overdue = None
+
+    def send_400_response(self, msg: str) -> None:
+        """A head h11 cannot read: a whole JSON 400 (uvicorn's own is chunked text)."""
+        self._refuse_head(MALFORMED)
+
+    def _refuse_head(self, answer: bytes) -> None:
+        self._stop_waiting()
+        self.transport.write(answer)
+        self.transport.close()
+        if self.gate.heads is not None:
+            self.gate.heads.note(self.loop, last_status=int(answer.split(b" ", 2)[1]))
+
+    def _linger(self) -> None:
+        """Close once the answer has left (closing.py): Sending's close."""
+        if self.lingering is None and self.raw is not None:
+            self._stop_waiting()
+            self.lingering = Lingering(self.raw, self.loop)
 
     def on_response_complete(self) -> None:
+        self._stop_overdue()  # written: what is left to leave has answer_seconds
         super().on_response_complete()
         # uvicorn has begun the next pipelined request, if one came: that one is busy. A
         # closing connection waits too, for its answer to leave.
@@ -262,25 +325,32 @@ class Guarded(H11Protocol):
         self._stop_stall()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.lingering is not None:
+            self.lingering.cancel()
         if self.refused:
+            self.gate.refused_lingering -= self.lingering is not None
             return
         self._stop_waiting()
         self._stop_stall()
+        self._stop_overdue()
         if self.sending is not None:
             self.sending.cancel()
         self.gate.leave(self)  # only now: till then the socket holds a descriptor
         super().connection_lost(exc)
 
     def time_out(self) -> None:
-        """Close the connection for want of a request head (408 for one begun)."""
+        """Close the connection for want of a request head (408 for one begun, closed once
+        it has left; an idle one at once)."""
         self._stop_waiting()
         if self.head_begun and not self.transport.is_closing():
             reason = f"a request head must come within {self.gate.limits.header_seconds:g} s"
-            self.transport.write(_raw("408 Request Timeout", "request_timeout", reason))
+            self.transport.write(raw_answer("408 Request Timeout", "request_timeout", reason))
         if self.transport.get_write_buffer_size():
             self.transport.abort()  # the client does not read: close() would wait for it
-        else:
+        elif self.head_begun:
             self.transport.close()
+        elif self.raw is not None:
+            self.raw.close()  # idle: nothing to answer, no place to keep
 
     def _answer_waits(self) -> None:
         """Answer bytes wait to leave, none waited before: they have answer_seconds."""
@@ -322,9 +392,15 @@ class Guarded(H11Protocol):
     def _refuse(self, transport: asyncio.Transport) -> None:
         self.refused, self.transport = True, transport
         most = self.gate.limits.max_connections
-        transport.write(_raw("503 Service Unavailable", "unavailable",
-                             "too many connections: try again", b"retry-after: 1"))  # fmt: skip
-        transport.close()
+        transport.write(raw_answer("503 Service Unavailable", "unavailable",
+                                   f"too many connections (at most {most}, "
+                                   f"{self.gate.limits.per_client} per client): try again",
+                                   b"retry-after: 1"))  # fmt: skip
+        if self.gate.refused_lingering < MAX_REFUSED_LINGERING:
+            self.gate.refused_lingering += 1
+            self.lingering = Lingering(transport, self.loop)
+        else:
+            transport.close()
         self.gate.refused.note(self.loop, most=most, per_client=self.gate.limits.per_client)
 
 

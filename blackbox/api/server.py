@@ -6,6 +6,10 @@ are bounded as connections.py says, their number to half the descriptors the pro
 free at start, so clients alone never exhaust them. When descriptors run out all the same,
 asyncio's accept loop reports each connection it could not accept, thousands a second (it
 retries up to its backlog of 2,048 each time); they are logged once per LOG_EVERY_SECONDS.
+
+The probes may have a listener of their own (BLACKBOX_PROBE_PORT): /live, /ready and
+/metrics alone, under PROBE_LIMITS, so no number of API clients can starve them; a probe's
+answer is written within PROBE_ANSWER_SECONDS or its connection is aborted.
 """
 
 from __future__ import annotations
@@ -31,24 +35,35 @@ LOG_EVERY_SECONDS = 10.0
 # How asyncio's accept loop names a connection it could not accept (out of descriptors).
 ACCEPT_FAILED = "socket.accept()"
 DEFAULT_LIMITS = Limits()
+# Every path the service's main server answers, and those of the probes' own listener.
+API_PATHS = ("/", "/api/v1", "/live", "/ready", "/metrics")
+PROBE_PATHS = ("/live", "/ready", "/metrics")
+# The probes' listener: a kubelet and a scraper or two per pod, each quick; a slow client
+# holds a connection 2 s at most, a probe's answer is written within 2 s (its health state
+# is read from memory, /metrics from the registry).
+PROBE_ANSWER_SECONDS = 2.0
+PROBE_LIMITS = Limits(header_seconds=2.0, max_connections=64, answer_seconds=2.0,
+                      per_client=32, request_seconds=PROBE_ANSWER_SECONDS)  # fmt: skip
 
 
 class Endpoints:
     """Serves `app` on a background thread."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - a server's address, app, limits and what it serves
         self, host: str, port: int, app: FastAPI, on_stop: Callable[[], None] = lambda: None,
-        limits: Limits = DEFAULT_LIMITS,
+        limits: Limits = DEFAULT_LIMITS, *, paths: tuple[str, ...] = API_PATHS,
     ) -> None:  # fmt: skip
         self.socket = socket.create_server((host, port), reuse_port=False)
         self.limits = _fitted(limits)
         gate = Gate(self.limits, Throttled("http_connections_refused", LOG_EVERY_SECONDS),
-                    Throttled("http_answers_cut", LOG_EVERY_SECONDS))  # fmt: skip
+                    Throttled("http_answers_cut", LOG_EVERY_SECONDS),
+                    heads=Throttled("http_requests_refused", LOG_EVERY_SECONDS))  # fmt: skip
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
                                 loop="asyncio", http=protocol_for(gate), ws="none",
                                 backlog=self.limits.accept_batch)  # fmt: skip
         self.server = Server(config)
         self.on_stop = on_stop
+        self.paths = paths
         self.accept_failed = Throttled("http_accept_failed", LOG_EVERY_SECONDS)
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
 
@@ -59,7 +74,7 @@ class Endpoints:
     def start(self) -> None:
         self._thread.start()
         log.info("http_listening", host=self.socket.getsockname()[0], port=self.port,
-                 paths=["/", "/api/v1", "/live", "/ready", "/metrics"],
+                 paths=list(self.paths),
                  max_connections=self.limits.max_connections,
                  per_client=self.limits.per_client)  # fmt: skip
 

@@ -76,6 +76,9 @@ class Tokens:
     def __bool__(self) -> bool:
         return bool(self.by_digest)
 
+    def __repr__(self) -> str:  # the names only: a hash is as good as its token offline
+        return f"Tokens({sorted(grant.name for grant in self.by_digest.values())})"
+
 
 def tokens_of(operator_token: str, path: str) -> Tokens:
     """The operator's token and the file's, by digest; SettingsError names a bad entry."""
@@ -90,7 +93,10 @@ def _load(path: str) -> dict[str, Grant]:
         text = Path(path).read_text("utf-8")
         document = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
     except (OSError, ValueError, yaml.YAMLError) as e:
-        raise SettingsError(f"BLACKBOX_API_TOKENS_FILE {path!r} cannot be read: {e}") from e
+        # Not chained: YAML's message quotes the lines around the fault, token hashes among
+        # them, and a chained cause is printed with any traceback.
+        reason = _unreadable(e)
+        raise SettingsError(f"BLACKBOX_API_TOKENS_FILE {path!r} cannot be read: {reason}") from None
     entries = document.get("tokens") if isinstance(document, dict) else None
     if not isinstance(entries, list):
         raise SettingsError(f"{path}: expected a mapping with a list 'tokens'")
@@ -101,6 +107,19 @@ def _load(path: str) -> dict[str, Grant]:
             raise SettingsError(f"{path}: tokens[{index}] repeats another token")
         grants[hashed] = grant
     return grants
+
+
+def _unreadable(error: Exception) -> str:
+    """Why the file could not be read, with where, but never a quote of its text."""
+    if isinstance(error, yaml.MarkedYAMLError):
+        mark = error.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"invalid YAML: {error.problem}{where}"
+    if isinstance(error, OSError):
+        return error.strerror or type(error).__name__
+    if isinstance(error, yaml.YAMLError | UnicodeDecodeError):
+        return f"invalid {'YAML' if isinstance(error, yaml.YAMLError) else 'UTF-8'}"
+    return str(error)  # json.JSONDecodeError: what and where, no text
 
 
 def _grant(entry: object, where: str) -> tuple[str, Grant]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -17,8 +16,11 @@ from typing import Any
 
 import orjson
 
-from blackbox.exits import EXIT_FAILED, EXIT_OK
+from blackbox.cli.sending import error, exit_for
+from blackbox.exits import EXIT_FAILED, EXIT_OK, EXIT_UNCHANGED
+from blackbox.kafka.events import Outcome
 from blackbox.settings import Settings
+from blackbox.storage.connections import mask_url
 
 TIMEOUT_SECONDS = 15.0
 
@@ -89,9 +91,16 @@ def cmd_reschedule(args: argparse.Namespace, settings: Settings) -> int:
     else:
         body = {"deliver_at": float(args.at) if _number(args.at) else args.at}
     path = f"/schedules/{_quoted(args.id)}/reschedule"
-    status, answer = _call(args.api, settings, "POST", path, body)
-    print(answer.get("outcome") or answer.get("reason"))  # noqa: T201
-    return EXIT_OK if status == 200 else EXIT_FAILED
+    _status, answer = _call(args.api, settings, "POST", path, body)
+    # A 404 before any schedule was looked at (an id no token of this caller may hold) is
+    # the same answer as one looked for: not_found.
+    outcome = answer.get("outcome") or _not_found(answer)
+    if outcome is None:  # refused: a token, a bad time, dead-lettered
+        return _failed(answer)
+    print(outcome)  # noqa: T201 - the command's output
+    if outcome != Outcome.UPDATED.value:
+        error(f"{outcome}: nothing was changed")
+    return exit_for(outcome, frozenset({Outcome.UPDATED.value}))
 
 
 def _call(
@@ -103,7 +112,8 @@ def _call(
     data = None if body is None else orjson.dumps(body)
     url = api.rstrip("/") + "/api/v1" + path
     if not url.startswith(("http://", "https://")):
-        return 0, {"error": "bad_address", "reason": f"--api {api!r} is not an http(s) URL"}
+        shown = mask_url(api)
+        return 0, {"error": "bad_address", "reason": f"--api {shown!r} is not an http(s) URL"}
     request = urllib.request.Request(url, data, headers, method=method)  # noqa: S310 - checked
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:  # noqa: S310
@@ -111,7 +121,7 @@ def _call(
     except urllib.error.HTTPError as e:
         return e.code, orjson.loads(e.read() or b"{}")
     except urllib.error.URLError as e:
-        return 0, {"error": "unreachable", "reason": f"{api}: {e.reason}"}
+        return 0, {"error": "unreachable", "reason": f"{mask_url(api)}: {e.reason}"}
 
 
 def _quoted(blackbox_id: str) -> str:
@@ -126,6 +136,13 @@ def _number(text: str) -> bool:
     return True
 
 
+def _not_found(answer: dict[str, Any]) -> str | None:
+    found = answer.get("error") == Outcome.NOT_FOUND.value
+    return Outcome.NOT_FOUND.value if found else None
+
+
 def _failed(answer: dict[str, Any]) -> int:
-    print(f"blackbox: {answer.get('error')}: {answer.get('reason')}", file=sys.stderr)  # noqa: T201
-    return EXIT_FAILED
+    """Say why the API refused; exit as `cancel` does: EXIT_UNCHANGED for an id it does not
+    hold (not_found), EXIT_FAILED for any other refusal."""
+    error(f"{answer.get('error')}: {answer.get('reason')}")
+    return EXIT_UNCHANGED if _not_found(answer) else EXIT_FAILED

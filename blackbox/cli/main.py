@@ -3,9 +3,10 @@
 Exit codes: 0 success; 1 the service, a send or a Spark job failed at run time (or no
 answer came, or the request was dead-lettered); 2 bad usage or settings, a Redis that may
 evict keys (its maxmemory-policy is not noeviction), or `blackbox spark ...` without PySpark
-installed; 3 done, with something to act on: `cancel`, `pause` or `resume` answered but
-changed nothing (not_found, already_fired, not_recurring, cancelled), or `blackbox spark
-audit` found messages lost, or late beyond --max-late.
+installed; 3 done, with something to act on: `cancel`, `pause`, `resume` or `reschedule`
+answered but changed nothing (not_found, already_fired, not_recurring, recurring,
+cancelled), `show` found no such schedule (not_found), or `blackbox spark audit` found
+messages lost, or late beyond --max-late.
 """
 
 from __future__ import annotations
@@ -14,15 +15,13 @@ import argparse
 import os
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import structlog
 
 from blackbox import logs
 from blackbox.backoff import Backoff
-from blackbox.cli import api_commands, keypair, sending
+from blackbox.cli import api_commands, dev, keypair, sending, topics
 from blackbox.cli.sending import error
-from blackbox.dev.stack import BROKERS, DEV_PARTITIONS, DevOptions, DevStack
 from blackbox.errors import (
     RedisUnreachable,
     SettingsError,
@@ -31,15 +30,13 @@ from blackbox.errors import (
 )
 from blackbox.exits import EXIT_OK, EXIT_USAGE
 from blackbox.intake import rebuild
-from blackbox.intake.runner import caller_policy_of
-from blackbox.kafka import clients, readback, retention
+from blackbox.kafka import readback
 from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.settings import Settings, describe, service_links
 from blackbox.spark import command as spark_command
 from blackbox.version import version
 
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 REBUILD_DESCRIPTION = """\
 Write every schedule still pending back to Redis from what Kafka holds, after Redis lost
 its data (flushed, restarted empty, restored from an old snapshot). Every replica must be
@@ -73,15 +70,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-DEV_DESCRIPTION = """\
-Start Redis and Apache Kafka (or Tansu) on loopback, then run the service against them.
-
-Every API call is open without a token (BLACKBOX_API_DEV_OPEN=true), so the API is served on
-127.0.0.1 only and answers only the Host names localhost, 127.0.0.1 and [::1]. To reach it
-from elsewhere: BLACKBOX_HTTP_HOST=0.0.0.0 and BLACKBOX_API_ALLOWED_HOSTS=<names>, and
-better a BLACKBOX_API_TOKEN (with one set, every call needs it)."""
-
-
 def _parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog="blackbox", description=__doc__, formatter_class=raw)
@@ -93,24 +81,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="intake: consume the intake topic into Redis, never fire; dispatch: "
                      "fire what is due, never consume; all: both (default)")  # fmt: skip
     run.set_defaults(command=cmd_run)
-    dev = commands.add_parser("dev", help="start a local Redis and broker, then run the service",
-                              description=DEV_DESCRIPTION, epilog=epilog,
-                              formatter_class=raw)  # fmt: skip
-    dev.add_argument("--broker", choices=BROKERS, default="kafka",
-                     help="Apache Kafka, or the light Tansu broker (keeps nothing)")  # fmt: skip
-    dev.add_argument("--redis-port", type=int, default=6379, help="the local Redis's port")
-    dev.add_argument("--kafka-port", type=int, default=9092,
-                     help="the broker's port; Kafka's controller takes the next one")  # fmt: skip
-    dev.add_argument("--state-dir", type=Path, default=None,
-                     help="Kafka's and Redis's data (~/.local/state/blackbox/dev)")  # fmt: skip
-    dev.add_argument("--fresh", action="store_true", help="delete the kept state and start empty")
-    dev.set_defaults(command=cmd_dev)
-    topics = commands.add_parser(
-        "create-topics", help="create the intake, dead-letter and events topics"
-    )
-    topics.add_argument("--partitions", type=int, default=1,
-                        help="partitions of each topic it creates")  # fmt: skip
-    topics.set_defaults(command=cmd_create_topics)
+    dev.add_command(commands, epilog)
+    topics.add_command(commands)
     rebuilding = commands.add_parser(
         "rebuild", help="write every pending schedule back to Redis from Kafka",
         description=REBUILD_DESCRIPTION, formatter_class=raw,
@@ -146,22 +118,6 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         return service.run_until_signalled()
 
 
-def cmd_create_topics(args: argparse.Namespace, settings: Settings) -> int:
-    policy = caller_policy_of(settings)
-    names = [*settings.own_topics, *sorted(policy.bound_topics)]
-    clients.ensure_topics(settings.kafka, names, partitions=args.partitions)
-    intake = [settings.intake_topic, *sorted(policy.bound_topics)]
-    needed = retention.needed_ms(policy.longest_horizon_seconds, settings.grace_seconds)
-    # The dead-letter topic too: a rebuild reads there what was refused and what failed.
-    raised = retention.raise_to(settings.kafka, [*intake, settings.dlq_topic], needed)
-    for topic, before in raised.items():
-        event = "dead_letter_retention_raised" if topic == settings.dlq_topic else None
-        log.info(event or "intake_retention_raised", topic=topic, before_ms=before,
-                 retention_ms=needed)  # fmt: skip
-    log.info("topics_ready", topics=names, intake_retention_ms=needed)
-    return EXIT_OK
-
-
 def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
     if not args.yes:
         error(f"rebuild deletes every key of namespace {settings.namespace!r} and writes back "
@@ -178,34 +134,3 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
              refused_before=counts.refused_before, skipped=counts.skipped,
              aged_out_records=counts.aged_out_records, targets=sorted(counts.targets))  # fmt: skip
     return EXIT_OK
-
-
-def _url_host(host: str) -> str:
-    """The host as a URL names it: an IPv6 address in brackets, any-address as loopback."""
-    if host in ("0.0.0.0", "", "::"):  # noqa: S104 - only read, to name a reachable address
-        return "127.0.0.1"
-    return f"[{host}]" if ":" in host else host
-
-
-def cmd_dev(args: argparse.Namespace, _settings: Settings) -> int:
-    """The local stack: Redis and Apache Kafka (or Tansu) started here, then the service."""
-    options = DevOptions(args.broker, args.redis_port, args.kafka_port, args.state_dir,
-                         args.fresh)  # fmt: skip
-    stack = DevStack(options)
-    stack.start()
-    try:
-        local = Settings.from_env(stack.environment())
-        if local.http_host not in LOOPBACK_HOSTS:
-            log.warning("dev_api_reachable_from_the_network", http_host=local.http_host,
-                        allowed_hosts=local.api_allowed_hosts)  # fmt: skip
-        clients.ensure_topics(local.kafka, local.own_topics, partitions=DEV_PARTITIONS)
-        service = Service(local, environ=os.environ)
-        ready = {"redis": local.redis_url, "kafka": local.kafka["bootstrap.servers"],
-                 "broker": args.broker, "state": str(stack.state)}  # fmt: skip
-        if service.endpoints is not None:  # bound already: its port is known
-            site = f"http://{_url_host(local.http_host)}:{service.endpoints.port}"
-            ready |= {"admin_page": f"{site}/", "api": f"{site}/api/v1"}
-        log.info("local_stack_ready", **ready)
-        return service.run_until_signalled()
-    finally:
-        stack.stop()

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from confluent_kafka import KafkaException, Producer
+
 from blackbox.dev.servers import (
     LOOPBACK,
     KafkaBroker,
@@ -30,6 +32,11 @@ from blackbox.dev.servers import (
     scratch_dir,
 )
 from blackbox.errors import StackError
+
+# The transactional id the stack's warm-up producer registers (one record in Kafka's
+# transaction state, nothing in any topic).
+WARM_UP_ID = "blackbox-dev-warm-up"
+WARM_UP_SECONDS = 60.0
 
 BROKERS = ("kafka", "tansu")
 # Partitions of the topics the local stack creates: more than one, so that a producer whose
@@ -104,6 +111,8 @@ class DevStack:
         try:
             for server in self.servers:
                 server.start()
+                if isinstance(server, KafkaBroker):
+                    hand_out_producer_ids(server.bootstrap)
         except BaseException:
             self.stop()
             raise
@@ -111,6 +120,23 @@ class DevStack:
     def stop(self) -> None:
         for server in reversed(self.servers):
             server.stop()
+
+
+def hand_out_producer_ids(bootstrap: str, timeout: float = WARM_UP_SECONDS) -> None:
+    """Return once the broker hands out producer ids. A broker just started loads its
+    transaction state first, and until it has, every idempotent producer (the service
+    starts several) logs "Failed to acquire idempotence PID ... Coordinator load in
+    progress": a warning on the quick start's first screen that means nothing is wrong.
+    A transactional producer's init waits for the load, quietly (librdkafka's own log
+    kept to errors)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": WARM_UP_ID,
+                         "log_level": 3})  # fmt: skip
+    try:
+        producer.init_transactions(timeout)
+    except KafkaException as e:
+        raise StackError(f"the broker at {bootstrap} handed out no producer id: {e}") from e
+    finally:
+        producer.flush(0)
 
 
 def _refuse_taken_ports(server: Server) -> None:

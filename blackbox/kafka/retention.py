@@ -18,11 +18,13 @@ name them in a warning.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     AlterConfigOpType,
@@ -150,8 +152,10 @@ def raise_to(
     config: Mapping[str, Any], topics: Iterable[str], needed: int, timeout: float = 10.0
 ) -> dict[str, int]:
     """Raise the retention of the topics that keep records less than `needed` ms (never
-    lower one); the retention each raised topic had before. A size cap or compaction is
-    left as found, and logged as a warning."""
+    lower one); the retention each raised topic had before. It returns once the broker
+    tells the new retention (KRaft applies a change a moment after accepting it, and a
+    service started at once would find the old one). A size cap or compaction is left as
+    found, and logged as a warning."""
     found = kept(config, topics, timeout)
     for topic, limits in sorted(found.items()):
         for shortfall in shortfalls(limits, needed):
@@ -171,7 +175,25 @@ def raise_to(
     ]
     for future in admin.incremental_alter_configs(resources, request_timeout=timeout).values():
         future.result(timeout)
+    _until_told(config, list(before), needed, timeout)
     return before
+
+
+# How often a change not yet told is asked about again.
+TOLD_POLL_SECONDS = 0.05
+
+
+def _until_told(config: Mapping[str, Any], topics: list[str], needed: int, timeout: float) -> None:
+    """Wait until the broker tells every topic's retention as at least `needed` ms;
+    KafkaException if it still does not after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        told = current_ms(config, topics, timeout)
+        if not any(short(told.get(topic, 0), needed) for topic in topics):
+            return
+        time.sleep(TOLD_POLL_SECONDS)
+    raise KafkaException(f"the broker accepted retention.ms={needed} for {topics} but does not "
+                         f"tell it after {timeout:g} s")  # fmt: skip
 
 
 def warn_if_short(config: Mapping[str, Any], topics: Iterable[str], needed: int) -> list[str]:

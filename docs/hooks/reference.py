@@ -28,7 +28,7 @@ from blackbox.errors import DeadLetterReason
 from blackbox.health import Health
 from blackbox.kafka.events import Outcome
 from blackbox.metrics import Metrics
-from blackbox.settings import KAFKA_PREFIX, VARIABLES
+from blackbox.settings import KAFKA_DEFAULTS, KAFKA_PREFIX, VARIABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -164,7 +164,7 @@ def undocumented_variables() -> set[str]:
 
 def settings_page() -> str:
     rows = ((f"`{v.name}`", f"`{v.default}`" if v.default else "(empty)", v.help)
-            for v in VARIABLES)  # fmt: skip
+            for v in (*VARIABLES, *KAFKA_DEFAULTS))  # fmt: skip
     return (
         "# Settings\n\nEvery setting is an environment variable, read once at start; an error "
         "names the variable at fault. Generated from `blackbox/settings.py`.\n\n"

@@ -134,14 +134,22 @@ def test_every_setting_reaches_the_container() -> None:
     assert [var.name for var in VARIABLES if var.name not in env] == []
 
 
+# Settings the chart sets otherwise than the code, and why: a plain process keeps one port,
+# a pod serves its probes apart (they must answer whatever API clients do).
+CHART_OWN_DEFAULTS = {"BLACKBOX_PROBE_PORT": "8081"}
+
+
 def test_settings_default_as_in_the_code() -> None:
-    """The chart's default for each setting is the code's default; a secret left empty is
-    left out, which means the same as its empty default."""
+    """The chart's default for each setting is the code's default, but for those
+    CHART_OWN_DEFAULTS names; a secret left empty is left out, which means the same as its
+    empty default."""
     docs = manifests()
     env = environment(docs, _deployment(docs))
     secrets = default_values()["secret"]["values"]
     for var in VARIABLES:
-        if var.name in env:
+        if var.name in CHART_OWN_DEFAULTS:
+            assert env[var.name] == CHART_OWN_DEFAULTS[var.name]
+        elif var.name in env:
             assert (var.name, env[var.name]) == (var.name, var.default)
         else:
             assert (var.name, secrets.get(var.name), var.default) == (var.name, "", "")
@@ -217,16 +225,42 @@ def _status(port: int, path: str) -> int:
         return e.code
 
 
+def _probes(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {kind: spec[kind]["httpGet"] for kind in
+            ("startupProbe", "livenessProbe", "readinessProbe")}  # fmt: skip
+
+
+def test_probes_and_scrapes_go_to_the_probe_port() -> None:
+    """By default the probes and the ServiceMonitor use the container port `probes`, which
+    is BLACKBOX_PROBE_PORT (the probes' own listener, apart from the API's connections);
+    the Service names it too. With BLACKBOX_PROBE_PORT off they use `http`."""
+    docs = manifests({**MONITORING, "config": {"BLACKBOX_PROBE_PORT": 9001}})
+    spec = container(_deployment(docs))
+    ports = {p["name"]: p["containerPort"] for p in spec["ports"]}
+    env = environment(docs, _deployment(docs))
+    assert str(ports["probes"]) == env["BLACKBOX_PROBE_PORT"] == "9001"
+    assert {p["port"] for p in _probes(spec).values()} == {"probes"}
+    (monitor,) = of_kind(docs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "probes"
+    (service,) = of_kind(docs, "Service")
+    assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}["probes"] == "probes"
+    off = manifests({**MONITORING, "config": {"BLACKBOX_PROBE_PORT": "off"}})
+    spec = container(_deployment(off))
+    assert [p["name"] for p in spec["ports"]] == ["http"]
+    assert {p["port"] for p in _probes(spec).values()} == {"http"}
+    assert of_kind(off, "ServiceMonitor")[0]["spec"]["endpoints"][0]["port"] == "http"
+
+
 def test_probes_hit_the_service_endpoints(endpoints: Endpoints) -> None:
     """Startup, liveness and readiness probes name the container's port, which is
-    BLACKBOX_HTTP_PORT, and paths the real endpoints answer (200, not 404)."""
-    docs = manifests({"config": {"BLACKBOX_HTTP_PORT": 9000}})
+    BLACKBOX_HTTP_PORT with the probe port off, and paths the real endpoints answer (200,
+    not 404)."""
+    docs = manifests({"config": {"BLACKBOX_HTTP_PORT": 9000, "BLACKBOX_PROBE_PORT": "off"}})
     spec = container(_deployment(docs))
     (port,) = spec["ports"]
     env = environment(docs, _deployment(docs))
     assert str(port["containerPort"]) == env["BLACKBOX_HTTP_PORT"] == "9000"
-    probes = {kind: spec[kind]["httpGet"] for kind in
-              ("startupProbe", "livenessProbe", "readinessProbe")}  # fmt: skip
+    probes = _probes(spec)
     assert {p["port"] for p in probes.values()} == {port["name"]}
     assert probes["livenessProbe"]["path"] == "/live"
     assert probes["readinessProbe"]["path"] == "/ready"

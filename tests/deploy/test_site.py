@@ -59,6 +59,36 @@ def test_an_entry_without_a_description_is_named(monkeypatch: pytest.MonkeyPatch
     ]
 
 
+def test_the_settings_have_one_table_the_generated_one() -> None:
+    """One source per fact: no hand-written page keeps a table of the settings beside the
+    generated reference, and the Settings page links to it."""
+    tables = [page.name for page in (ROOT / "docs").glob("*.md")
+              if "| variable | default |" in page.read_text()]  # fmt: skip
+    assert tables == []
+    assert "(reference/settings.md)" in (ROOT / "docs" / "configuration.md").read_text()
+
+
+def test_the_settings_reference_names_the_brokers_and_what_the_port_serves() -> None:
+    """The generated reference has a row of its own for KAFKA_BOOTSTRAP_SERVERS with its
+    default, and says BLACKBOX_HTTP_HOST serves the page, the API and the probes."""
+    lines = reference.settings_page().splitlines()
+    rows = {line.split(" | ")[0].strip("| `"): line for line in lines if line.startswith("| `")}
+    assert "| `localhost:9092` |" in rows["KAFKA_BOOTSTRAP_SERVERS"]
+    assert settings.kafka_config({})["bootstrap.servers"] == "localhost:9092"
+    for served in ("(/)", "/api/v1", "/live", "/ready", "/metrics"):
+        assert served in rows["BLACKBOX_HTTP_HOST"], served
+
+
+def test_the_exit_codes_reference_names_one_code_for_not_found() -> None:
+    """The exit codes page, generated from blackbox/exits.py, gives every command that can
+    meet an id blackbox does not hold the one code 3."""
+    row = next(line for line in reference.exit_codes_page().splitlines()
+               if "`EXIT_UNCHANGED`" in line)  # fmt: skip
+    assert row.startswith("| `3` |")
+    for command in ("cancel", "pause", "resume", "reschedule", "show", "not_found"):
+        assert command in row, command
+
+
 def test_the_references_describe_only_what_exists() -> None:
     """No description is left for a reason or outcome the code no longer has."""
     assert set(reference.REASONS) == set(DeadLetterReason)
@@ -78,5 +108,12 @@ def test_the_references_list_every_entry() -> None:
     assert {"blackbox_up", "blackbox_ready", "blackbox_overdue_messages"} <= set(names)
     assert all(name in pages["reference/metrics.md"] for name in names)
     cli = pages["reference/cli.md"]
-    for option in ("--redis-port", "--kafka-port", "--state-dir", "--cursor", "--wait"):
+    for option in (
+        "--redis-port",
+        "--kafka-port",
+        "--state-dir",
+        "--no-service",
+        "--cursor",
+        "--wait",
+    ):
         assert f"`{option}`" in cli, option

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from blackbox.clock import now_ms
+from blackbox.exits import EXIT_FAILED, EXIT_UNCHANGED
 from blackbox.schedule import Schedule
 from tests.integration.conftest import ServiceFactory
 from tests.integration.test_api import TOKEN, fill
@@ -15,7 +16,8 @@ def test_list_show_and_reschedule_speak_to_the_api(
     start_service: ServiceFactory, env: dict[str, str], tmp_path: Path
 ) -> None:
     """`blackbox list`, `show` and `reschedule` reach the API with the token from the
-    environment and print what it answers; a missing id exits 1."""
+    environment and print what it answers; a missing id exits 3 (EXIT_UNCHANGED), as
+    `cancel`, `pause` and `resume` do, and a refusal (a wrong token) exits 1."""
     service = start_service(BLACKBOX_API_TOKEN=TOKEN)
     assert service.endpoints is not None
     cli_env = {**env, "BLACKBOX_API_TOKEN": TOKEN,
@@ -33,7 +35,15 @@ def test_list_show_and_reschedule_speak_to_the_api(
     code, moved = run("move", "reschedule", "@ops/a", "--countdown", "300")
     assert code == 0 and "updated" in moved.splitlines()
     code, missing = run("missing", "show", "@ops/none")
-    assert code == 1 and "not_found" in missing
+    assert code == EXIT_UNCHANGED == 3 and "not_found" in missing
+    code, missing = run("missing-move", "reschedule", "@ops/none", "--countdown", "300")
+    assert code == EXIT_UNCHANGED and "not_found" in missing.splitlines()
+    code, missing = run("missing-move-other", "reschedule", "plain-id", "--countdown", "300")
+    assert code == EXIT_UNCHANGED and "not_found" in missing.splitlines()
+    wrong_token = {**cli_env, "BLACKBOX_API_TOKEN": "x" * 32}
+    refused = BlackboxProcess(wrong_token, tmp_path / "refused.log", "reschedule", "@ops/a",
+                              "--countdown", "9")  # fmt: skip
+    assert refused.wait() == EXIT_FAILED and "unauthorized" in refused.output()
 
 
 def test_send_wait_prints_the_answer_and_fails_on_a_dead_letter(

@@ -16,21 +16,25 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+import redis
 from confluent_kafka.admin import AdminClient
 
 from blackbox.dev.servers import LOOPBACK, port_open
 from blackbox.dev.stack import DEV_PARTITIONS
+from blackbox.kafka import retention
+from blackbox.settings import Settings
 from tests.kafkatools import TopicReader, unique, wait_until
 from tests.process import BlackboxProcess
 
 
 def _dev(
-    state: Path, log: Path, kafka_port: int, redis_port: int, broker: str = "kafka"
+    state: Path, log: Path, kafka_port: int, redis_port: int, broker: str = "kafka", *more: str
 ) -> BlackboxProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "KAFKA_BOOTSTRAP_SERVERS")}
     env.update(BLACKBOX_HTTP_PORT="0", BLACKBOX_LOG_FORMAT="json", BLACKBOX_POLL_INTERVAL="0.2")
     return BlackboxProcess(env, log, "dev", "--kafka-port", str(kafka_port), "--broker", broker,
-                           "--redis-port", str(redis_port), "--state-dir", str(state))  # fmt: skip
+                           "--redis-port", str(redis_port), "--state-dir", str(state),
+                           *more)  # fmt: skip
 
 
 def _kcat_send(bootstrap: str, value: dict[str, object]) -> None:
@@ -185,3 +189,73 @@ class _Watched(BlackboxProcess):
 
     def __init__(self, process: subprocess.Popen[bytes], log_path: Path) -> None:
         self.process, self.log_path = process, log_path
+
+
+def _printed(process: BlackboxProcess, text: str) -> bool:
+    assert process.process.poll() is None, process.output()
+    return text in process.output()
+
+
+def _events(process: BlackboxProcess) -> list[dict[str, Any]]:
+    """Every JSON log event written so far."""
+    lines = process.output().splitlines()
+    return [orjson.loads(line) for line in lines if line.startswith('{"')]
+
+
+def test_dev_without_the_service_starts_only_redis_and_kafka(
+    tmp_path: Path, ports: tuple[int, int]
+) -> None:
+    """`blackbox dev --no-service` starts Redis and Apache Kafka, creates blackbox's topics
+    as `create-topics` does (partitions, retention the service's check accepts), prints
+    the settings that reach them, runs no service, and stops both on SIGTERM."""
+    kafka_port, redis_port = ports
+    dev = _dev(tmp_path / "state", tmp_path / "dev.log", kafka_port, redis_port, "kafka",
+               "--no-service")  # fmt: skip
+    try:
+        wait_until(lambda: _printed(dev, "export KAFKA_BOOTSTRAP_SERVERS="), timeout=120,
+                   what="the connection settings")  # fmt: skip
+        lines = dev.output().splitlines()
+        assert f"export REDIS_URL=redis://127.0.0.1:{redis_port}/0" in lines
+        assert f"export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:{kafka_port}" in lines
+        config: dict[str, Any] = {"bootstrap.servers": f"127.0.0.1:{kafka_port}"}
+        found = AdminClient(config).list_topics(timeout=30).topics
+        assert all(len(found[t].partitions) == DEV_PARTITIONS for t in Settings.from_env(
+            {}).own_topics)  # fmt: skip
+        _assert_kept_long_enough(config)
+        assert redis.Redis(port=redis_port).ping()
+    finally:
+        assert dev.terminate(30) == 0, dev.output()
+    names = [event["event"] for event in _events(dev)]
+    assert "local_stack_ready" in names
+    assert "service_starting" not in names and "http_listening" not in names
+    assert not port_open(redis_port) and not port_open(kafka_port)
+
+
+def _assert_kept_long_enough(config: dict[str, Any]) -> None:
+    """The intake and dead-letter topics keep records as long as the service's own start
+    check asks for the default settings (no shortfall it would warn of)."""
+    settings = Settings.from_env({})
+    needed = retention.needed_ms(settings.max_countdown, settings.grace_seconds)
+    kept = retention.kept(config, [settings.intake_topic, settings.dlq_topic])
+    assert {topic: retention.shortfalls(k, needed) for topic, k in kept.items()} == {
+        settings.intake_topic: [], settings.dlq_topic: []}  # fmt: skip
+
+
+def test_the_quick_start_logs_no_warning(tmp_path: Path, ports: tuple[int, int]) -> None:
+    """`make run` on a fresh machine: `blackbox dev` with Apache Kafka starts the service,
+    whose intake starts after its retention check, and nothing on that first screen is a
+    warning or an error (7 days' retention was once warned of as intake_retention_short
+    for the intake and dead-letter topics at every start, and each idempotent producer
+    warned that the broker's transaction coordinator was still loading)."""
+    kafka_port, redis_port = ports
+    dev = _dev(tmp_path / "state", tmp_path / "dev.log", kafka_port, redis_port)
+    try:
+        wait_until(lambda: _printed(dev, "intake_started"), timeout=120, what="intake")
+        _assert_kept_long_enough({"bootstrap.servers": f"127.0.0.1:{kafka_port}"})
+    finally:
+        assert dev.terminate(30) == 0, dev.output()
+    events = _events(dev)
+    assert "intake_started" in [event["event"] for event in events]
+    loud = [event for event in events if event.get("level") in ("warning", "error", "critical")]
+    assert loud == []
+    assert "%3|" not in dev.output() and "%4|" not in dev.output()  # nor librdkafka's

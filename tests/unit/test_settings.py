@@ -39,6 +39,7 @@ def test_defaults_from_an_empty_environment() -> None:
         fired_retention=86_400,
         http_host="0.0.0.0",  # noqa: S104
         http_port=8080,
+        probe_port=None,
         http_header_timeout=10.0,
         http_body_timeout=30.0,
         http_max_connections=1000,

@@ -68,9 +68,19 @@ ones are written without a fraction or exponent, so 315576000 stays "315576000".
 {{- end }}
 {{- end }}
 
-{{/* The HTTP port of /live, /ready and /metrics, as a number. */}}
+{{/* The HTTP port of the page, the API and the probes, as a number. */}}
 {{- define "blackbox.httpPort" -}}
 {{- include "blackbox.envValue" .Values.config.BLACKBOX_HTTP_PORT }}
+{{- end }}
+
+{{/* The probes' own port as a number, or "off". */}}
+{{- define "blackbox.probePort" -}}
+{{- include "blackbox.envValue" (default "off" .Values.config.BLACKBOX_PROBE_PORT) }}
+{{- end }}
+
+{{/* The name of the container port the probes and the ServiceMonitor use. */}}
+{{- define "blackbox.probePortName" -}}
+{{- if eq (include "blackbox.probePort" .) "off" }}http{{ else }}probes{{ end }}
 {{- end }}
 
 {{- define "blackbox.policyPath" -}}
