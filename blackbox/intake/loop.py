@@ -44,7 +44,7 @@ from blackbox.intake.quotas import Quotas
 from blackbox.kafka import deadletter
 from blackbox.kafka.clients import lasting_reason, read_headers
 from blackbox.kafka.deadletter import DeadLetter
-from blackbox.kafka.events import Coordinates
+from blackbox.kafka.events import Coordinates, Event
 from blackbox.kafka.outbox import Outbox, Record, Reports
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule, intake_id, scoped_id
@@ -76,6 +76,13 @@ UNREADABLE_HEADERS = "a header name is not UTF-8; the record's headers could not
 
 class DeadLetterUnavailable(BlackboxError):
     """The dead-letter topic did not acknowledge a record; the batch must be retried."""
+
+
+def _intake_order(event: Event) -> tuple[str, int, int]:
+    """Where an answer's record lies on the intake topic (answers of a poll go in that
+    order: a refusal after an applied request about the same id, never before it)."""
+    where = event.intake
+    return ("", -1, -1) if where is None else (where.topic, where.partition, where.offset)
 
 
 def received_ms(message: Message, now: int) -> int:
@@ -299,6 +306,7 @@ class Intake:
         for shard, due_ms in earliest.items():  # before waiting for the last poll's answers
             self.on_scheduled(shard, due_ms)
         self._settle(stop)
+        events.sort(key=_intake_order)  # answered in the order the records were read
         answers = [e.record(self.config.events_topic, now) for e in events]
         self._answering = _Answering(self.outbox.submit(answers), answers, offsets)
 
