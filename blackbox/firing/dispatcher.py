@@ -89,10 +89,10 @@ CLAIM_LEAD_MS = 2
 # The fewest ids a shard's claim takes when shards are claimed together.
 MIN_SHARD_CLAIM = 64
 # Due instants closer together than SETTLE_AHEAD_MS (steady firing at ~1,000/s) settle
-# the reported batches once the oldest was sent this long ago, all in one round trip: an
-# ack round trip per this many ms, not one per due instant (a kill may deliver again what
-# was sent in this span).
-SETTLE_EVERY_S = 0.002
+# the reported batches at most this often, once the oldest was sent this long ago, all in
+# one round trip: an ack round trip per this many ms, not one per batch (a kill may
+# deliver again what was sent in this span).
+SETTLE_EVERY_S = 0.01
 
 
 # The earliest due time announced while a run fires (a nudge), or None.
@@ -230,6 +230,8 @@ class Dispatcher:
         self._unsettled_messages = 0
         self._unsettled_bytes = 0
         self.ahead_ms = FIRE_AHEAD_MS
+        self._window_end_ms = 0  # the claims of the current window take what is due by then
+        self._settled_at = 0.0  # time.monotonic() of the last settling by _settle_ready
         # Deliveries claimed ahead, not due yet: (due ms, order, batch, index in the batch).
         self._held: list[tuple[int, int, _Sent, int]] = []
         self._order = itertools.count()
@@ -247,8 +249,7 @@ class Dispatcher:
         self._release_due()  # before any round trip: what is held leaves on time
         now = now_ms()
         failures = NodeFailures(self.store.pool_of)  # a dead node stalls its shards only
-        # The shards with something due by the claim's lead: each claim takes a window.
-        mine, others = self.share.due_by(now + CLAIM_LEAD_MS), list[int]()
+        mine, others = self._due_shards(now), list[int]()
         if sweep:
             mine, others = self._probe(mine, now)
         for shards in failures.by_node(mine):
@@ -270,10 +271,16 @@ class Dispatcher:
         fired.delivered += self._settle_until_due(fired.next_due_ms, stop, nudged)
         return fired
 
-    @property
-    def _reach_ms(self) -> int:
-        """How far past now a claim takes: its window, from the instant it is woken for."""
-        return self.ahead_ms + CLAIM_LEAD_MS
+    def _due_shards(self, now: int) -> list[int]:
+        """The shards to claim now. Once the last window is nearly over, a new one begins:
+        every shard with something due in it is claimed together (one round trip per
+        Redis node), up to its end. Within a window, only a shard with something due
+        before its end that no claim took (a nudge: a short countdown), up to the same end.
+        """
+        if now + CLAIM_LEAD_MS >= self._window_end_ms:
+            self._window_end_ms = now + CLAIM_LEAD_MS + self.ahead_ms
+            return self.share.due_by(self._window_end_ms)
+        return self.share.due_by(now + CLAIM_LEAD_MS)
 
     def _probe(self, due: Sequence[int], now: int) -> tuple[list[int], list[int]]:
         """The sweep's look at every shard (the safety net for a lost nudge): the owned
@@ -331,7 +338,7 @@ class Dispatcher:
         at = now_ms()
         claims = self.store.claim_all(
             at, limit, self.policy.lease_ms, shards,
-            due_by_ms=at + self._reach_ms if due_by_ms is None else due_by_ms,
+            due_by_ms=self._window_end_ms if due_by_ms is None else due_by_ms,
             max_bytes=max_bytes, see_leases=self.share.unseen(shards, at),
         )  # fmt: skip
         for claim in claims:  # when a lease there can run out: reclaimed only then
@@ -403,16 +410,21 @@ class Dispatcher:
 
     def _settle_ready(self, stop: threading.Event) -> int:
         """Settle the oldest batches whose reports are all in (or that must be awaited), once
-        the oldest was sent SETTLE_EVERY_S ago."""
+        the oldest was sent SETTLE_EVERY_S ago and the last settling was as long ago: the
+        batches of a window's shards, sent off one by one, share an ack round trip."""
         self.outbox.producer.poll(0)
+        now = time.monotonic()
         if not self._unsettled or (
-            time.monotonic() - self._unsettled[0].sent_at < SETTLE_EVERY_S
+            (now - self._unsettled[0].sent_at < SETTLE_EVERY_S
+             or now - self._settled_at < SETTLE_EVERY_S)
             and not self._too_much_unsettled()
-        ):
+        ):  # fmt: skip
             return 0
         ready = []
         while self._unsettled and (self._unsettled[0].reported or self._too_much_unsettled()):
             ready.append(self._oldest())
+        if ready:
+            self._settled_at = now
         return self._settle(ready, stop)
 
     def _too_much_unsettled(self) -> bool:
