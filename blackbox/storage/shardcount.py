@@ -125,14 +125,22 @@ class Guard:
         if outcome == "ok":
             return
         old = Layout(self.layout.namespace, recorded or 1)
-        if old.count != self.layout.count:
-            self._refuse_if_busy(old, now_ms)
-            self._refuse_if_pending(old)
-            carried = _carry_marks(self.client, old, self.layout, committed)
-            log.info("shards_changed", before=old.count, after=self.layout.count, marks=carried)
-        outcome, _, others = self._call(now_ms, "change", recorded)
-        if outcome != "ok":
-            raise self._busy(old, others)
+        try:
+            if old.count != self.layout.count:
+                self._refuse_if_busy(old, now_ms)
+                self._refuse_if_pending(old)
+                carried = _carry_marks(self.client, old, self.layout, committed)
+                log.info("shards_changed", before=old.count, after=self.layout.count,
+                         marks=carried)  # fmt: skip
+            outcome, _, others = self._call(now_ms, "change", recorded)
+            if outcome != "ok":
+                raise self._busy(old, others)
+        except ShardsChanged:
+            # Processes started together on a fresh namespace: another one recorded this
+            # very count between the first look and now, and runs with it.
+            if recorded is None and self._call(now_ms, "keep")[0] == "ok":
+                return
+            raise
 
     def _refuse_if_busy(self, old: Layout, now_ms: int) -> None:
         """Checked before the watermarks are carried (shards.lua checks again with the

@@ -527,3 +527,31 @@ def test_batches_with_nothing_to_ack_are_answered_in_place(store: RedisStore) ->
     assert store.ack_all([nothing, Acks(claim.ids, claim.token, claim.shard), nothing]) == [0, 1, 0]
     assert store.ack_all([nothing, nothing]) == [0, 0]
     assert store.counts() == (0, 0)
+
+
+def test_processes_started_together_on_a_fresh_namespace_all_start(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scale: processes of one count started at once on a new namespace all start. One
+    looked, found no count recorded, and meanwhile another recorded the same count and beat:
+    the first took that one for a process running another count and refused to start."""
+    layout = Layout(unique("ns"), 6)
+    first, second = (shardcount.Guard(client, layout, n) for n in ("first", "second"))
+    looked = first._call  # the moment between its first look and the rest
+    calls: list[str] = []
+
+    def look_then_race(
+        now: int, mode: str, before: int | None = None
+    ) -> tuple[str, int | None, int]:
+        calls.append(mode)
+        answer = looked(now, mode, before)
+        if len(calls) == 1:
+            second.settle(now_ms())  # the other process starts right then
+        return answer
+
+    monkeypatch.setattr(first, "_call", look_then_race)
+    first.settle(now_ms())
+
+    assert shardcount.recorded_count(client, layout) == 6
+    first.leave()
+    second.leave()
