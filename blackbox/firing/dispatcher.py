@@ -9,8 +9,8 @@ Sending does not wait for the broker: a batch is settled in Redis (acked, retrie
 dead-lettered) once its reports are in, on a later run, so the next due messages are
 claimed while the broker acknowledges earlier ones.
 
-One verb per step: a batch is *prepared* and *released* (`_prepare`, `_release`: each
-delivery produced at its due instant), then *settled* (`_settle`: each batch
+One verb per step: a batch is *prepared* and *held* (`_prepare`, `_hold`), each delivery
+*released* at its due instant (`_release_due`), then *settled* (`_settle`: each batch
 *concluded* by its reports and dead-lettered where it must be, then the acks of all in one
 round trip, and the rest *recorded* in Redis by `_record`); `_settle_ready`,
 `_settle_until_due` and `settle_all` choose which batches to settle when. Shards cost
