@@ -110,10 +110,12 @@ class Metrics:
         )
         self.redis_gaps = Counter(
             "blackbox_redis_gaps",
-            "Intake partitions found with data Redis lost beyond a failover's lag, by kind "
-            "(far_behind: a gap over BLACKBOX_REREAD_LIMIT; no_watermark: Redis holds no "
-            "trace of committed offsets; aged_out: a gap whose first records Kafka no longer "
-            "holds).",
+            "Intake partitions found behind what their group committed, by kind (lag: a "
+            "failover's, read again; lost data: flushed, Redis came back without its clock; "
+            "restored, its clock went back beyond BLACKBOX_REDIS_MAX_LAG; far_behind, a gap "
+            "over BLACKBOX_REREAD_LIMIT; no_watermark, no trace of committed offsets; "
+            "aged_out, a gap whose first records Kafka no longer holds; deleted_unread, "
+            "committed offsets below what Kafka holds).",
             ["kind"],
             registry=self.registry,
         )
@@ -157,7 +159,8 @@ class Metrics:
         self.build_info.labels(version=version()).set(1)
         for reason in DeadLetterReason:
             self.dead_letters.labels(reason=reason.value)
-        for kind in ("far_behind", "no_watermark", "aged_out"):
+        for kind in ("lag", "flushed", "restored", "far_behind", "no_watermark", "aged_out",
+                     "deleted_unread"):  # fmt: skip
             self.redis_gaps.labels(kind=kind)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:

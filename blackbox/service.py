@@ -131,7 +131,8 @@ class Service:
         nudges = redis_client(self.settings.redis_url)
         return Firing(self.settings, self.store, self.metrics, client=self.redis,
                       nudge_client=nudges, stopping=self.stopping, on_tick=self._beat,
-                      name=self.name, horizon_of=caller_policy.horizon_ms)  # fmt: skip
+                      name=self.name, horizon_of=caller_policy.horizon_ms,
+                      on_held=lambda reason: self.health.hold("firing", reason))  # fmt: skip
 
     def _stall_seconds(self) -> float | None:
         """The firing clock's stall limit; none in a role that does not fire."""

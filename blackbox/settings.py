@@ -182,11 +182,17 @@ VARIABLES: tuple[Var, ...] = (
         "the most intake records of one partition read again by themselves when Redis holds "
         "less than the group committed (a failover to a lagging replica); a larger gap is "
         "lost data, handled as BLACKBOX_REDIS_LOSS says"),
+    Var("BLACKBOX_REDIS_MAX_LAG", "redis_max_lag", _positive_float, "60",
+        "seconds: the most a failover's lag may span. A Redis whose clock went back further "
+        "(a snapshot restored), or that lost its clock (flushed, restarted empty), lost data, "
+        "handled as BLACKBOX_REDIS_LOSS says; firing claims nothing from it meanwhile"),
     Var("BLACKBOX_REDIS_LOSS", "redis_loss", _choice("stop", "reread", "skip"), "stop",
-        "when Redis lost an intake partition's data (a gap over BLACKBOX_REREAD_LIMIT, or no "
-        "watermark at all under committed offsets): stop reading it (/ready 503, alert "
-        "BlackboxRedisLostData), reread it all (what fired since is delivered again, under "
-        "the same ids) or skip it (its schedules given up, counted)"),
+        "when Redis lost data (flushed, restarted empty or restored from an older snapshot; "
+        "a gap over BLACKBOX_REREAD_LIMIT; no watermark at all under committed offsets; "
+        "committed offsets Kafka deleted unread): stop reading the intake and firing (/ready "
+        "503, alert BlackboxRedisLostData), reread it all (what fired since is delivered "
+        "again, under the same ids) or skip it (its schedules given up, counted); rebuilding "
+        "Redis (blackbox rebuild) ends the stop too"),
     Var("BLACKBOX_INTAKE_TOPIC", "intake_topic", _topic, "blackbox", "topic schedules arrive on"),
     Var("BLACKBOX_GROUP_ID", "group_id", str, "blackbox", "consumer group of the intake"),
     Var("BLACKBOX_DLQ_TOPIC", "dlq_topic", _topic, "blackbox.dlq", "dead-letter topic"),
@@ -304,6 +310,7 @@ class Settings:
     namespace: str
     shards: int | None  # None: unset (see layout.adopt)
     reread_limit: int
+    redis_max_lag: float
     redis_loss: str
     intake_topic: str
     group_id: str

@@ -29,7 +29,7 @@ import math
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -217,8 +217,12 @@ class Dispatcher:
         share: Share | None = None,
         *,
         horizon_of: Horizon | None = None,
+        floors: Callable[[], Mapping[int, int]] | None = None,
     ) -> None:
+        """`floors` tells each shard's clock floor: nothing is claimed from a Redis whose
+        clock went below it (clocks.py); None: no floor."""
         self.store = store
+        self.floors = floors
         self.outbox = outbox
         self.policy = policy
         self.metrics = metrics
@@ -340,6 +344,7 @@ class Dispatcher:
             at, limit, self.policy.lease_ms, shards,
             due_by_ms=self._window_end_ms if due_by_ms is None else due_by_ms,
             max_bytes=max_bytes, see_leases=self.share.unseen(shards, at),
+            floors=None if self.floors is None else self.floors(),
         )  # fmt: skip
         for claim in claims:  # when a lease there can run out: reclaimed only then
             if claim.leases_seen:

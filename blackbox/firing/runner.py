@@ -7,7 +7,10 @@ heartbeat, returns expired leases to due (in the shards where one can have run o
 fires what a probe of every shard finds due in the share and long overdue in the others'
 shards. A lock keeps the two apart, and a backoff pauses firing while Redis or
 the broker fails. While a rebuild from Kafka is under way (or stopped half-way), Redis is
-half written back: nothing fires until it ends (storage/rebuilding.py).
+half written back: nothing fires until it ends (storage/rebuilding.py). A Redis that lost
+data (flushed, restarted empty, restored from an older snapshot: storage/clocks.py) may
+hold what fired already: nothing fires from it until the operator acts, and the claim
+script itself refuses it from the first claim after the loss.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from blackbox.metrics import Metrics
 from blackbox.role import Loop
 from blackbox.settings import REPORT_GRACE_SECONDS, Settings
 from blackbox.storage import rebuilding
+from blackbox.storage.clocks import Clocks, refused_for_loss
 from blackbox.storage.connections import RedisClient
 from blackbox.storage.store import RedisStore
 
@@ -72,11 +76,13 @@ class Firing:
         self, settings: Settings, store: RedisStore, metrics: Metrics, *,
         client: RedisClient, nudge_client: RedisClient, stopping: threading.Event,
         on_tick: Callable[[], None], name: str | None = None, horizon_of: Horizon | None = None,
+        on_held: Callable[[str | None], None] = lambda _reason: None,
     ) -> None:  # fmt: skip
         """`client` keeps the share's heartbeat; `nudge_client` listens for the due times
         other processes publish; `on_tick` is called after each safety-net tick (the
         liveness clock); `name` is this process's among the firers; `horizon_of` how far
-        ahead each caller's series may go on (default: BLACKBOX_MAX_COUNTDOWN for all)."""
+        ahead each caller's series may go on (default: BLACKBOX_MAX_COUNTDOWN for all);
+        `on_held` is told why firing holds for Redis lost data (None: it holds no more)."""
         self.poll_interval = settings.poll_interval
         self.client = client
         self.metrics = metrics
@@ -87,8 +93,12 @@ class Firing:
         share = Share(store.layout, name, sweep_after_ms(settings.poll_interval),
                       shares.refresh_ms(settings.lease_seconds))  # fmt: skip
         horizon_of = horizon_of or (lambda _caller: int(settings.max_countdown * 1000))
+        self.clocks = Clocks(store.client, store.layout, int(settings.redis_max_lag * 1000),
+                             store.beat_all)  # fmt: skip
         self.dispatcher = Dispatcher(store, self.outbox, retry_policy_of(settings), metrics, share,
-                                     horizon_of=horizon_of)  # fmt: skip
+                                     horizon_of=horizon_of, floors=self.clocks.floors)  # fmt: skip
+        self._on_held = on_held
+        self.lost: str | None = None  # what Redis lost, while firing holds for it
         self.share = share
         self.waker = Waker(self.fire, stopping)
         self.nudges = NudgeListener(nudge_client, store.layout.wake_channel, self._nudged, stopping)
@@ -155,17 +165,56 @@ class Firing:
         except redis.RedisError as e:  # the share stays as it was; the heartbeat may run out
             log.warning("share_beat_failed", error=str(e))
         self.metrics.owned_shards.set(len(self.share.owned))
+        self._look_at_clocks()
+
+    def _look_at_clocks(self) -> None:
+        """Hold firing while a shard's clock says Redis lost data, leaving the mark where
+        this process found it first (a claim then refuses it too); release it once the
+        operator acted (the marks gone)."""
+        now = now_ms()
+        try:
+            found = self.clocks.look(now)
+        except redis.RedisError as e:  # the claims' own look at the clocks still guards
+            log.info("clocks_not_read", error=str(e))
+            return
+        lost = [(shard, clock) for shard, clock in enumerate(found) if clock.lost is not None]
+        first_seen = [shard for shard, clock in lost if clock.mark is None]
+        if lost and first_seen:
+            try:
+                self.clocks.mark_lost(first_seen, lost[0][1].lost or "lost", now,
+                                      "found by firing: see the log line firing_held")  # fmt: skip
+            except redis.RedisError as e:
+                log.info("clocks_not_marked", error=str(e))
+        self._hold(lost[0][1].lost if lost else None)
+
+    def _hold(self, lost: str | None) -> None:
+        """Hold firing for Redis lost data (`lost`, its kind), or release it (None)."""
+        if lost == self.lost:
+            return
+        if lost is not None:
+            log.error("firing_held", reason="redis_lost_data", kind=lost,
+                      action="rebuild Redis from Kafka (blackbox rebuild), or restart "
+                      "the intake with BLACKBOX_REDIS_LOSS=reread or =skip")  # fmt: skip
+        else:
+            log.warning("firing_released", reason="redis_lost_data")
+        self.lost = lost
+        self._on_held(None if lost is None else f"Redis lost data ({lost}): nothing fires")
 
     def fire(self, *, sweep: bool = False) -> int:
         """Deliver what is due; return when to fire next (epoch ms)."""
         poll_ms = int(self.poll_interval * 1000)
         with self._lock:
             try:
-                if self._rebuild_under_way(poll_ms):
+                if self.lost is not None or self._rebuild_under_way(poll_ms):
                     return now_ms() + poll_ms
                 fired = self.dispatcher.fire_due(
                     self.stopping, self.waker.nudged_while_firing, sweep=sweep
                 )
+            except redis.ResponseError as e:
+                if not refused_for_loss(e):
+                    return now_ms() + self._paused(e)
+                self._hold(str(e).split(" ", 2)[1].rstrip(":"))
+                return now_ms() + poll_ms
             except (redis.RedisError, KafkaException) as e:
                 return now_ms() + self._paused(e)
             self._backoff.reset()

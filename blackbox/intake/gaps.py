@@ -8,24 +8,32 @@ still holds every record; Redis holds, per shard, the watermark of each partitio
 what this process saw Redis confirm, has a gap: the records past the lowest mark are read
 again (re-reads are idempotent: what Redis still holds is skipped).
 
-A gap too large to be a failover's lag (`BLACKBOX_REREAD_LIMIT` records), a partition
-with committed offsets and no watermark at all, or a gap whose first records Kafka no
-longer holds (below the partition's log start offset: deleted by retention) is lost data,
-not lag: reading hours of requests again would deliver again much that fired since, and
-what Kafka deleted cannot be read again at all (the consumer would go on from the oldest
-record left, silently). The intake then stops reading that partition and says so
-(`BLACKBOX_REDIS_LOSS=stop`, the default) until the operator rebuilds Redis or chooses:
+What Redis is decides first (clocks.py): a Redis flushed or restarted empty, or restored
+from a snapshot older than a failover's lag can be (BLACKBOX_REDIS_MAX_LAG), lost data
+however few records lie behind, and every partition is judged so. Then, a gap too large to
+be a failover's lag (`BLACKBOX_REREAD_LIMIT` records), a partition with committed offsets
+and no watermark at all, a gap whose first records Kafka no longer holds (below the
+partition's log start offset: deleted by retention), or committed offsets below it
+(records Kafka deleted before intake read them) is lost data, not lag: reading hours of
+requests again would deliver again much that fired since, and what Kafka deleted cannot be
+read again at all (the consumer would go on from the oldest record left, silently). The
+intake then stops reading that partition and says so (`BLACKBOX_REDIS_LOSS=stop`, the
+default) until the operator rebuilds Redis or chooses:
 `reread` reads the whole gap again (duplicates of what fired since, under the same ids),
 `skip` goes on from the committed offsets (the gap's schedules given up, counted). Records
 Kafka no longer holds are given up either way, and counted.
 
 Partitions are checked when assigned (against the group's commits), after any Redis
-failure the intake meets, and every CHECK_SECONDS against what this process saw confirmed.
+failure the intake meets, and every CHECK_SECONDS against what this process saw confirmed;
+each check looks at the shards' clocks first, and moves them on where Redis was found whole.
+Lost data found by the clocks is left marked in Redis: firing claims nothing there, and
+every process holds, until a rebuild or the operator's BLACKBOX_REDIS_LOSS acts on it.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -35,8 +43,10 @@ import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from blackbox.backoff import Backoff
+from blackbox.clock import now_ms
 from blackbox.metrics import Metrics
 from blackbox.storage import watermarks
+from blackbox.storage.clocks import DEFAULT_MAX_LAG_SECONDS, Clocks, Reading
 from blackbox.storage.store import RedisStore
 from blackbox.storage.watermarks import Marks, Watermarks
 
@@ -69,6 +79,13 @@ class Kind(enum.StrEnum):
     FAR_BEHIND = "far_behind"  # a gap over the limit: lost data
     NO_WATERMARK = "no_watermark"  # committed offsets, and no mark at all: lost data
     AGED_OUT = "aged_out"  # a lag whose first records Kafka no longer holds: lost data
+    FLUSHED = "flushed"  # Redis came back without its clock: flushed, or restarted empty
+    RESTORED = "restored"  # its clock went back beyond a failover's lag: an old snapshot
+    DELETED_UNREAD = "deleted_unread"  # committed below Kafka's log start: never read
+
+
+# Lost data of the whole Redis, not of one partition: found by its clocks, left marked there.
+REDIS_WIDE = frozenset({Kind.FLUSHED, Kind.RESTORED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +111,7 @@ class Verdict:
 
     @property
     def lost(self) -> bool:
-        return self.kind in (Kind.FAR_BEHIND, Kind.NO_WATERMARK, Kind.AGED_OUT)
+        return self.kind not in (Kind.FINE, Kind.LAG)
 
 
 FINE = Verdict(Kind.FINE)
@@ -143,6 +160,32 @@ def held_by_kafka(found: Verdict, log_start: int) -> Verdict:
     return replace(aged, kind=Kind.AGED_OUT) if aged.aged_out and found.kind is Kind.LAG else aged
 
 
+def unread_deleted(committed: int | None, log_start: int) -> Verdict:
+    """A partition judged fine whose committed offset lies below Kafka's log start offset:
+    the records between were deleted before intake read them (the consumer would go on from
+    the oldest record left, silently): lost data, DELETED_UNREAD; else FINE."""
+    if committed is None or committed >= log_start:
+        return FINE
+    return Verdict(Kind.DELETED_UNREAD, committed, log_start, log_start)
+
+
+def redis_wide(found: Verdict, kind: Kind, committed: int | None) -> Verdict:
+    """`found` where the clocks found Redis lost data (`kind`): the partition is lost data
+    of that kind; a gap keeps its records to read again, a partition found fine has none."""
+    if found.kind is Kind.FINE:
+        end = committed or 0
+        return Verdict(kind, end, end)
+    return replace(found, kind=kind)
+
+
+def clock_loss(clocks: Sequence[Reading]) -> Kind | None:
+    """What the shards' clocks say Redis lost (the first shard's that says any), or None."""
+    for clock in clocks:
+        if clock.lost is not None:
+            return Kind(clock.lost) if clock.lost in Kind.__members__.values() else Kind.RESTORED
+    return None
+
+
 def _floor(mark: int | None, known: int | None, refreshed: bool) -> int | None:
     """A shard's mark as judged: -1 for a mark Redis lost (one this process saw, or any of
     a field whose every shard is marked: see `Watermarks`), None for one it never had."""
@@ -157,6 +200,7 @@ class GapConfig:
 
     reread_limit: int = 100_000  # BLACKBOX_REREAD_LIMIT's default
     loss: Loss = Loss.STOP
+    max_lag_ms: int = int(DEFAULT_MAX_LAG_SECONDS * 1000)  # BLACKBOX_REDIS_MAX_LAG's
 
 
 class GapCheck:
@@ -189,6 +233,12 @@ class GapCheck:
         self._next_stopped_check = 0.0
         self._backoff = Backoff(base=0.2, cap=5.0)
         self._retry_at = 0.0
+
+    @functools.cached_property
+    def clocks(self) -> Clocks:
+        """The shards' clocks as this process saw them (made at the first check)."""
+        return Clocks(self.store.client, self.store.layout, self.config.max_lag_ms,
+                      self.store.beat_all)  # fmt: skip
 
     def assign(self, partitions: Iterable[Partition]) -> None:
         """Newly assigned partitions: none is read before it is checked."""
@@ -258,24 +308,80 @@ class GapCheck:
 
     def _check(self, asked: list[Partition], plain: list[Partition]) -> None:
         """Judge `asked` against the group's commits and `plain` against what this process
-        saw confirmed, then act on each verdict."""
+        saw confirmed, after what the shards' clocks say of Redis as a whole; then act on
+        each verdict, and move the clocks on where Redis was found whole."""
+        now = now_ms()
+        wide = clock_loss(self.clocks.look(now))
         committed = self._committed(asked)
         partitions = asked + plain
         fields = [self._field(p) for p in partitions]
         marks = watermarks.read(self.store.client, self.store.layout, fields)
         refreshed = watermarks.refreshed(self.store.client, self.store.layout, fields)
+        found_all = []
         for partition, field in zip(partitions, fields, strict=True):
             known = self.known.known(field, self.store.layout.count)
             found = verdict(marks[field], known, committed.get(partition),
                             self.config.reread_limit, refreshed=field in refreshed)  # fmt: skip
-            if found.kind is not Kind.FINE:  # what can be read again is what Kafka holds
-                found = held_by_kafka(found, self._log_start(partition))
+            found = self._against_kafka(partition, found, committed, wide)
+            if wide is None and found.kind is Kind.RESTORED:  # found at start, by Kafka's times
+                wide = Kind.RESTORED
+            found_all.append(found)
             if found.kind is not Kind.FINE:  # the marks to write on from (see watermarks.py)
                 self.known.reset(field, marks[field])
             else:  # what Redis holds now: a later failover below it is found by the next write
                 self.known.adopt(field, marks[field])
+        if wide is not None:
+            found_all = [redis_wide(found, wide, committed.get(p))
+                         for p, found in zip(partitions, found_all, strict=True)]  # fmt: skip
+        for partition, field, found in zip(partitions, fields, found_all, strict=True):
             self._act(partition, field, found, committed.get(partition))
+        self._after(wide, now)
         self.on_stopped(sorted(self.stopped))
+
+    def _against_kafka(
+        self, partition: Partition, found: Verdict, committed: dict[Partition, int | None],
+        wide: Kind | None,
+    ) -> Verdict:  # fmt: skip
+        """`found` once Kafka was asked what it holds of the partition (asked partitions,
+        and gaps): records deleted unread or before a re-read, and a gap whose records were
+        written longer after the shards' clocks than a failover's lag can span."""
+        if partition not in committed and found.kind is Kind.FINE:
+            return found  # judged against what this process saw: Kafka need not be asked
+        log_start = self._log_start(partition)
+        if found.kind is Kind.FINE:
+            return unread_deleted(committed.get(partition), log_start)
+        found = held_by_kafka(found, log_start)
+        if (
+            partition in committed
+            and wide is None
+            and found.kind is Kind.LAG
+            and self._written_after_clocks(partition, found)
+        ):
+            return replace(found, kind=Kind.RESTORED)
+        return found
+
+    def _written_after_clocks(self, partition: Partition, found: Verdict) -> bool:
+        """Whether a record of the gap was written more than a failover's lag after the
+        oldest clock of the shards (a snapshot restored while no process watched)."""
+        oldest = self.clocks.oldest_ms()
+        if oldest is None:
+            return False
+        asked = TopicPartition(*partition, oldest + self.config.max_lag_ms)
+        (first,) = self.consumer.offsets_for_times([asked], timeout=COMMITTED_TIMEOUT)
+        return found.start <= first.offset < found.end
+
+    def _after(self, wide: Kind | None, now: int) -> None:
+        """Leave Redis-wide lost data marked (firing holds on it, restarts hold again), or,
+        where the operator chose (BLACKBOX_REDIS_LOSS) and it was acted on, clear it; move
+        the clocks on where Redis was found whole."""
+        if wide is None:
+            self.clocks.look(now, write=True)
+        elif self.config.loss is Loss.STOP:
+            self.clocks.mark_lost(range(self.store.layout.count), wide.value, now,
+                                  "see the log line intake_stopped_redis_lost_data")  # fmt: skip
+        else:
+            self.clocks.restart(now)
+            log.warning("redis_loss_acted_on", kind=wide.value, action=self.config.loss.value)
 
     def record_refreshed(self) -> None:
         """Record in Redis the fields whose every shard this process has marked: from now on
@@ -305,6 +411,7 @@ class GapCheck:
         if not found.lost:
             self._resume(partition)
             if found.kind is Kind.LAG:
+                self.metrics.redis_gaps.labels(kind=found.kind.value).inc()
                 self._reread(partition, found, "lag")
             self.unchecked.discard(partition)
             return

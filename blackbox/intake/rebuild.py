@@ -69,7 +69,7 @@ from blackbox.metrics import Metrics
 from blackbox.schedule import SCOPED_PREFIX
 from blackbox.settings import Settings
 from blackbox.signing import Parts
-from blackbox.storage import rebuilding, shardcount, watermarks
+from blackbox.storage import clocks, rebuilding, shardcount, watermarks
 from blackbox.storage.applying import Applied, IntakeSlice, Write
 from blackbox.storage.connections import RedisClient, redis_client
 from blackbox.storage.keys import Layout
@@ -368,6 +368,7 @@ def rebuild(settings: Settings, *, accept_aged_out: bool = False) -> Counts:
     age_out_latest(store, intake)
     mark_ended(client, layout, intake.passing, now_ms())
     finish_marks(client, layout, _fields(intake, plan.spans))
+    clocks.restart(client, layout, now_ms())  # Redis whole again: any lost-data mark goes
     rebuilding.end(client, layout)
     return intake.counts
 

@@ -64,7 +64,11 @@ def intake_config_of(settings: Settings, caller_policy: CallerPolicy) -> IntakeC
         events_topic=settings.events_topic,
         limits=limits_of(settings, caller_policy),
         policy=caller_policy,
-        gaps=GapConfig(reread_limit=settings.reread_limit, loss=Loss(settings.redis_loss)),
+        gaps=GapConfig(
+            reread_limit=settings.reread_limit,
+            loss=Loss(settings.redis_loss),
+            max_lag_ms=int(settings.redis_max_lag * 1000),
+        ),
     )
 
 

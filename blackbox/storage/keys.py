@@ -71,6 +71,12 @@ class Keys:
         return f"{self.tag}:in"
 
     @property
+    def clock(self) -> str:
+        """Hash: "at", the epoch ms an intake last found this Redis whole; "lost", why Redis
+        was found to have lost data, kept until the operator acts (clocks.py)."""
+        return f"{self.tag}:clock"
+
+    @property
     def owners(self) -> str:
         """Set: the callers (as in their ids: percent-encoded) with an `owned` set here."""
         return f"{self.tag}:owners"

@@ -101,14 +101,16 @@ class Guard:
 
     def verify(self, now_ms: int) -> None:
         """Renew this process's heartbeat; raise ShardsChanged if another process recorded
-        another shard count since `settle`: this one would write where no one looks."""
+        another shard count since `settle`: this one would write where no one looks. A
+        count Redis no longer holds at all (flushed, restarted empty) is recorded again and
+        said: the shards' clocks hold intake and firing on such a Redis (clocks.py)."""
         outcome, recorded, _ = self._call(now_ms, "keep")
         if outcome != "ok" and recorded is None:
-            raise ShardsChanged(
-                f"Redis no longer holds namespace {self.layout.namespace!r}'s shard count: it "
-                "was flushed, restarted without persistence or restored from an older snapshot. "
-                "Stopping; started again, intake checks what Redis lost (BLACKBOX_REDIS_LOSS)."
-            )
+            outcome, recorded, _ = self._call(now_ms, "change")
+            log.error("shard_count_lost", namespace=self.layout.namespace,
+                      shards=self.layout.count, recorded_again=outcome == "ok",
+                      why="Redis was flushed, restarted empty or restored from an older "
+                      "snapshot: intake and firing hold until the operator acts")  # fmt: skip
         if outcome != "ok":
             raise ShardsChanged(
                 f"BLACKBOX_SHARDS={self.layout.count}, but another process changed namespace "

@@ -8,7 +8,7 @@ between them is one script call, so any number of replicas may share one Redis.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -166,6 +166,7 @@ class RedisStore:
         self._cancel = _script(client, "cancel", shared=True)
         self._reschedule = _script(client, "reschedule", shared=True)
         self._owned = _script(client, "owned")
+        self._beat = _script(client, "beat")
 
     def pool_of(self, shard: int) -> Any:
         """The connection pool of the Redis node serving `shard`."""
@@ -281,18 +282,21 @@ class RedisStore:
     def claim_all(  # noqa: PLR0913 - the claim script's arguments, each named
         self, now_ms: int, limit: int, lease_ms: int, shards: Sequence[int], *,
         due_by_ms: int | None = None, max_bytes: int = DEFAULT_CLAIM_BYTES,
-        see_leases: Collection[int] = (),
+        see_leases: Collection[int] = (), floors: Mapping[int, int] | None = None,
     ) -> list[Claim]:  # fmt: skip
         """`claim_due` of each of `shards`, in one round trip per Redis node: a claim per
         shard, in their order; those of `see_leases` also answer their shard's earliest
-        lease expiry."""
+        lease expiry. A shard whose clock is below its floor in `floors`, missing, or marked
+        lost is not claimed: `redis.ResponseError` BLACKBOX_LOST (clocks.py)."""
         due_by = now_ms if due_by_ms is None else due_by_ms
         calls = []
         for shard in shards:
             keys_of = self.layout.shards[shard]
-            keys = [keys_of.due, keys_of.in_flight, keys_of.attempts, keys_of.lease_counter]
+            keys = [keys_of.due, keys_of.in_flight, keys_of.attempts, keys_of.lease_counter,
+                    keys_of.clock]  # fmt: skip
             args = [due_by, limit, now_ms + lease_ms, keys_of.payload(""), keys_of.ended(""),
-                    max_bytes, "1" if shard in see_leases else "0"]  # fmt: skip
+                    max_bytes, "1" if shard in see_leases else "0",
+                    -1 if floors is None else floors.get(shard, -1)]  # fmt: skip
             calls.append(ScriptCall(self._claim, shard, keys, args))
         if len(calls) == 1:  # no pipeline needed
             call = calls[0]
@@ -383,6 +387,15 @@ class RedisStore:
             keys = [keys_of.in_flight, keys_of.due, keys_of.attempts]
             calls.append(ScriptCall(self._reclaim, shard, keys, [now_ms, limit]))
         return [Reclaimed(int(count), _ms(expiry)) for count, expiry in self._run_all(calls)]
+
+    def beat_all(self, floors: Sequence[int], now_ms: int, *, write: bool) -> list[Any]:
+        """Every shard's clock as beat.lua answers it, judged against its floor in `floors`
+        and, with `write`, moved to `now_ms` where it stands (one round trip per node)."""
+        calls = [
+            ScriptCall(self._beat, shard, [keys.clock], [floor, "1" if write else "0", now_ms])
+            for shard, (keys, floor) in enumerate(zip(self.layout.shards, floors, strict=True))
+        ]
+        return self._run_all(calls)
 
     def probe_all(self, due_by: Sequence[tuple[int, int]]) -> dict[int, int]:
         """For each (shard, due-by ms): PROBED_DUE if an id there is due by then, else
@@ -485,7 +498,7 @@ class RedisStore:
 
 def _claimed(answer: Any, call: ScriptCall, due_by: int, limit: int) -> Claim:
     """The claim script's answer to `call` as a Claim of its shard."""
-    shard, seen = call.shard, call.args[-1] == "1"
+    shard, seen = call.shard, call.args[6] == "1"
     ids, next_due, payloads, attempts, ended, token, lease = answer
     loaded = [
         Loaded(id=i.decode("utf-8"), payload=p, attempts=int(a or 0), ended=e)

@@ -156,11 +156,11 @@ def forget_routes() -> None:
 def wipe_namespace(client: redis.Redis, namespace: str, *, schedules_only: bool = False) -> int:
     """Delete every key of the namespace, as FLUSHALL or a restore without them would; with
     `schedules_only`, its schedules and watermarks, as a failover to a replica that lagged
-    behind them would (the namespace's shard count and heartbeats, older, stay). How many
+    behind them would (the namespace's shard count, heartbeats and clocks, older, stay). How many
     keys went."""
     keys = list(client.scan_iter(match="{" + namespace + "*", count=1000))
     if schedules_only:
-        kept = (b":shards", b":procs", b":firers")
+        kept = (b":shards", b":procs", b":firers", b":clock")
         keys = [k for k in keys if not k.endswith(kept)]
     if keys:
         client.delete(*keys)

@@ -16,6 +16,9 @@ from confluent_kafka.admin import AdminClient
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from blackbox.client import Client
+from blackbox.clock import now_ms
+from blackbox.dev.servers import RedisServer, free_port
+from blackbox.intake import rebuild
 from blackbox.service import Service
 from blackbox.signing import Signer, public_text
 from tests.integration.conftest import ReaderFactory, ServiceFactory, wipe_namespace
@@ -206,3 +209,163 @@ def _delete_before(service: Service, offset: int) -> None:
     asked = [TopicPartition(service.settings.intake_topic, 0, offset)]
     for future in admin.delete_records(asked).values():
         assert future.result(15).low_watermark == offset
+
+
+def _clock_at(client: redis.Redis, service: Service) -> int | None:
+    """The oldest of the namespace's shard clocks, None while one has none."""
+    found = [client.hget(keys.clock, "at") for keys in service.store.layout.shards]
+    return None if None in found else min(int(at) for at in found)  # type: ignore[arg-type]
+
+
+def _held_for(service: Service, kind: str) -> bool:
+    """Whether `service` holds intake and firing for Redis lost data of `kind`, and says so."""
+    return (
+        service.metrics.value("blackbox_intake_stopped_partitions") == 1
+        and service.metrics.value("blackbox_redis_gaps_total", {"kind": kind}) >= 1
+        and service.firing is not None
+        and service.firing.lost == kind
+        and not service.health.ready
+    )
+
+
+def _bodies(target: list[Any]) -> Counter[int]:
+    return Counter(orjson.loads(r.value or b"")["n"] for r in target)
+
+
+def test_a_flush_under_load_holds_everything_and_a_rebuild_delivers_each_once(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """Issue 50: FLUSHALL under a steady stream was taken for a failover's lag (few records
+    behind): each partition was read again from 0, firing again what had been delivered,
+    with /ready 200 and no alert. Now the flush is lost data from the first look at the
+    clocks: intake stops, firing holds, /ready says so, the mark stays in Redis; nothing is
+    delivered twice, and a rebuild then delivers every schedule exactly once."""
+    service = start_service()
+    wait_until(lambda: _clock_at(redis_client, service) is not None, what="the clocks set")
+    target = unique("flushed")
+    bootstrap = service.settings.kafka["bootstrap.servers"]
+    sent = 0
+    for second in range(6):  # 40/s: ten every quarter second, some firing, some pending
+        for _ in range(4):
+            values = [envelope(target, {"n": sent + n}, 0.5 if n % 2 else 30) for n in range(10)]
+            produce(bootstrap, service.settings.intake_topic, values)
+            sent += 10
+            time.sleep(0.25)  # the stream's own pace, not a wait for a condition
+        if second == 2:
+            wipe_namespace(redis_client, service.settings.namespace)  # FLUSHALL, this namespace
+    wait_until(lambda: _held_for(service, "flushed"), what="intake and firing held: flushed")
+    assert "intake" in service.health.report()["held"]  # type: ignore[operator]
+    mark = redis_client.hget(service.store.layout.shards[0].clock, "lost")
+    assert mark is not None and mark.startswith(b"flushed ")
+    twice = {n: c for n, c in _bodies(reader(target).read_to_end()).items() if c > 1}
+    assert twice == {}
+    service.stop()
+
+    rebuild.rebuild(service.settings)
+    again = start_service()
+    delivered = reader(target).wait_count(sent, timeout=90)
+    assert sorted(_bodies(delivered).items()) == [(n, 1) for n in range(sent)]
+    assert again.firing is not None and again.firing.lost is None
+    assert again.metrics.value("blackbox_intake_stopped_partitions") == 0
+
+
+def test_a_snapshot_restored_under_a_running_service_fires_nothing_again(
+    start_service: ServiceFactory, reader: ReaderFactory, tmp_path: Path
+) -> None:
+    """Issue 50: a dump.rdb restored with the service running looked exactly like a
+    failover: everything fired since the snapshot fired again (2,000 copies of 2,000). Its
+    clock is older than BLACKBOX_REDIS_MAX_LAG: the claims refuse it from the first one,
+    intake stops, /ready says so; none of what fired since the snapshot fires again."""
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(free_port(), tmp_path / "redis")
+    server.start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        service = start_service(REDIS_URL=server.url, BLACKBOX_REDIS_MAX_LAG="2")
+        wait_until(lambda: _clock_at(client, service) is not None, what="the clocks set")
+        target = unique("restored")
+        _schedule(service, target, 20, countdown=3)
+        _stored(service, 20)
+        client.save()
+        snapshot = (tmp_path / "redis" / "dump.rdb").read_bytes()
+        taken_at = _clock_at(client, service) or 0
+        assert len(reader(target).wait_count(20)) == 20  # fired since the snapshot
+        firing = service.firing
+        assert firing is not None
+        wait_until(lambda: min(firing.clocks.floors().values()) > taken_at, 30,
+                   "the clocks moved on past the snapshot's by more than the lag")  # fmt: skip
+        server.stop()
+        (tmp_path / "redis" / "dump.rdb").write_bytes(snapshot)
+        server.start()
+
+        wait_until(lambda: _held_for(service, "restored"), what="intake and firing held")
+        assert sorted(_bodies(reader(target).read_to_end()).items()) == [(n, 1) for n in range(20)]
+        assert sum(service.store.counts()) == 20  # the snapshot's schedules, held unfired
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_committed_offsets_kafka_deleted_unread_stop_intake_and_say_so(
+    start_service: ServiceFactory, reader: ReaderFactory
+) -> None:
+    """Issue 50: records Kafka deleted (retention) before intake read them were passed over
+    silently: the consumer went on from the oldest record left. Now that is lost data,
+    held and said; the operator's BLACKBOX_REDIS_LOSS=skip goes on and counts them."""
+    first = start_service()
+    target = unique("unread")
+    _schedule(first, target, 10, countdown=0)  # offsets 0-9, read and committed
+    reader(target).wait_count(10)
+    first.stop()
+    values = [envelope(target, {"n": n}, 0) for n in range(10, 20)]
+    produce(first.settings.kafka["bootstrap.servers"], first.settings.intake_topic, values)
+    # offsets 10-19, written while no intake runs
+    _delete_before(first, 15)  # retention took 10-14 before they were read
+
+    stopped = start_service()
+    wait_until(lambda: stopped.metrics.value("blackbox_intake_stopped_partitions") == 1,
+               what="the intake partition stopped")  # fmt: skip
+    assert stopped.metrics.value("blackbox_redis_gaps_total", {"kind": "deleted_unread"}) >= 1
+    assert not stopped.health.ready
+    assert len(reader(target).read_to_end()) == 10  # nothing read on as if nothing happened
+    stopped.stop()
+
+    start_service(BLACKBOX_REDIS_LOSS="skip")
+    delivered = reader(target).wait_count(15, timeout=40)
+    assert sorted(_bodies(delivered)) == [*range(10), *range(15, 20)]
+
+
+def test_a_snapshot_restored_while_the_service_was_stopped_holds_at_start(
+    start_service: ServiceFactory, tmp_path: Path
+) -> None:
+    """Issue 50: restored while no process watched, an old snapshot is told from a
+    failover's lag by Kafka's own times: the records of its gap were written more than
+    BLACKBOX_REDIS_MAX_LAG after the shards' clocks. Intake stops and firing holds from the
+    start, on the mark the check leaves."""
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(free_port(), tmp_path / "redis")
+    server.start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        first = start_service(REDIS_URL=server.url, BLACKBOX_REDIS_MAX_LAG="2")
+        wait_until(lambda: _clock_at(client, first) is not None, what="the clocks set")
+        target = unique("restored-stopped")
+        _schedule(first, target, 10, countdown=600)
+        _stored(first, 10)
+        client.save()
+        snapshot = (tmp_path / "redis" / "dump.rdb").read_bytes()
+        taken_at = max(int(client.hget(k.clock, "at") or 0) for k in first.store.layout.shards)
+        wait_until(lambda: now_ms() > taken_at + 2_500, what="more than the lag after")
+        _schedule(first, target, 10, countdown=600)  # the snapshot's gap
+        _stored(first, 20)
+        first.stop()
+        server.stop()
+        (tmp_path / "redis" / "dump.rdb").write_bytes(snapshot)
+        server.start()
+
+        again = start_service(REDIS_URL=server.url, BLACKBOX_REDIS_MAX_LAG="2")
+        wait_until(lambda: _held_for(again, "restored"), what="intake and firing held")
+        assert sum(again.store.counts()) == 10  # nothing read on as if nothing happened
+        client.close()
+    finally:
+        server.stop()

@@ -18,6 +18,7 @@ def test_defaults_from_an_empty_environment() -> None:
         namespace="bb",
         shards=None,
         reread_limit=100_000,
+        redis_max_lag=60.0,
         redis_loss="stop",
         intake_topic="blackbox",
         group_id="blackbox",

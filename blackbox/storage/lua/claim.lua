@@ -17,6 +17,10 @@
 -- ARGV[6]  the most payload bytes to take; the first id is taken whatever its size
 -- ARGV[7]  "1": answer the shard's earliest lease expiry too (one more read; asked now
 --          and then, not at every claim)
+-- KEYS[5]  the shard's clock hash (beat.lua)
+-- ARGV[8]  the clock's floor, epoch ms (-1: none): nothing is claimed from a Redis whose
+--          clock is missing or below it, or that holds a lost-data mark (it was flushed,
+--          or restored from an older snapshot: what it holds may have fired already)
 --
 -- Returns: {ids taken (earliest due first), due time of the earliest id left or false,
 -- and per id taken: its payload (false once expired), its failed attempts (false for
@@ -32,6 +36,12 @@
 -- Invariant: two claimers never receive the same id while its lease runs. (An id updated
 -- while in flight is in both sets: its new version is due. Claiming it again moves the
 -- lease to the new claimer; the old one's ack then finds its lease lost.)
+local clock = redis.call('HMGET', KEYS[5], 'at', 'lost')
+local floor = tonumber(ARGV[8])
+if clock[2] or (floor >= 0 and (not clock[1] or tonumber(clock[1]) < floor)) then
+  return redis.error_reply('BLACKBOX_LOST ' .. (clock[2] or (clock[1] and 'restored' or 'flushed')) ..
+    ': Redis lost data; nothing is claimed until the operator acts')
+end
 local ids = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
 local payloads, attempts, ended = {}, {}, {}
 local budget = tonumber(ARGV[6])
