@@ -255,7 +255,7 @@ def test_a_flush_under_load_holds_everything_and_a_rebuild_delivers_each_once(
             wipe_namespace(redis_client, service.settings.namespace)  # FLUSHALL, this namespace
     wait_until(lambda: _held_for(service, "flushed"), what="intake and firing held: flushed")
     assert "intake" in service.health.report()["held"]  # type: ignore[operator]
-    mark = redis_client.hget(service.store.layout.shards[0].clock, "lost")
+    mark: Any = redis_client.hget(service.store.layout.shards[0].clock, "lost")
     assert mark is not None and mark.startswith(b"flushed ")
     twice = {n: c for n, c in _bodies(reader(target).read_to_end()).items() if c > 1}
     assert twice == {}
