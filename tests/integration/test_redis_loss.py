@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import redis
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -269,41 +271,66 @@ def test_a_flush_under_load_holds_everything_and_a_rebuild_delivers_each_once(
     assert again.metrics.value("blackbox_intake_stopped_partitions") == 0
 
 
+class OwnRedis:
+    """A Redis of the test's own, to snapshot and restore as an operator would: `SAVE`, then
+    the server stopped, an older `dump.rdb` put back, and the server started on it."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir()
+        self.server = RedisServer(free_port(), folder)
+        self.dump = folder / "dump.rdb"
+        self.client = redis.Redis.from_url(self.server.url)
+
+    def snapshot(self) -> bytes:
+        self.client.save()
+        return self.dump.read_bytes()
+
+    def restore(self, snapshot: bytes) -> None:
+        self.server.stop()
+        self.dump.write_bytes(snapshot)
+        self.server.start()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    own = OwnRedis(tmp_path / "redis")
+    own.server.start()
+    yield own
+    own.client.close()
+    own.server.stop()
+
+
+def _on_own_redis(start_service: ServiceFactory, own: OwnRedis) -> Service:
+    """A service on `own` that takes a clock two seconds back for a restored snapshot,
+    once its clocks are set."""
+    service = start_service(REDIS_URL=own.server.url, BLACKBOX_REDIS_MAX_LAG="2")
+    wait_until(lambda: _clock_at(own.client, service) is not None, what="the clocks set")
+    return service
+
+
 def test_a_snapshot_restored_under_a_running_service_fires_nothing_again(
-    start_service: ServiceFactory, reader: ReaderFactory, tmp_path: Path
+    start_service: ServiceFactory, reader: ReaderFactory, own_redis: OwnRedis
 ) -> None:
     """Issue 50: a dump.rdb restored with the service running looked exactly like a
     failover: everything fired since the snapshot fired again (2,000 copies of 2,000). Its
     clock is older than BLACKBOX_REDIS_MAX_LAG: the claims refuse it from the first one,
     intake stops, /ready says so; none of what fired since the snapshot fires again."""
-    (tmp_path / "redis").mkdir()
-    server = RedisServer(free_port(), tmp_path / "redis")
-    server.start()
-    try:
-        client = redis.Redis.from_url(server.url)
-        service = start_service(REDIS_URL=server.url, BLACKBOX_REDIS_MAX_LAG="2")
-        wait_until(lambda: _clock_at(client, service) is not None, what="the clocks set")
-        target = unique("restored")
-        _schedule(service, target, 20, countdown=3)
-        _stored(service, 20)
-        client.save()
-        snapshot = (tmp_path / "redis" / "dump.rdb").read_bytes()
-        taken_at = _clock_at(client, service) or 0
-        assert len(reader(target).wait_count(20)) == 20  # fired since the snapshot
-        firing = service.firing
-        assert firing is not None
-        wait_until(lambda: min(firing.clocks.floors().values()) > taken_at, 30,
-                   "the clocks moved on past the snapshot's by more than the lag")  # fmt: skip
-        server.stop()
-        (tmp_path / "redis" / "dump.rdb").write_bytes(snapshot)
-        server.start()
+    service = _on_own_redis(start_service, own_redis)
+    target = unique("restored")
+    _schedule(service, target, 20, countdown=3)
+    _stored(service, 20)
+    snapshot = own_redis.snapshot()
+    taken_at = _clock_at(own_redis.client, service) or 0
+    assert len(reader(target).wait_count(20)) == 20  # fired since the snapshot
+    firing = service.firing
+    assert firing is not None
+    wait_until(lambda: min(firing.clocks.floors().values()) > taken_at, 30,
+               "the clocks moved on past the snapshot's by more than the lag")  # fmt: skip
+    own_redis.restore(snapshot)
 
-        wait_until(lambda: _held_for(service, "restored"), what="intake and firing held")
-        assert sorted(_bodies(reader(target).read_to_end()).items()) == [(n, 1) for n in range(20)]
-        assert sum(service.store.counts()) == 20  # the snapshot's schedules, held unfired
-        client.close()
-    finally:
-        server.stop()
+    wait_until(lambda: _held_for(service, "restored"), what="intake and firing held")
+    assert sorted(_bodies(reader(target).read_to_end()).items()) == [(n, 1) for n in range(20)]
+    assert sum(service.store.counts()) == 20  # the snapshot's schedules, held unfired
 
 
 def test_committed_offsets_kafka_deleted_unread_stop_intake_and_say_so(
@@ -336,36 +363,25 @@ def test_committed_offsets_kafka_deleted_unread_stop_intake_and_say_so(
 
 
 def test_a_snapshot_restored_while_the_service_was_stopped_holds_at_start(
-    start_service: ServiceFactory, tmp_path: Path
+    start_service: ServiceFactory, own_redis: OwnRedis
 ) -> None:
     """Issue 50: restored while no process watched, an old snapshot is told from a
     failover's lag by Kafka's own times: the records of its gap were written more than
     BLACKBOX_REDIS_MAX_LAG after the shards' clocks. Intake stops and firing holds from the
     start, on the mark the check leaves."""
-    (tmp_path / "redis").mkdir()
-    server = RedisServer(free_port(), tmp_path / "redis")
-    server.start()
-    try:
-        client = redis.Redis.from_url(server.url)
-        first = start_service(REDIS_URL=server.url, BLACKBOX_REDIS_MAX_LAG="2")
-        wait_until(lambda: _clock_at(client, first) is not None, what="the clocks set")
-        target = unique("restored-stopped")
-        _schedule(first, target, 10, countdown=600)
-        _stored(first, 10)
-        client.save()
-        snapshot = (tmp_path / "redis" / "dump.rdb").read_bytes()
-        taken_at = max(int(client.hget(k.clock, "at") or 0) for k in first.store.layout.shards)
-        wait_until(lambda: now_ms() > taken_at + 2_500, what="more than the lag after")
-        _schedule(first, target, 10, countdown=600)  # the snapshot's gap
-        _stored(first, 20)
-        first.stop()
-        server.stop()
-        (tmp_path / "redis" / "dump.rdb").write_bytes(snapshot)
-        server.start()
+    first = _on_own_redis(start_service, own_redis)
+    target = unique("restored-stopped")
+    _schedule(first, target, 10, countdown=600)
+    _stored(first, 10)
+    snapshot = own_redis.snapshot()
+    taken_at = max(int(own_redis.client.hget(k.clock, "at") or 0)
+                   for k in first.store.layout.shards)  # fmt: skip
+    wait_until(lambda: now_ms() > taken_at + 2_500, what="more than the lag after")
+    _schedule(first, target, 10, countdown=600)  # the snapshot's gap
+    _stored(first, 20)
+    first.stop()
+    own_redis.restore(snapshot)
 
-        again = start_service(REDIS_URL=server.url, BLACKBOX_REDIS_MAX_LAG="2")
-        wait_until(lambda: _held_for(again, "restored"), what="intake and firing held")
-        assert sum(again.store.counts()) == 10  # nothing read on as if nothing happened
-        client.close()
-    finally:
-        server.stop()
+    again = start_service(REDIS_URL=own_redis.server.url, BLACKBOX_REDIS_MAX_LAG="2")
+    wait_until(lambda: _held_for(again, "restored"), what="intake and firing held")
+    assert sum(again.store.counts()) == 10  # nothing read on as if nothing happened
