@@ -132,6 +132,12 @@ class Metrics:
             "(a failover's lag, a restart's margin): at most, the gaps' sizes.",
             registry=self.registry,
         )
+        self.redeliveries_passed_over = Counter(
+            "blackbox_redeliveries_passed_over",
+            "Deliveries claimed again after Redis changed under firing (a failover lost their "
+            "acks) that the target topics show delivered: settled, not produced again.",
+            registry=self.registry,
+        )
         self.given_up_records = Counter(
             "blackbox_intake_given_up_records",
             "Intake records whose schedules Redis lost and the operator chose to give up "

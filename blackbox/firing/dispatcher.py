@@ -41,6 +41,7 @@ from blackbox.clock import now_ms
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import CorruptSchedule, DeadLetterReason
 from blackbox.firing.failures import NodeFailures
+from blackbox.firing.rechecks import Rechecks
 from blackbox.firing.shares import Share
 from blackbox.kafka import deadletter
 from blackbox.kafka.clients import lasting_reason
@@ -154,6 +155,8 @@ class _Sent:
     advances: dict[str, Advance] = field(default_factory=dict)
     passed: list[str] = field(default_factory=list)
     beyond: set[str] = field(default_factory=set)  # series ended at the horizon
+    # Deliveries (indexes) Kafka shows made before Redis changed: settled unproduced.
+    shown: set[int] = field(default_factory=set)
 
     @property
     def reported(self) -> bool:
@@ -218,11 +221,15 @@ class Dispatcher:
         *,
         horizon_of: Horizon | None = None,
         floors: Callable[[], Mapping[int, int]] | None = None,
+        rechecks: Rechecks | None = None,
     ) -> None:
         """`floors` tells each shard's clock floor: nothing is claimed from a Redis whose
-        clock went below it (clocks.py); None: no floor."""
+        clock went below it (clocks.py); None: no floor. `rechecks` holds the shards whose
+        Redis changed lately: what Kafka shows delivered there is not delivered again."""
         self.store = store
         self.floors = floors
+        self.rechecks = rechecks
+        self._servers: dict[int, str] = {}  # shard -> run id of the Redis its last claim met
         self.outbox = outbox
         self.policy = policy
         self.metrics = metrics
@@ -345,7 +352,9 @@ class Dispatcher:
             due_by_ms=self._window_end_ms if due_by_ms is None else due_by_ms,
             max_bytes=max_bytes, see_leases=self.share.unseen(shards, at),
             floors=None if self.floors is None else self.floors(),
+            identify=self.rechecks is not None,
         )  # fmt: skip
+        self._note_servers(claims, at)
         for claim in claims:  # when a lease there can run out: reclaimed only then
             if claim.leases_seen:
                 self.share.leased(claim.shard, claim.lease_expiry_ms, at)
@@ -358,6 +367,27 @@ class Dispatcher:
         for claim in claims:  # more is due where a claim was full: look again
             self.share.learned(claim.shard, claim.at_ms if claim.more else claim.next_due_ms)
         return [claim.shard for claim in claims if claim.more]
+
+    def _note_servers(self, claims: Sequence[Claim], at: int) -> None:
+        """Claims another Redis server made than their shard's last (a failover, a restart):
+        what Kafka shows delivered there lately is looked up before anything is produced
+        (rechecks.py), so that deliveries whose acks the old server took along are not made
+        again."""
+        if self.rechecks is None:
+            return
+        changed = []
+        for claim in claims:
+            if claim.run_id is None:
+                continue
+            before = self._servers.get(claim.shard)
+            if before is not None and before != claim.run_id:
+                changed.append(claim.shard)
+            self._servers[claim.shard] = claim.run_id
+        if changed:
+            self.rechecks.open(changed, at)
+            log.warning("redis_server_changed", shards=changed, run_id=claims[0].run_id,
+                        recheck="what the target topics show delivered within "
+                        "BLACKBOX_REDIS_MAX_LAG is not delivered again")  # fmt: skip
 
     def settle_all(self, stop: threading.Event) -> int:
         """Wait for the reports of every batch sent and settle each, what is held and not
@@ -465,6 +495,10 @@ class Dispatcher:
         for item in claim.loaded:
             self._classify(item, sent)
         sent.schedules.sort(key=lambda pair: pair[0].due_ms)
+        if self.rechecks is not None and self.rechecks.windows:
+            schedules = [schedule for schedule, _ in sent.schedules]
+            sent.shown = self.rechecks.delivered(claim.shard, schedules, now_ms())
+            self.metrics.redeliveries_passed_over.inc(len(sent.shown))
         return sent
 
     def _hold(self, sent: _Sent) -> None:
@@ -486,7 +520,10 @@ class Dispatcher:
             due_ms, _, sent, index = heapq.heappop(self._held)
             schedule, attempt = sent.schedules[index]
             assert sent.reports is not None  # it has schedules
-            self.outbox.produce(delivery_record(schedule, attempt), sent.reports, index)
+            if index in sent.shown:  # delivered before Redis lost its ack: settled as such
+                sent.reports.report(index, None, None)
+            else:
+                self.outbox.produce(delivery_record(schedule, attempt), sent.reports, index)
             late.append(max(0, now - due_ms) / 1000)
             sent.produced += 1
             if sent.produced == len(sent.schedules):

@@ -29,6 +29,7 @@ from blackbox.clock import now_ms
 from blackbox.firing import shares
 from blackbox.firing.dispatcher import CLAIM_LEAD_MS, Dispatcher, Horizon, RetryPolicy
 from blackbox.firing.nudges import NudgeListener
+from blackbox.firing.rechecks import Rechecks
 from blackbox.firing.shares import Share, sweep_after_ms
 from blackbox.firing.waker import Waker
 from blackbox.kafka import clients
@@ -95,8 +96,10 @@ class Firing:
         horizon_of = horizon_of or (lambda _caller: int(settings.max_countdown * 1000))
         self.clocks = Clocks(store.client, store.layout, int(settings.redis_max_lag * 1000),
                              store.beat_all)  # fmt: skip
+        rechecks = Rechecks(settings.kafka, int(settings.redis_max_lag * 1000))
         self.dispatcher = Dispatcher(store, self.outbox, retry_policy_of(settings), metrics, share,
-                                     horizon_of=horizon_of, floors=self.clocks.floors)  # fmt: skip
+                                     horizon_of=horizon_of, floors=self.clocks.floors,
+                                     rechecks=rechecks)  # fmt: skip
         self._on_held = on_held
         self.lost: str | None = None  # what Redis lost, while firing holds for it
         self.share = share

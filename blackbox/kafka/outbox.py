@@ -48,7 +48,7 @@ class Reports:
         self.last_ms = 0  # when the latest report came (epoch ms)
         self.producer = producer  # the one the records were handed to
 
-    def report(self, index: int, error: KafkaError | None, _message: Message) -> None:
+    def report(self, index: int, error: KafkaError | None, _message: Message | None) -> None:
         self.errors[index] = error
         self.pending -= 1
         self.last_ms = now_ms()
@@ -154,9 +154,9 @@ class Outbox:
             except BufferError:
                 self.producer.poll(0.05)
             except KafkaException as e:
-                reports.report(index, e.args[0], None)  # type: ignore[arg-type]
+                reports.report(index, e.args[0], None)
                 return
-        reports.report(index, KafkaError(KafkaError._QUEUE_FULL, "producer queue full"), None)  # type: ignore[arg-type]
+        reports.report(index, KafkaError(KafkaError._QUEUE_FULL, "producer queue full"), None)
 
     def _wait(self, reports: Reports, stop: threading.Event | None, seconds: float) -> None:
         deadline = time.monotonic() + seconds

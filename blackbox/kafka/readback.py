@@ -49,6 +49,26 @@ def extents_of(config: Mapping[str, Any], topics: Iterable[str]) -> dict[Where, 
         consumer.close()
 
 
+def extents_since(
+    config: Mapping[str, Any], topics: Iterable[str], since_ms: int
+) -> dict[Where, Extent]:
+    """Each partition of `topics` from its first record written at or after `since_ms` (by
+    record time) to its end now; one with none that recent holds nothing."""
+    consumer = _consumer(config)
+    try:
+        bounds = extents(consumer, topics)
+        asked = [TopicPartition(t, p, since_ms) for (t, p) in bounds]
+        found = consumer.offsets_for_times(asked, timeout=METADATA_TIMEOUT) if asked else []
+    finally:
+        consumer.close()
+    since: dict[Where, Extent] = {}
+    for position in found:
+        extent = bounds[(position.topic, position.partition)]
+        low = extent.high if position.offset < 0 else max(extent.low, position.offset)
+        since[(position.topic, position.partition)] = Extent(low, extent.high)
+    return since
+
+
 def records(
     config: Mapping[str, Any], bounds: Mapping[Where, Extent]
 ) -> Iterator[tuple[Message, Extent]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import redis
@@ -90,6 +90,7 @@ class Claim:
     # (this one's or another's), None for no lease; nothing there can be reclaimed before.
     leases_seen: bool = False
     lease_expiry_ms: int | None = None
+    run_id: str | None = None  # the server that made it, where asked (`identify`)
 
 
 class Reclaimed(NamedTuple):
@@ -180,20 +181,32 @@ class RedisStore:
             return connection
         return self.client
 
-    def _run_all(self, calls: Sequence[ScriptCall]) -> list[Any]:
+    def _run_all(
+        self, calls: Sequence[ScriptCall], run_ids: dict[int, str] | None = None
+    ) -> list[Any]:
         """Each call's answer, in order: one round trip per Redis node for all of them, so
         that many shards cost what one does. A call the pipeline could not run (a script
-        the node lost, a slot moved on a cluster) is run again on its own."""
+        the node lost, a slot moved on a cluster) is run again on its own. With `run_ids`,
+        each node's round trip asks its run id first, and `run_ids` gets it per call: the
+        server that ran it (another after a failover or a restart)."""
         answers: list[Any] = [None] * len(calls)
         by_node: dict[int, list[int]] = {}
         for n, call in enumerate(calls):
             by_node.setdefault(id(self.pool_of(call.shard)), []).append(n)
         for numbers in by_node.values():
             pipe = self._node_client(calls[numbers[0]].shard).pipeline(transaction=False)
+            if run_ids is not None:
+                pipe.info("server")
             for n in numbers:
                 script, _, keys, args = calls[n]
                 pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
-            for n, answer in zip(numbers, pipe.execute(raise_on_error=False), strict=True):
+            replies = pipe.execute(raise_on_error=False)
+            if run_ids is not None:
+                server = replies.pop(0)
+                if isinstance(server, Exception):
+                    raise server
+                run_ids.update(dict.fromkeys(numbers, str(server["run_id"])))
+            for n, answer in zip(numbers, replies, strict=True):
                 script, _, keys, args = calls[n]
                 if isinstance(answer, RUN_AGAIN):
                     answer = script(keys=keys, args=args)  # noqa: PLW2901 - its own answer
@@ -283,11 +296,13 @@ class RedisStore:
         self, now_ms: int, limit: int, lease_ms: int, shards: Sequence[int], *,
         due_by_ms: int | None = None, max_bytes: int = DEFAULT_CLAIM_BYTES,
         see_leases: Collection[int] = (), floors: Mapping[int, int] | None = None,
+        identify: bool = False,
     ) -> list[Claim]:  # fmt: skip
         """`claim_due` of each of `shards`, in one round trip per Redis node: a claim per
         shard, in their order; those of `see_leases` also answer their shard's earliest
         lease expiry. A shard whose clock is below its floor in `floors`, missing, or marked
-        lost is not claimed: `redis.ResponseError` BLACKBOX_LOST (clocks.py)."""
+        lost is not claimed: `redis.ResponseError` BLACKBOX_LOST (clocks.py). With
+        `identify`, each claim names the run id of the server that made it."""
         due_by = now_ms if due_by_ms is None else due_by_ms
         calls = []
         for shard in shards:
@@ -298,11 +313,15 @@ class RedisStore:
                     max_bytes, "1" if shard in see_leases else "0",
                     -1 if floors is None else floors.get(shard, -1)]  # fmt: skip
             calls.append(ScriptCall(self._claim, shard, keys, args))
-        if len(calls) == 1:  # no pipeline needed
+        if len(calls) == 1 and not identify:  # no pipeline needed
             call = calls[0]
             return [_claimed(self._claim(keys=call.keys, args=call.args), call, due_by, limit)]
-        answers = self._run_all(calls)
-        return [_claimed(a, c, due_by, limit) for a, c in zip(answers, calls, strict=True)]
+        run_ids: dict[int, str] | None = {} if identify else None
+        answers = self._run_all(calls, run_ids)
+        claims = [_claimed(a, c, due_by, limit) for a, c in zip(answers, calls, strict=True)]
+        if run_ids is None:
+            return claims
+        return [replace(claim, run_id=run_ids[n]) for n, claim in enumerate(claims)]
 
     def ack(self, ids: Sequence[str], token: float, shard: int = 0) -> int:
         """Forget ids of `shard` that were delivered or dead-lettered; return how many were

@@ -38,8 +38,8 @@ def test_reports_keep_each_error_and_when_the_last_came() -> None:
     reports = Reports(2)
     assert reports.errors == [NO_REPORT, NO_REPORT] and reports.pending == 2
     before = now_ms()
-    reports.report(1, None, None)  # type: ignore[arg-type]
-    reports.report(0, KafkaError(KafkaError._MSG_TIMED_OUT), None)  # type: ignore[arg-type]
+    reports.report(1, None, None)
+    reports.report(0, KafkaError(KafkaError._MSG_TIMED_OUT), None)
     assert reports.pending == 0
     assert reports.errors[1] is None and reports.errors[0] is not None
     assert before <= reports.last_ms <= now_ms()
@@ -49,7 +49,7 @@ def test_all_landed_clears_only_the_records_without_a_report() -> None:
     """A producer reporting only failures: a record never reported landed, a failure stays."""
     reports = Reports(3)
     failure = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
-    reports.report(1, failure, None)  # type: ignore[arg-type]
+    reports.report(1, failure, None)
     reports.all_landed()
     assert reports.errors == [None, failure, None] and reports.pending == 0
 
