@@ -296,7 +296,9 @@ class Intake:
         for coordinates, write, code in batch.applied(codes):
             if code is None or code is Applied.REPLAYED:
                 continue
-            events.append(answering.event_of(coordinates, write, code))
+            where = (coordinates.topic, coordinates.partition, coordinates.offset)
+            if not self.gaps.handled_before(*where):  # answered before the gap: not again
+                events.append(answering.event_of(coordinates, write, code))
             if isinstance(write, Schedule | Move) and code in answering.STORED:
                 shard = shard_of(write.id)
                 earliest[shard] = min(earliest.get(shard, write.due_ms), write.due_ms)

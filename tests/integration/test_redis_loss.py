@@ -44,20 +44,30 @@ def test_redis_emptied_under_a_running_intake_is_read_again_from_kafka(
     """Guarantee 1: Redis went back below what it confirmed to intake (its data lost while
     the service runs, as a failover to a lagging replica does): the records are read again
     from Kafka and every schedule is delivered once; refused records are not dead-lettered
-    a second time."""
+    a second time, and no record is answered again (issue 50: a re-read answered each one
+    `scheduled` twice, some `updated`)."""
     service = start_service()
     target = unique("regained")
     _schedule(service, target, 30, countdown=4, bad=5)
     _stored(service, 30)
     dlq = reader(service.settings.dlq_topic)
     dlq.wait_count(5)
+    events = reader(service.settings.events_topic)
+    events.wait_count(35)
     assert wipe_namespace(redis_client, service.settings.namespace, schedules_only=True) > 0
 
     delivered = reader(target).wait_count(30, timeout=40)
     bodies = Counter(orjson.loads(r.value or b"")["n"] for r in delivered)
     assert sorted(bodies) == list(range(30))
     assert service.metrics.value("blackbox_intake_reread_records_total") >= 30
+    assert service.metrics.value("blackbox_redis_gaps_total", {"kind": "lag"}) >= 1
     assert len(dlq.read_to_end()) == 5  # the refusals were dead-lettered once only
+    answers = Counter(
+        (orjson.loads(r.value or b"")["intake"]["offset"], orjson.loads(r.value or b"")["outcome"])
+        for r in events.read_to_end()
+    )
+    assert sorted(answers.values()) == [1] * 35  # each record answered once, as it was
+    assert Counter(outcome for _, outcome in answers) == {"scheduled": 30, "dead_lettered": 5}
     assert service.health.ready or not service.health.holds
 
 
