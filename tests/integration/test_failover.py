@@ -22,7 +22,7 @@ from blackbox.storage.keys import Layout
 from tests.integration.conftest import ReaderFactory, ServiceFactory, service_env
 from tests.kafkatools import TopicReader, envelope, produce, produce_to, unique, wait_until
 from tests.process import BlackboxProcess
-from tests.replication import ReplicatedRedis
+from tests.replication import ReplicatedRedis, WatchedRedis
 
 PARTITIONS = 3  # of the intake topic: the lost records are spread over several
 BEFORE = 200  # schedules replicated before the partition
@@ -36,6 +36,14 @@ DELIVERY_DEADLINE = 60.0  # seconds after the last due time
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[ReplicatedRedis]:
     with ReplicatedRedis(tmp_path / "redis") as replicated:
+        yield replicated
+
+
+@pytest.fixture(params=["endpoint", "sentinel"])
+def any_pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ReplicatedRedis]:
+    """The pair behind a moving endpoint (a managed Redis), or watched by a Sentinel."""
+    kind = ReplicatedRedis if request.param == "endpoint" else WatchedRedis
+    with kind(tmp_path / "redis") as replicated:
         yield replicated
 
 
@@ -177,13 +185,14 @@ def ready(port: int) -> bool:
 
 
 def test_a_failover_fires_nothing_again_that_the_old_primary_fired_during_the_lag(
-    start_service: ServiceFactory, reader: ReaderFactory, pair: ReplicatedRedis
+    start_service: ServiceFactory, reader: ReaderFactory, any_pair: ReplicatedRedis
 ) -> None:
     """Issue 50: schedules replicated, then fired and acknowledged on the primary while the
     link was held, are due again on the promoted replica (the acks never reached it): 53
     copies in the issue's Sentinel run. The claims after the failover name another server,
     so what the target topic shows delivered since the longest lag is settled, unproduced;
     every message arrives once, and the service goes on."""
+    pair = any_pair
     service = start_service(REDIS_URL=pair.url)
     target = unique("fired-in-lag")
     bootstrap = service.settings.kafka["bootstrap.servers"]
