@@ -190,8 +190,8 @@ VARIABLES: tuple[Var, ...] = (
         "when Redis lost data (flushed, restarted empty or restored from an older snapshot; "
         "a gap over BLACKBOX_REREAD_LIMIT; no watermark at all under committed offsets; "
         "committed offsets Kafka deleted unread): stop reading the intake and firing (/ready "
-        "503, alert BlackboxRedisLostData), reread it all (what fired since is delivered "
-        "again, under the same ids) or skip it (its schedules given up, counted); rebuilding "
+        "503, alert BlackboxRedisLostData), reread it all (what the target topics show "
+        "delivered is passed over) or skip it (its schedules given up, counted); rebuilding "
         "Redis (blackbox rebuild) ends the stop too"),
     Var("BLACKBOX_INTAKE_TOPIC", "intake_topic", _topic, "blackbox", "topic schedules arrive on"),
     Var("BLACKBOX_GROUP_ID", "group_id", str, "blackbox", "consumer group of the intake"),

@@ -230,6 +230,7 @@ class Dispatcher:
         self.floors = floors
         self.rechecks = rechecks
         self._servers: dict[int, str] = {}  # shard -> run id of the Redis its last claim met
+        self._rechecks: dict[int, str] = {}  # shard -> the recheck mark its last claim met
         self.outbox = outbox
         self.policy = policy
         self.metrics = metrics
@@ -354,7 +355,7 @@ class Dispatcher:
             floors=None if self.floors is None else self.floors(),
             identify=self.rechecks is not None,
         )  # fmt: skip
-        self._note_servers(claims, at)
+        self._note_changes(claims, at)
         for claim in claims:  # when a lease there can run out: reclaimed only then
             if claim.leases_seen:
                 self.share.leased(claim.shard, claim.lease_expiry_ms, at)
@@ -368,15 +369,18 @@ class Dispatcher:
             self.share.learned(claim.shard, claim.at_ms if claim.more else claim.next_due_ms)
         return [claim.shard for claim in claims if claim.more]
 
-    def _note_servers(self, claims: Sequence[Claim], at: int) -> None:
-        """Claims another Redis server made than their shard's last (a failover, a restart):
-        what Kafka shows delivered there lately is looked up before anything is produced
-        (rechecks.py), so that deliveries whose acks the old server took along are not made
-        again."""
+    def _note_changes(self, claims: Sequence[Claim], at: int) -> None:
+        """Claims another Redis server made than their shard's last (a failover, a restart),
+        or that meet a new recheck mark (an intake reads a gap again): what Kafka shows
+        delivered there lately is looked up before anything is produced (rechecks.py), so
+        that deliveries whose acks Redis lost are not made again."""
         if self.rechecks is None:
             return
         changed = []
         for claim in claims:
+            if claim.recheck is not None and self._rechecks.get(claim.shard) != claim.recheck:
+                self._rechecks[claim.shard] = claim.recheck
+                self._open_marked(claim.shard, claim.recheck, at)
             if claim.run_id is None:
                 continue
             before = self._servers.get(claim.shard)
@@ -388,6 +392,14 @@ class Dispatcher:
             log.warning("redis_server_changed", shards=changed, run_id=claims[0].run_id,
                         recheck="what the target topics show delivered within "
                         "BLACKBOX_REDIS_MAX_LAG is not delivered again")  # fmt: skip
+
+    def _open_marked(self, shard: int, mark: str, at: int) -> None:
+        """Open the window a recheck mark ("<since ms> <until ms>") asks for, while it runs."""
+        assert self.rechecks is not None
+        since, _, until = mark.partition(" ")
+        if since.isdigit() and until.isdigit() and at < int(until):
+            self.rechecks.open([shard], at, int(since), int(until))
+            log.info("recheck_opened", shard=shard, since_ms=int(since), until_ms=int(until))
 
     def settle_all(self, stop: threading.Event) -> int:
         """Wait for the reports of every batch sent and settle each, what is held and not

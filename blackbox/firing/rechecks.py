@@ -11,6 +11,12 @@ BLACKBOX_REDIS_MAX_LAG after, each schedule claimed there that was due before th
 opened is looked up among what its target topic shows delivered since the longest lag
 before it (each topic read once per window, from the offset of that time: the cost follows
 the lag's span, not the topic's size). One found is settled as delivered, unproduced.
+
+An intake that reads a gap again leaves a recheck mark in the shards' clocks (clocks.py),
+from the time Redis lost data until the re-read can be over: each claim reads it back, and
+a shard's first claim that meets a new one opens a window over its span. So the operator's
+BLACKBOX_REDIS_LOSS=reread after a flush or a restore, and a failover's re-read, deliver
+nothing that Kafka shows delivered, whichever process fires.
 """
 
 from __future__ import annotations
@@ -55,9 +61,16 @@ class Rechecks:
         self._read = read
         self.windows: dict[int, Window] = {}
 
-    def open(self, shards: Iterable[int], now_ms: int) -> None:
-        """Redis changed behind `shards` at `now_ms`: recheck what falls due there by then."""
-        window = Window(now_ms - self.max_lag_ms, now_ms, now_ms + self.max_lag_ms)
+    def open(
+        self, shards: Iterable[int], now_ms: int, since_ms: int | None = None,
+        until_ms: int | None = None,
+    ) -> None:  # fmt: skip
+        """Redis changed behind `shards` at `now_ms`: recheck what falls due there by then
+        against what was delivered since `since_ms` (default: the longest lag before), until
+        `until_ms` (default: the longest lag after)."""
+        since = now_ms - self.max_lag_ms if since_ms is None else since_ms
+        until = now_ms + self.max_lag_ms if until_ms is None else until_ms
+        window = Window(since, now_ms, until)
         for shard in shards:
             self.windows[shard] = window
 

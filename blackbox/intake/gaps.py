@@ -57,6 +57,9 @@ log = structlog.get_logger("blackbox.intake.gaps")
 CHECK_SECONDS = 5.0
 # How often a stopped partition is checked again (an operator may have rebuilt Redis).
 STOPPED_CHECK_SECONDS = 30.0
+# How long firers recheck what falls due after a gap is read again, in longest lags
+# (BLACKBOX_REDIS_MAX_LAG): the re-read of a gap within BLACKBOX_REREAD_LIMIT is over by then.
+RECHECK_LAGS = 10
 # How long the group's committed offsets are asked for, seconds.
 COMMITTED_TIMEOUT = 10.0
 
@@ -67,7 +70,7 @@ class Loss(enum.StrEnum):
     """What intake does with a partition whose Redis lost data (BLACKBOX_REDIS_LOSS)."""
 
     STOP = "stop"  # stop reading it and say so (the default)
-    REREAD = "reread"  # read the whole gap again: what fired since is delivered again
+    REREAD = "reread"  # read the whole gap again: firers pass over what Kafka shows delivered
     SKIP = "skip"  # go on from the committed offsets: the gap's schedules are given up
 
 
@@ -437,12 +440,23 @@ class GapCheck:
                       "before they could be read again")  # fmt: skip
         start = max(found.start, found.kept_from)
         records = max(0, found.end - start)
+        self._mark_recheck()
         self.seek(partition[0], partition[1], start)
         self.rereading[partition] = max(self.rereading.get(partition, -1), found.end)
         self.metrics.reread_records.inc(records)
         level = log.info if why == "lag" else log.warning
         level("intake_reread", topic=partition[0], partition=partition[1], kind=found.kind.value,
               start=start, records=records, why=why)  # fmt: skip
+
+    def _mark_recheck(self) -> None:
+        """Before a gap is read again: what fired since Redis lost it must not fire again,
+        so every firer rechecks, for RECHECK_LAGS times the longest lag, what falls due
+        against what the target topics show delivered since the oldest clock the shards
+        showed, less the longest lag (a flush left none: since the topics' start)."""
+        now, lag = now_ms(), self.config.max_lag_ms
+        oldest = self.clocks.oldest_ms()
+        since = 0 if oldest is None else max(0, oldest - lag)
+        self.clocks.mark_recheck(since, now + RECHECK_LAGS * lag)
 
     def _skip(
         self, partition: Partition, field: str, found: Verdict, committed: int | None

@@ -128,6 +128,13 @@ class Clocks:
         for shard in shards:
             self.client.hset(self.layout.shards[shard].clock, "lost", text)
 
+    def mark_recheck(self, since_ms: int, until_ms: int) -> None:
+        """Leave the recheck mark in every shard: an intake reads again what Redis lost since
+        `since_ms`; until `until_ms`, each firer looks up what falls due there among what the
+        target topics show delivered since then (firing/rechecks.py, claim.lua)."""
+        for keys in self.layout.shards:
+            self.client.hset(keys.clock, "recheck", f"{since_ms} {until_ms}")
+
     def restart(self, now_ms: int) -> None:
         """The operator acted (a rebuild, BLACKBOX_REDIS_LOSS=reread or skip): the marks go,
         every clock starts again from `now_ms`, and what this process saw before with it."""

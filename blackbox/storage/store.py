@@ -91,6 +91,7 @@ class Claim:
     leases_seen: bool = False
     lease_expiry_ms: int | None = None
     run_id: str | None = None  # the server that made it, where asked (`identify`)
+    recheck: str | None = None  # the shard clock's recheck mark, "<since ms> <until ms>"
 
 
 class Reclaimed(NamedTuple):
@@ -518,7 +519,7 @@ class RedisStore:
 def _claimed(answer: Any, call: ScriptCall, due_by: int, limit: int) -> Claim:
     """The claim script's answer to `call` as a Claim of its shard."""
     shard, seen = call.shard, call.args[6] == "1"
-    ids, next_due, payloads, attempts, ended, token, lease = answer
+    ids, next_due, payloads, attempts, ended, token, lease, recheck = answer
     loaded = [
         Loaded(id=i.decode("utf-8"), payload=p, attempts=int(a or 0), ended=e)
         for i, p, a, e in zip(ids, payloads, attempts, ended, strict=True)
@@ -534,6 +535,7 @@ def _claimed(answer: Any, call: ScriptCall, due_by: int, limit: int) -> Claim:
         more=len(loaded) >= limit or (next_due_ms is not None and next_due_ms <= due_by),
         leases_seen=seen,
         lease_expiry_ms=_ms(lease),
+        recheck=recheck.decode() if recheck else None,
     )
 
 
