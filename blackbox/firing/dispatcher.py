@@ -62,6 +62,9 @@ from blackbox.storage.store import (
 )
 
 log = structlog.get_logger("blackbox.firing.dispatcher")
+# Connections whose server is remembered at most (each new one costs an INFO at its first
+# claim: see `_note_changes`).
+MAX_CONNECTIONS_KNOWN = 1000
 # Messages sent and not yet settled, at most, in full claims (by count and by payload
 # bytes); past it the oldest batch is awaited. Counted in messages, not batches: steady
 # firing sends batches of one, and a broker slow to acknowledge them must not hold back the
@@ -230,6 +233,8 @@ class Dispatcher:
         self.floors = floors
         self.rechecks = rechecks
         self._servers: dict[int, str] = {}  # shard -> run id of the Redis its last claim met
+        # The connections claims came over, and the run id of the server each leads to.
+        self._connections: dict[bytes, str] = {}
         self._rechecks: dict[int, str] = {}  # shard -> the recheck mark its last claim met
         self.outbox = outbox
         self.policy = policy
@@ -370,26 +375,36 @@ class Dispatcher:
         return [claim.shard for claim in claims if claim.more]
 
     def _note_changes(self, claims: Sequence[Claim], at: int) -> None:
-        """Claims another Redis server made than their shard's last (a failover, a restart),
-        or that meet a new recheck mark (an intake reads a gap again): what Kafka shows
-        delivered there lately is looked up before anything is produced (rechecks.py), so
-        that deliveries whose acks Redis lost are not made again."""
+        """Claims another Redis server made than their shard's last (a failover, a restart:
+        looked up where a claim came over a connection not seen before), or that meet a new
+        recheck mark (an intake reads a gap again): what Kafka shows delivered there lately
+        is looked up before anything is produced (rechecks.py), so that deliveries whose
+        acks Redis lost are not made again."""
         if self.rechecks is None:
             return
-        changed = []
+        changed, left = [], set()  # shards that met another server; the servers left
         for claim in claims:
             if claim.recheck is not None and self._rechecks.get(claim.shard) != claim.recheck:
                 self._rechecks[claim.shard] = claim.recheck
                 self._open_marked(claim.shard, claim.recheck, at)
-            if claim.run_id is None:
+            if claim.connection is None:
                 continue
+            run_id = self._connections.get(claim.connection)
+            if run_id is None:  # a new connection: to which server?
+                run_id = self.store.run_id(claim.shard)
+                if len(self._connections) >= MAX_CONNECTIONS_KNOWN:  # connections come and go
+                    self._connections.clear()
+                self._connections[claim.connection] = run_id
             before = self._servers.get(claim.shard)
-            if before is not None and before != claim.run_id:
+            if before is not None and before != run_id:
                 changed.append(claim.shard)
-            self._servers[claim.shard] = claim.run_id
-        if changed:
+                left.add(before)
+            self._servers[claim.shard] = run_id
+        if changed:  # and the shards not claimed since, last seen on a server left
+            changed += [s for s in range(self.store.layout.count) if s not in changed
+                        and self._servers.get(s, next(iter(left))) in left]  # fmt: skip
             self.rechecks.open(changed, at)
-            log.warning("redis_server_changed", shards=changed, run_id=claims[0].run_id,
+            log.warning("redis_server_changed", shards=changed,
                         recheck="what the target topics show delivered within "
                         "BLACKBOX_REDIS_MAX_LAG is not delivered again")  # fmt: skip
 

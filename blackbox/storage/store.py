@@ -90,7 +90,7 @@ class Claim:
     # (this one's or another's), None for no lease; nothing there can be reclaimed before.
     leases_seen: bool = False
     lease_expiry_ms: int | None = None
-    run_id: str | None = None  # the server that made it, where asked (`identify`)
+    connection: bytes | None = None  # the connection that made it, where asked (`identify`)
     recheck: str | None = None  # the shard clock's recheck mark, "<since ms> <until ms>"
 
 
@@ -183,30 +183,32 @@ class RedisStore:
         return self.client
 
     def _run_all(
-        self, calls: Sequence[ScriptCall], run_ids: dict[int, str] | None = None
+        self, calls: Sequence[ScriptCall], connections: dict[int, bytes] | None = None
     ) -> list[Any]:
         """Each call's answer, in order: one round trip per Redis node for all of them, so
         that many shards cost what one does. A call the pipeline could not run (a script
-        the node lost, a slot moved on a cluster) is run again on its own. With `run_ids`,
-        each node's round trip asks its run id first, and `run_ids` gets it per call: the
-        server that ran it (another after a failover or a restart)."""
+        the node lost, a slot moved on a cluster) is run again on its own. With
+        `connections`, each node's round trip names its connection first (`CLIENT INFO`'s
+        id and address, a few bytes), and `connections` gets it per call: a connection not
+        seen before may lead to another server (a failover, a restart: `run_id`)."""
         answers: list[Any] = [None] * len(calls)
         by_node: dict[int, list[int]] = {}
         for n, call in enumerate(calls):
             by_node.setdefault(id(self.pool_of(call.shard)), []).append(n)
         for numbers in by_node.values():
             pipe = self._node_client(calls[numbers[0]].shard).pipeline(transaction=False)
-            if run_ids is not None:
-                pipe.info("server")
+            if connections is not None:
+                pipe.execute_command("CLIENT", "INFO")  # type: ignore[no-untyped-call]
             for n in numbers:
                 script, _, keys, args = calls[n]
                 pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
             replies = pipe.execute(raise_on_error=False)
-            if run_ids is not None:
-                server = replies.pop(0)
-                if isinstance(server, Exception):
-                    raise server
-                run_ids.update(dict.fromkeys(numbers, str(server["run_id"])))
+            if connections is not None:
+                named = replies.pop(0)
+                if isinstance(named, Exception):
+                    raise named
+                key = b" ".join(bytes(named).split(b" ", 2)[:2])  # "id=N addr=host:port"
+                connections.update(dict.fromkeys(numbers, key))
             for n, answer in zip(numbers, replies, strict=True):
                 script, _, keys, args = calls[n]
                 if isinstance(answer, RUN_AGAIN):
@@ -303,7 +305,7 @@ class RedisStore:
         shard, in their order; those of `see_leases` also answer their shard's earliest
         lease expiry. A shard whose clock is below its floor in `floors`, missing, or marked
         lost is not claimed: `redis.ResponseError` BLACKBOX_LOST (clocks.py). With
-        `identify`, each claim names the run id of the server that made it."""
+        `identify`, each claim names the connection that made it (see `_run_all`)."""
         due_by = now_ms if due_by_ms is None else due_by_ms
         calls = []
         for shard in shards:
@@ -317,12 +319,18 @@ class RedisStore:
         if len(calls) == 1 and not identify:  # no pipeline needed
             call = calls[0]
             return [_claimed(self._claim(keys=call.keys, args=call.args), call, due_by, limit)]
-        run_ids: dict[int, str] | None = {} if identify else None
-        answers = self._run_all(calls, run_ids)
+        connections: dict[int, bytes] | None = {} if identify else None
+        answers = self._run_all(calls, connections)
         claims = [_claimed(a, c, due_by, limit) for a, c in zip(answers, calls, strict=True)]
-        if run_ids is None:
+        if connections is None:
             return claims
-        return [replace(claim, run_id=run_ids[n]) for n, claim in enumerate(claims)]
+        return [replace(claim, connection=connections[n]) for n, claim in enumerate(claims)]
+
+    def run_id(self, shard: int) -> str:
+        """The run id of the Redis server serving `shard` now (another after a failover or
+        a restart)."""
+        server: Any = self._node_client(shard).info("server")
+        return str(server["run_id"])
 
     def ack(self, ids: Sequence[str], token: float, shard: int = 0) -> int:
         """Forget ids of `shard` that were delivered or dead-lettered; return how many were

@@ -70,3 +70,14 @@ def test_a_window_closes_after_the_longest_lag() -> None:
     rechecks.open([0], 100_000)
     assert rechecks.delivered(0, [_one_off("a", 90_000)], 100_000 + LAG_MS + 1) == set()
     assert rechecks.windows == {}
+
+
+def test_one_mark_met_shard_by_shard_reads_each_topic_once() -> None:
+    """An intake's recheck mark is met by each shard's first claim after it: the shards
+    share one window, so a topic is read once, not once per shard."""
+    topics = _Topics({("orders", "a", "a"): {None}})
+    rechecks = Rechecks({}, LAG_MS, topics)
+    for shard, at in enumerate((100_000, 100_050, 100_090)):
+        rechecks.open([shard], at, 40_000, 700_000)
+        assert rechecks.delivered(shard, [_one_off("a", 90_000)], at) == {0}
+    assert topics.reads == [({"orders"}, 40_000)]
