@@ -4,7 +4,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
-APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
+# apt-get's -q keeps a line per package fetched and set up: the progress of a first install.
+APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -q
+# Each step says what it does before it does it: a first `make run` takes minutes (apt, PyPI,
+# Maven Central), and a silent one reads as a hang.
+STEP := @printf '==> %s\n'
 
 .PHONY: setup system-packages run docs test lint unit integration deploy bench chaos soak mutate clean
 
@@ -25,25 +29,37 @@ system-packages:
 	command -v kcat >/dev/null || missing="$$missing kcat"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || missing="$$missing golang-go"; \
-	if [ -n "$$missing" ]; then apt-get update -qq && $(APT_INSTALL) $$missing; fi
+	if [ -z "$$missing" ]; then \
+		printf '==> %s\n' "system packages: Redis, Java, Maven, kcat, Chromium and Go are here"; \
+	else \
+		printf '==> %s\n' "system packages: installing$$missing with apt-get (minutes, once)"; \
+		apt-get update -qq && $(APT_INSTALL) $$missing; \
+	fi
 
+# pip prints a line per package: the progress of the longest step (about 2 minutes on a fresh
+# clone, PySpark's build the most of it). setuptools' note on every editable install (a
+# folder named as the package may shadow it) says nothing for this layout: it is left out.
 $(STAMP): pyproject.toml
+	$(STEP) "Python: $(VENV) with blackbox and its development tools from PyPI (about 2 minutes the first time)"
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { apt-get update -qq && $(APT_INSTALL) python3-venv && rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	@$(BIN)/pip install -q --upgrade pip
+	@PYTHONWARNINGS='ignore:Editable installation' $(BIN)/pip install -e '.[dev]'
 	@touch $(STAMP)
+	$(STEP) "Python: $(VENV) is ready"
 
 # promtool checks and unit-tests the alert rules. Debian ships it only inside the prometheus
 # package, whose install would also start a Prometheus server: take the one binary from it.
 $(PROMTOOL): | $(STAMP)
+	$(STEP) "promtool (checks the alert rules): taken from Debian's prometheus package"
 	@rm -rf $(VENV)/.promtool && mkdir -p $(VENV)/.promtool
 	@cd $(VENV)/.promtool && { apt-get download -qq prometheus 2>/dev/null \
 		|| { apt-get update -qq && apt-get download -qq prometheus; }; }
-	dpkg-deb --fsys-tarfile $(VENV)/.promtool/prometheus_*.deb | tar -xO ./usr/bin/promtool > $@.part
+	@dpkg-deb --fsys-tarfile $(VENV)/.promtool/prometheus_*.deb | tar -xO ./usr/bin/promtool > $@.part
 	@chmod +x $@.part && mv $@.part $@ && rm -rf $(VENV)/.promtool
 
 run: setup
-	$(BIN)/blackbox dev
+	$(STEP) "blackbox dev: Redis, Apache Kafka (its jars from Maven Central the first time), then the service; Ctrl-C stops all"
+	@$(BIN)/blackbox dev
 
 # The documentation site on http://127.0.0.1:8000, rebuilt on every change (its reference
 # pages are generated from the code). `make test` builds it with --strict (tests/deploy).

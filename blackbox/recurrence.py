@@ -112,6 +112,11 @@ class Recurrence:
         if self.grace_ms < 0:
             raise InvalidRecurrence("grace must be >= 0")
 
+    @property
+    def zone(self) -> ZoneInfo:
+        """The series' time zone, whose wall clock its times are shown on."""
+        return _zone(self.timezone)
+
     # --- occurrences (nominal instants, epoch ms) ---
 
     def first(self, at_ms: int) -> int | None:

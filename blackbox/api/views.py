@@ -9,6 +9,7 @@ import enum
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,12 +23,14 @@ NEXT_OCCURRENCES = 5
 
 @dataclass(frozen=True, slots=True)
 class Occurrence:
-    """One occurrence of a series: its nominal instant, as epoch ms and RFC 3339 UTC, and
-    when it falls due (its jitter added)."""
+    """One occurrence of a series: its nominal instant, as epoch ms, as RFC 3339 UTC and as
+    RFC 3339 on the series' own wall clock with that zone's offset (`local`, e.g.
+    2026-11-30T09:00:00+01:00 in Europe/Berlin), and when it falls due (its jitter added)."""
 
     occurrence_ms: int
     utc: str
     due_ms: int
+    local: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,13 @@ def utc_text(at_ms: int) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S") + fraction + "Z"
 
 
+def local_text(at_ms: int, zone: ZoneInfo) -> str:
+    """An instant as RFC 3339 on `zone`'s wall clock with its offset, with milliseconds only
+    when it has some."""
+    moment = (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=at_ms)).astimezone(zone)
+    return moment.isoformat(timespec="milliseconds" if at_ms % 1000 else "seconds")
+
+
 def _seconds(ms: int | None) -> float | None:
     return None if ms is None else ms / 1000
 
@@ -83,7 +93,8 @@ def series_view(schedule_id: str, series: Series, count: int = NEXT_OCCURRENCES)
     """A stored series as listed: its rule and its next `count` occurrences."""
     rule = series.rule
     upcoming = rule.upcoming(series.occurrence_ms, count, series.fired)
-    occurrences = [Occurrence(at, utc_text(at), rule.due_of(schedule_id, at))
+    zone = rule.zone
+    occurrences = [Occurrence(at, utc_text(at), rule.due_of(schedule_id, at), local_text(at, zone))
                    for at in upcoming]  # fmt: skip
     return SeriesView(rule_of(rule), series.occurrence_ms, series.fired, series.paused,
                       occurrences)  # fmt: skip

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from blackbox.cli.listing import page_lines
 from blackbox.cli.sending import error, exit_for
 from blackbox.exits import EXIT_FAILED, EXIT_OK, EXIT_UNCHANGED
 from blackbox.kafka.events import Outcome
@@ -55,26 +56,11 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     status, page = _call(args.api, settings, "GET", path + urllib.parse.urlencode(query))
     if status != 200:
         return _failed(page)
-    for item in page["items"]:
-        print(series_line(item) if args.series else _line(item))  # noqa: T201
+    for line in page_lines(page["items"], series=args.series, more=bool(page["cursor"])):
+        print(line)  # noqa: T201 - the command's output
     if page["cursor"]:
         print(f"more: --cursor {page['cursor']}")  # noqa: T201
     return EXIT_OK
-
-
-def _line(item: dict[str, Any]) -> str:
-    return f"{item['due_ms']}  {item['blackbox_id']}  {item['topic']}  {item['preview']}"
-
-
-def series_line(item: dict[str, Any]) -> str:
-    """A listed series on one line: its next occurrence, id, rule, runs and state."""
-    series = item["series"]
-    rule = series["rule"]
-    when = f"cron {rule['cron']!r}" if rule["cron"] is not None else f"every {rule['every']:g} s"
-    runs = f"{series['fired']}/{rule['limit'] if rule['limit'] is not None else '-'}"
-    upcoming = series["next"][0]["utc"] if series["next"] else "-"
-    paused = "  paused" if series["paused"] else ""
-    return f"{upcoming}  {item['blackbox_id']}  {when} {rule['timezone']}  {runs}{paused}"
 
 
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:

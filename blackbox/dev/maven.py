@@ -12,11 +12,16 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from xml.sax.saxutils import escape
 
+import structlog
+
 from blackbox.errors import StackError
+
+log = structlog.get_logger("blackbox.dev.maven")
 
 # The broker of the local stack, tests and benchmarks. Kafka 4.1 logs through log4j 2.24;
 # the distribution adds the log4j jars itself, no POM of Kafka's declares them.
@@ -60,13 +65,18 @@ def _fetch(artifacts: Sequence[str], folder: Path) -> None:
         )
     folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    # A first fetch takes a minute or so, with nothing else to show for it: say so.
+    log.info("jars_fetching", source="Maven Central", artifacts=list(artifacts), into=str(folder))
+    started = time.monotonic()
     try:
         (work / "pom.xml").write_text(pom(artifacts))
         _run_maven(mvn, work)
+        jars = len(list((work / "jars").glob("*.jar")))
         (work / "jars" / _DONE).touch()
         _move_into_place(work / "jars", folder)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    log.info("jars_fetched", jars=jars, seconds=round(time.monotonic() - started, 1))
 
 
 def _run_maven(mvn: str, work: Path) -> None:

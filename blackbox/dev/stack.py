@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
 from confluent_kafka import KafkaException, Producer
 
 from blackbox.dev.servers import (
@@ -33,6 +35,8 @@ from blackbox.dev.servers import (
 )
 from blackbox.errors import StackError
 
+log = structlog.get_logger("blackbox.dev.stack")
+
 # The transactional id the stack's warm-up producer registers (one record in Kafka's
 # transaction state, nothing in any topic).
 WARM_UP_ID = "blackbox-dev-warm-up"
@@ -43,6 +47,7 @@ BROKERS = ("kafka", "tansu")
 # partitioner is not murmur2 (librdkafka's default) shows up locally, as in production.
 DEV_PARTITIONS = 3
 Server = RedisServer | KafkaBroker | TansuBroker
+SERVER_NAMES = {RedisServer: "redis", KafkaBroker: "kafka", TansuBroker: "tansu"}
 
 
 def state_root(environ: Mapping[str, str] = os.environ) -> Path:
@@ -110,9 +115,7 @@ class DevStack:
             _refuse_taken_ports(server)
         try:
             for server in self.servers:
-                server.start()
-                if isinstance(server, KafkaBroker):
-                    hand_out_producer_ids(server.bootstrap)
+                _start(server)
         except BaseException:
             self.stop()
             raise
@@ -120,6 +123,19 @@ class DevStack:
     def stop(self) -> None:
         for server in reversed(self.servers):
             server.stop()
+
+
+def _start(server: Server) -> None:
+    """Start one server and say so, before and after: Kafka's first start fetches its jars
+    and takes a while."""
+    name = SERVER_NAMES.get(type(server), type(server).__name__)
+    log.info("local_server_starting", server=name, port=server.port)
+    started = time.monotonic()
+    server.start()
+    if isinstance(server, KafkaBroker):
+        hand_out_producer_ids(server.bootstrap)
+    log.info("local_server_started", server=name, port=server.port,
+             seconds=round(time.monotonic() - started, 1))  # fmt: skip
 
 
 def hand_out_producer_ids(bootstrap: str, timeout: float = WARM_UP_SECONDS) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from blackbox.api.views import utc_text
+from blackbox.api.views import local_text
 from blackbox.clock import now_ms
 from blackbox.recurrence import Recurrence
 from blackbox.schedule import Schedule, first_occurrence
@@ -122,8 +122,9 @@ def test_the_page_shows_series_apart_and_pauses_resumes_and_cancels_them(
     browser: Browser, start_service: ServiceFactory
 ) -> None:
     """Guarantee 8: a series shows in the Series table, not among the one-off schedules,
-    with its rule, zone, next occurrences (UTC) and runs; Pause, Resume and Cancel act on it
-    through the intake, and Redis holds what the page shows; no console errors."""
+    with its rule, zone, next occurrences on its zone's clock with the offset (09:00+01:00
+    or +02:00 in Berlin) and runs; Pause, Resume and Cancel act on it through the intake,
+    and Redis holds what the page shows; no console errors."""
     service = start_service(BLACKBOX_API_DEV_OPEN="true")
     start = now_ms()
     series = first_occurrence(Recurrence(cron="0 9 * * 1-5", timezone="Europe/Berlin",
@@ -140,8 +141,13 @@ def test_the_page_shows_series_apart_and_pauses_resumes_and_cancels_them(
     page.locator('#schedules tr[data-id="@web/once"]').wait_for()
     assert page.locator('#schedules tr[data-id="@web/daily"]').count() == 0
     assert page.locator('#series tr[data-id="@web/once"]').count() == 0
-    upcoming = [utc_text(at) for at in series.rule.upcoming(series.occurrence_ms, 5)]
+    berlin = series.rule.zone
+    upcoming = [local_text(at, berlin) for at in series.rule.upcoming(series.occurrence_ms, 5)]
     assert row.locator("td.occurrences").inner_text().split("\n") == upcoming
+    assert row.locator("td.next").inner_text() == upcoming[0]
+    assert all(t[11:16] == "09:00" and t[-6:] in ("+01:00", "+02:00") for t in upcoming)
+    header = page.locator("#series thead").inner_text()
+    assert "(series' zone)" in header and "UTC" not in header
     assert row.locator("td.zone").inner_text() == "Europe/Berlin"
     assert row.locator("td.rule").inner_text().startswith("cron 0 9 * * 1-5")
     assert row.locator("td.runs").inner_text() == "0 / 10"

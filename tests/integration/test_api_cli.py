@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from pathlib import Path
 
 from blackbox.clock import now_ms
@@ -64,3 +66,34 @@ def test_send_wait_prints_the_answer_and_fails_on_a_dead_letter(
     code, output = send("refused", env["BLACKBOX_EVENTS_TOPIC"])
     assert code == 1 and "dead_lettered" in output.splitlines(), output
     assert "forbidden_topic" in output
+
+
+def test_list_names_its_columns_shows_rfc3339_due_times_and_says_when_nothing_is_pending(
+    start_service: ServiceFactory, env: dict[str, str], tmp_path: Path
+) -> None:
+    """`blackbox list` prints `nothing pending` for an empty listing; otherwise a header
+    naming each column, then each schedule with its due time as RFC 3339 UTC (as `list
+    --series` prints its times), not as epoch milliseconds."""
+    service = start_service(BLACKBOX_API_TOKEN=TOKEN)
+    assert service.endpoints is not None
+    cli_env = {**env, "BLACKBOX_API_TOKEN": TOKEN,
+               "BLACKBOX_API_URL": f"http://127.0.0.1:{service.endpoints.port}"}  # fmt: skip
+
+    def run(name: str, *args: str) -> tuple[int, str]:
+        process = BlackboxProcess(cli_env, tmp_path / f"{name}.log", *args)
+        return process.wait(), process.output()
+
+    assert run("empty", "list") == (0, "nothing pending\n")
+    assert run("empty-series", "list", "--series") == (0, "nothing pending\n")
+    due = now_ms() + 600_123
+    fill(service, [Schedule("@ops/a", "orders", b"hello there", due, caller=b"ops")])
+    code, listed = run("list", "list")
+    assert code == 0
+    header, row = listed.splitlines()
+    assert re.split(r"\s{2,}", header) == ["DUE (UTC)", "ID", "TOPIC", "MESSAGE (START)"]
+    assert [row.index(c) for c in ("@ops/a", "orders", "hello")] == [
+        header.index(c) for c in ("ID", "TOPIC", "MESSAGE")
+    ]
+    when, blackbox_id, topic, preview = row.split(maxsplit=3)
+    assert (blackbox_id, topic, preview) == ("@ops/a", "orders", "hello there")
+    assert when.endswith("Z") and datetime.fromisoformat(when).timestamp() * 1000 == due

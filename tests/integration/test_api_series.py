@@ -4,6 +4,7 @@ resumed and cancelled through the intake topic, each answered as the intake answ
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,8 @@ def _outcomes(events: TopicReader, blackbox_id: str) -> list[str]:
 
 def _check_weekday_mornings(occurrences: list[dict[str, Any]]) -> None:
     """Each listed occurrence is 09:00 in Berlin on a weekday, later than now, in order,
-    its RFC 3339 text the same instant as its epoch ms."""
+    its RFC 3339 texts (UTC, and Berlin's with its offset) the same instant as its epoch
+    ms."""
     instants = [o["occurrence_ms"] for o in occurrences]
     assert instants == sorted(set(instants)) and instants[0] > now_ms()
     for occurrence in occurrences:
@@ -109,7 +111,16 @@ def _check_weekday_mornings(occurrences: list[dict[str, Any]]) -> None:
         utc = datetime.fromisoformat(occurrence["utc"])
         assert utc.timestamp() * 1000 == occurrence["occurrence_ms"]
         assert occurrence["utc"].endswith("Z")
+        assert datetime.fromisoformat(occurrence["local"]) == utc
+        _check_berlin_morning(occurrence["local"])
         assert occurrence["due_ms"] == occurrence["occurrence_ms"]  # no jitter asked
+
+
+def _check_berlin_morning(text: str) -> None:
+    """An RFC 3339 time that reads 09:00 in Berlin, with the offset Berlin has then."""
+    shown = datetime.fromisoformat(text)
+    assert (shown.hour, shown.minute) == (9, 0), text
+    assert shown.utcoffset() == shown.astimezone(BERLIN).utcoffset(), text
 
 
 def _check_refusals(client: httpx.Client, target: str) -> None:
@@ -153,7 +164,8 @@ def test_the_command_line_sends_lists_pauses_and_resumes_a_series(
     start_service: ServiceFactory, env: dict[str, str], tmp_path: Path
 ) -> None:
     """`blackbox send --every ... --wait` is answered `scheduled`; `blackbox list --series`
-    shows the rule; `blackbox pause` and `resume` print the intake's answers."""
+    shows each rule under a header naming its columns, a Berlin series' next run at 09:00
+    with Berlin's offset; `blackbox pause` and `resume` print the intake's answers."""
     service = start_service(BLACKBOX_API_TOKEN=TOKEN)
     assert service.endpoints is not None
     cli_env = {**env, "BLACKBOX_API_TOKEN": TOKEN,
@@ -168,8 +180,24 @@ def test_the_command_line_sends_lists_pauses_and_resumes_a_series(
                      "--start", start, "--id", "hourly", "--caller", "cli", "--wait", "30",
                      '"x"')  # fmt: skip
     assert code == 0 and "scheduled" in sent.splitlines(), sent
+    code, sent = run("send-berlin", "send", "--topic", unique("cli"), "--cron", "0 9 * * 1-5",
+                     "--timezone", "Europe/Berlin", "--id", "report", "--caller", "cli",
+                     "--wait", "30", '"x"')  # fmt: skip
+    assert code == 0 and "scheduled" in sent.splitlines(), sent
     code, listed = run("list", "list", "--series")
-    assert code == 0 and "@cli/hourly  every 3600 s UTC  0/4" in listed, listed
+    assert code == 0, listed
+    header, *rows = (re.split(r"\s{2,}", line) for line in listed.splitlines())
+    assert header == ["NEXT RUN (SERIES' ZONE)", "ID", "RULE", "ZONE", "FIRED", "LIMIT", "STATE"]
+    by_id = {row[1]: row for row in rows}
+    assert by_id["@cli/hourly"][2:] == ["every 3600 s", "UTC", "0", "4", "active"]
+    assert by_id["@cli/report"][2:] == [
+        "cron '0 9 * * 1-5'",
+        "Europe/Berlin",
+        "0",
+        "none",
+        "active",
+    ]
+    _check_berlin_morning(by_id["@cli/report"][0])
     for verb in ("pause", "resume"):
         code, answered = run(verb, verb, "hourly", "--caller", "cli", "--wait", "30")
         assert code == 0 and f"{verb}d" in answered.splitlines(), answered

@@ -1,4 +1,5 @@
-"""The site's sending examples (examples/), run as a user runs them, deliver through blackbox.
+"""The site's sending examples (examples/), run as a user runs them, deliver through blackbox;
+the read-back the README and the Quick start print shows what was sent.
 
 Each runs against a blackbox whose intake topic has several partitions, so a producer that
 partitions keys otherwise than Java's murmur2 shows up: the Python and kcat records must sit
@@ -9,6 +10,8 @@ blackbox takes only there (and only with a valid signature from a listed key).
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,7 +26,7 @@ from blackbox.kafka import clients
 from blackbox.settings import Settings
 from blackbox.signing import public_text
 from tests.integration.conftest import ReaderFactory, ServiceFactory
-from tests.kafkatools import unique
+from tests.kafkatools import Received, unique
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -153,3 +156,48 @@ def test_go_example_delivers_signed(
          timeout=360)  # fmt: skip
     _run([str(binary), target], env | keys)
     _delivered(reader, target, 46)
+
+
+# What the docs print: the dev stack's broker and the README's target topic, replaced in a
+# test by its own broker and a topic of its own.
+PRINTED_BROKER, PRINTED_TOPIC = "127.0.0.1:9092", "orders"
+SHELL = re.compile(r"^```sh\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def _printed(page: Path, start: str) -> list[str]:
+    """The words of the first command a page prints in a `sh` block that starts so."""
+    for block in SHELL.findall(page.read_text()):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.startswith(start):
+                return shlex.split(line.split(" # ", 1)[0])
+    raise AssertionError(f"{page.name} prints no command starting {start!r}")
+
+
+def _here(words: list[str], bootstrap: str, topic: str) -> list[str]:
+    swap = {PRINTED_BROKER: bootstrap, PRINTED_TOPIC: topic}
+    return [swap.get(word, word) for word in words]
+
+
+def _as_kcat_prints(record: Received) -> bytes:
+    """The record as `-f 'headers: %h\\nvalue: %s\\n'` prints it."""
+    headers = ",".join(f"{k}={(v or b'').decode()}" for k, v in record.headers.items())
+    return b"headers: " + headers.encode() + b"\nvalue: " + (record.value or b"") + b"\n"
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/quick-start.md"])
+def test_printed_read_back_shows_the_sent_message(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str], page: str
+) -> None:
+    """The read-back a page prints after its `blackbox send`, run as printed with Debian's
+    kcat once the message is due, shows that message byte for byte and exits."""
+    start_service()
+    target, bootstrap = unique("orders"), env["KAFKA_BOOTSTRAP_SERVERS"]
+    send = _here(_printed(ROOT / page, ".venv/bin/blackbox send"), bootstrap, target)
+    _run([sys.executable, "-m", "blackbox", *send[1:]], env)
+    (record,) = reader(target).wait_count(1, timeout=60)
+    assert record.value == orjson.dumps(orjson.loads(send[-1]))
+    read_back = _here(_printed(ROOT / page, "kcat "), bootstrap, target)
+    assert "-C" in read_back, read_back
+    shown = subprocess.run([_tool("kcat"), *read_back[1:]], capture_output=True, timeout=30,
+                           check=True)  # fmt: skip
+    assert shown.stdout == _as_kcat_prints(record)

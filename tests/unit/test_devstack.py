@@ -7,7 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
+from blackbox.dev import maven
+from blackbox.dev import stack as stack_module
 from blackbox.dev.servers import KafkaBroker, RedisServer, TansuBroker, cluster_id, free_port
 from blackbox.dev.stack import DevOptions, DevStack, state_root
 from blackbox.errors import StackError
@@ -110,3 +113,38 @@ def test_cluster_ids_never_start_with_a_dash() -> None:
     assert not any(i.startswith("-") for i in ids)
     assert all(len(i) == 22 for i in ids)
     assert len(set(ids)) == 2000
+
+
+def test_each_server_is_said_to_start_and_to_have_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make run` is never silent while a server starts: an event before and after each,
+    naming it (Kafka's first start fetches its jars and takes a while)."""
+    stack = DevStack(DevOptions(broker="tansu", state_dir=tmp_path / "s"), environ={})
+    for server in stack.servers:
+        monkeypatch.setattr(server, "start", lambda: None)
+    monkeypatch.setattr(stack_module, "_refuse_taken_ports", lambda _server: None)
+    with capture_logs() as logs:
+        stack.start()
+    said = [(e["event"].removeprefix("local_server_"), e["server"]) for e in logs]
+    assert said == [("starting", "redis"), ("started", "redis"), ("starting", "tansu"),
+                    ("started", "tansu")]  # fmt: skip
+
+
+def test_a_jar_fetch_is_said_before_it_starts_and_once_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first start's minute of fetching from Maven Central is announced, then counted;
+    a later start, from the cache, fetches and says nothing."""
+
+    def fetched(_mvn: str, work: Path) -> None:
+        (work / "jars").mkdir()
+        (work / "jars" / "kafka.jar").write_bytes(b"")
+
+    monkeypatch.setattr(maven.shutil, "which", lambda _name: "mvn")
+    monkeypatch.setattr(maven, "_run_maven", fetched)
+    with capture_logs() as logs:
+        folder = maven.classpath("kafka", ["g:a:1"], root=tmp_path)
+        assert maven.classpath("kafka", ["g:a:1"], root=tmp_path) == folder
+    assert [e["event"] for e in logs] == ["jars_fetching", "jars_fetched"]
+    assert (logs[0]["source"], logs[1]["jars"]) == ("Maven Central", 1)

@@ -1,16 +1,18 @@
 """How the API lists a series (guarantee 8): its rule in the envelope's own terms, and its
-next occurrences as epoch ms and RFC 3339 UTC, across a change of the clock, within its
-limit, with its jitter; and which pending ids a listing of one kind keeps."""
+next occurrences as epoch ms, RFC 3339 UTC and RFC 3339 in its own zone, across a change of
+the clock, within its limit, with its jitter; and which pending ids a listing of one kind
+keeps."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
+from zoneinfo import ZoneInfo
 
 import orjson
 
 from blackbox import envelope
 from blackbox.api.pending import Filter
-from blackbox.api.views import Kind, rule_of, series_view, utc_text
+from blackbox.api.views import Kind, local_text, rule_of, series_view, utc_text
 from blackbox.envelope import CALLER_HEADER, Envelope, Limits
 from blackbox.recurrence import Missed, Recurrence
 from blackbox.schedule import Schedule, Series, first_occurrence
@@ -35,6 +37,26 @@ def test_next_occurrences_follow_the_zone_across_its_clock_change() -> None:
     ]  # fmt: skip
     assert view.occurrence_ms == view.next[0].occurrence_ms
     assert (view.fired, view.paused) == (0, False)
+
+
+def test_next_occurrences_are_also_shown_on_the_zones_own_clock() -> None:
+    """Guarantee 8: a Berlin series' occurrences are listed beside their UTC instants at
+    02:30 on Berlin's wall clock with its offset, +01:00 in winter and +02:00 in summer (and
+    03:00 on the day 02:30 does not exist)."""
+    rule = Recurrence(cron="30 2 * * *", timezone="Europe/Berlin")
+    view = series_view("@billing/report", first_occurrence(rule, BEFORE_SPRING_MS))
+    assert [o.local for o in view.next] == [
+        "2027-03-26T02:30:00+01:00", "2027-03-27T02:30:00+01:00", "2027-03-28T03:00:00+02:00",
+        "2027-03-29T02:30:00+02:00", "2027-03-30T02:30:00+02:00",
+    ]  # fmt: skip
+
+
+def test_local_text_is_rfc3339_with_the_zones_offset() -> None:
+    """An instant on a zone's clock reads as RFC 3339 with that zone's offset (milliseconds
+    only when there are some), and names the same instant as its UTC text."""
+    new_york = ZoneInfo("America/New_York")
+    assert local_text(BEFORE_SPRING_MS + 7, new_york) == "2027-03-25T20:00:00.007-04:00"
+    assert local_text(0, ZoneInfo("UTC")) == "1970-01-01T00:00:00+00:00"
 
 
 def test_only_the_runs_left_under_the_limit_are_listed() -> None:

@@ -152,13 +152,14 @@ function seriesRow(item) {
   const series = item.series, rule = series.rule;
   const row = document.createElement("tr");
   row.dataset.id = item.blackbox_id;
-  cell(row, series.next.length ? series.next[0].utc : "–");
+  // A series' times on its own zone's clock, with the offset: "09:00 in Berlin" reads 09:00.
+  cell(row, series.next.length ? series.next[0].local : "–", "next");
   cell(row, item.blackbox_id, "id");
   cell(row, item.caller);
   cell(row, item.topic);
   cell(row, ruleText(rule), "rule");
   cell(row, rule.timezone, "zone");
-  cell(row, series.next.map((o) => o.utc).join("\n"), "occurrences");
+  cell(row, series.next.map((o) => o.local).join("\n"), "occurrences");
   cell(row, series.fired + " / " + (rule.limit === null ? "∞" : rule.limit), "runs");
   cell(row, series.paused ? "paused" : "active", series.paused ? "state paused" : "state");
   const actions = cell(row, "");
