@@ -141,7 +141,7 @@ def test_a_jar_fetch_is_said_before_it_starts_and_once_done(
         (work / "jars").mkdir()
         (work / "jars" / "kafka.jar").write_bytes(b"")
 
-    monkeypatch.setattr(maven.shutil, "which", lambda _name: "mvn")
+    monkeypatch.setattr("blackbox.dev.maven.shutil.which", lambda _name: "mvn")
     monkeypatch.setattr(maven, "_run_maven", fetched)
     with capture_logs() as logs:
         folder = maven.classpath("kafka", ["g:a:1"], root=tmp_path)
