@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import redis
@@ -321,10 +321,9 @@ class RedisStore:
             return [_claimed(self._claim(keys=call.keys, args=call.args), call, due_by, limit)]
         connections: dict[int, bytes] | None = {} if identify else None
         answers = self._run_all(calls, connections)
-        claims = [_claimed(a, c, due_by, limit) for a, c in zip(answers, calls, strict=True)]
-        if connections is None:
-            return claims
-        return [replace(claim, connection=connections[n]) for n, claim in enumerate(claims)]
+        named = connections or {}
+        return [_claimed(a, c, due_by, limit, named.get(n))
+                for n, (a, c) in enumerate(zip(answers, calls, strict=True))]  # fmt: skip
 
     def run_id(self, shard: int) -> str:
         """The run id of the Redis server serving `shard` now (another after a failover or
@@ -524,8 +523,11 @@ class RedisStore:
         pipe.execute()
 
 
-def _claimed(answer: Any, call: ScriptCall, due_by: int, limit: int) -> Claim:
-    """The claim script's answer to `call` as a Claim of its shard."""
+def _claimed(
+    answer: Any, call: ScriptCall, due_by: int, limit: int, connection: bytes | None = None
+) -> Claim:
+    """The claim script's answer to `call` as a Claim of its shard (made over
+    `connection`, where named)."""
     shard, seen = call.shard, call.args[6] == "1"
     ids, next_due, payloads, attempts, ended, token, lease, recheck = answer
     loaded = [
@@ -544,6 +546,7 @@ def _claimed(answer: Any, call: ScriptCall, due_by: int, limit: int) -> Claim:
         leases_seen=seen,
         lease_expiry_ms=_ms(lease),
         recheck=recheck.decode() if recheck else None,
+        connection=connection,
     )
 
 
