@@ -16,6 +16,7 @@ script itself refuses it from the first claim after the loss.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -44,6 +45,9 @@ from blackbox.storage.store import RedisStore
 
 log = structlog.get_logger("blackbox.firing.runner")
 
+# How often firing looks at the shards' clocks, seconds: an intake moves them every
+# gaps.CHECK_SECONDS; a claim itself refuses a clock below the floor the last look set.
+CLOCKS_LOOK_SECONDS = 2.0
 # Wraps a thread's loop (or the tick) so that a crash stops the process with a failure.
 Guard = Callable[[Loop], Loop]
 
@@ -102,6 +106,7 @@ class Firing:
                                      rechecks=rechecks)  # fmt: skip
         self._on_held = on_held
         self.lost: str | None = None  # what Redis lost, while firing holds for it
+        self._clocks_due = 0.0  # time.monotonic() of the next look at the clocks
         self.share = share
         self.waker = Waker(self.fire, stopping)
         self.nudges = NudgeListener(nudge_client, store.layout.wake_channel, self._nudged, stopping)
@@ -168,7 +173,9 @@ class Firing:
         except redis.RedisError as e:  # the share stays as it was; the heartbeat may run out
             log.warning("share_beat_failed", error=str(e))
         self.metrics.owned_shards.set(len(self.share.owned))
-        self._look_at_clocks()
+        if time.monotonic() >= self._clocks_due:  # they move every few seconds, no sooner
+            self._clocks_due = time.monotonic() + CLOCKS_LOOK_SECONDS
+            self._look_at_clocks()
 
     def _look_at_clocks(self) -> None:
         """Hold firing while a shard's clock says Redis lost data, leaving the mark where
