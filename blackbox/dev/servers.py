@@ -191,12 +191,15 @@ class KafkaBroker(_Server):
     stop_timeout = 20.0  # a controlled shutdown closes every log first
 
     def __init__(
-        self, port: int, data_dir: Path, controller_port: int | None = None, heap: str = "512m"
-    ) -> None:
+        self, port: int, data_dir: Path, controller_port: int | None = None, heap: str = "512m",
+        config: Mapping[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        """`config` adds broker settings to the ones `broker_properties` writes."""
         super().__init__(port, data_dir / "kafka.log")
         self.data_dir = data_dir
         self.controller_port = controller_port or free_port()
         self.heap = heap
+        self.config = dict(config or {})
 
     @property
     def bootstrap(self) -> str:
@@ -227,8 +230,10 @@ class KafkaBroker(_Server):
     def _prepare(self) -> None:
         """Write the configuration; format the log folder if this is its first start."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(broker_properties(self.port, self.controller_port,
-                                                      self.data_dir / "kafka-data"))  # fmt: skip
+        properties = broker_properties(self.port, self.controller_port,
+                                       self.data_dir / "kafka-data")  # fmt: skip
+        extra = "".join(f"{name}={value}\n" for name, value in self.config.items())
+        self.config_path.write_text(properties + extra)
         (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
         if not (self.data_dir / "kafka-data" / "meta.properties").exists():
             self._format()

@@ -42,6 +42,7 @@ class Reason(StrEnum):
     ENDED = "ended"
     SERIES_ENDED = "series_ended"
     SERIES_UNCOUNTED = "series_uncounted"  # its occurrences delivered cannot be bounded
+    TARGET_UNREADABLE = "target_unreadable"  # its topic may not be described: nothing told
 
 
 MAX_COUNTED = 1_000_000  # occurrences of a series counted before it is passed over

@@ -24,8 +24,9 @@ reschedules, pauses and resumes in the order they were sent), with these differe
 
 Before anything is deleted it refuses an intake partition whose first records aged out (a
 series created there would be lost) unless told to accept that, reads the dead-letter
-topic, and looks up every topic the intake records name (intake/targets.py): one it may not
-read stops it while Redis is whole. Then it marks Redis "rebuild under way"
+topic, and looks up every topic the intake records name (intake/targets.py): the schedules
+of one it may not describe are passed over and counted (`target_unreadable`), since what
+was delivered there cannot be told. Then it marks Redis "rebuild under way"
 (storage/rebuilding.py: a service started meanwhile takes no intake, fires nothing and is
 not ready), looks again for running replicas (one started while it planned), deletes
 the namespace's keys, so a restored snapshot's schedules that fired since are not fired
@@ -121,11 +122,13 @@ class Replaying(Intake):
 
     def __init__(
         self, *args: Any, config_kafka: dict[str, str], letters: Letters,
-        committed: Mapping[tuple[str, int], int | None], **kwargs: Any,
+        committed: Mapping[tuple[str, int], int | None],
+        unreadable: frozenset[str] = frozenset(), **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(*args, **kwargs)
         self.config_kafka = config_kafka
         self.committed = committed
+        self.unreadable = unreadable
         self.passing = Known(letters=letters,
                              retention_ms=self.store.ended_retention_seconds * 1000)  # fmt: skip
         self.counts = Counts(skipped=letters.skipped)
@@ -156,6 +159,9 @@ class Replaying(Intake):
 
     def _rewritten(self, write: Write) -> Write | None:
         topic = getattr(write, "topic", None)
+        if topic in self.unreadable:  # what was delivered there cannot be told
+            self.counts.passed_over[Reason.TARGET_UNREADABLE] += 1
+            return None
         if isinstance(topic, str) and topic not in self.counts.targets:
             self.counts.targets.add(topic)
             found = deliveries.read(self.config_kafka, [topic])
@@ -336,6 +342,7 @@ class Plan:
     spans: dict[tuple[str, int], tuple[int, int]]  # partition -> [start, end) to replay
     refused: Letters
     aged_out: int
+    unreadable: frozenset[str] = frozenset()  # target topics blackbox may not describe
 
 
 def rebuild(settings: Settings, *, accept_aged_out: bool = False) -> Counts:
@@ -382,8 +389,12 @@ def planned(settings: Settings, accept_aged_out: bool) -> Plan:
     aged = refuse_aged_out(committed, kept, accept_aged_out)
     refused = letters.read(settings.kafka, settings.dlq_topic)
     spans = ranges(committed, kept)
-    targets.check_readable(settings.kafka, targets.named(settings.kafka, spans))
-    return Plan(config, committed, spans, refused, aged)
+    unreadable = targets.unreadable(settings.kafka, targets.named(settings.kafka, spans))
+    for topic, error in unreadable.items():
+        log.warning("rebuild_target_unreadable", topic=topic, error=error,
+                    action="its schedules are passed over (target_unreadable): grant "
+                    "blackbox Describe and Read on it and rebuild again to keep them")  # fmt: skip
+    return Plan(config, committed, spans, refused, aged, frozenset(unreadable))
 
 
 def _replay_all(settings: Settings, store: RedisStore, plan: Plan) -> Replaying:
@@ -407,7 +418,7 @@ def _replaying(settings: Settings, store: RedisStore, consumer: Consumer, plan: 
                                   RedisRecord(store.client, store.layout)),
         guard=CrashGuard(store.client, store.layout.intake_handling),
         nonces=Nonces(store.client, store.layout), config_kafka=dict(settings.kafka),
-        letters=plan.refused, committed=plan.committed,
+        letters=plan.refused, committed=plan.committed, unreadable=plan.unreadable,
     )  # fmt: skip
 
 

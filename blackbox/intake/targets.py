@@ -1,5 +1,7 @@
 """Targets: the topics the intake records to replay name, found before a rebuild deletes
-anything, so that one it may not read stops it while Redis is still whole.
+anything. One the broker will not let blackbox describe or read (an ACL, a hostile record
+naming a topic blackbox was never given) cannot show what was delivered to it: its
+schedules are passed over and counted, and the rebuild goes on with the others.
 
 A cheap first read: the `topic` of a JSON request or the `scheduler-target-topic` header,
 no other check (a record refused later only costs a look at its topic's metadata).
@@ -46,6 +48,12 @@ def target_of(message: Message) -> str | None:
     return topic if isinstance(topic, str) else None
 
 
-def check_readable(config: Mapping[str, Any], topics: set[str]) -> None:
-    """readback.Unreadable for the first of `topics` the broker will not describe."""
-    readback.extents_of(config, topics)
+def unreadable(config: Mapping[str, Any], topics: set[str]) -> dict[str, str]:
+    """The topics of `topics` the broker will not describe, each with its error."""
+    refused = {}
+    for topic in sorted(topics):
+        try:
+            readback.extents_of(config, [topic])
+        except readback.Unreadable as e:
+            refused[topic] = str(e)
+    return refused
