@@ -431,3 +431,26 @@ def test_a_claim_is_bounded_by_payload_bytes(store: RedisStore) -> None:
     rest = store.claim_due(now, 1000, 30_000, max_bytes=10_000_000)
     assert len(rest.ids) == 6
     assert not rest.more
+
+
+def test_a_new_id_whose_key_holds_a_stray_value_is_refused_not_taken_for_applied(
+    store: RedisStore,
+) -> None:
+    """Issue 50: a new id's key already holding a value blackbox did not write was answered
+    as applied before (SET NX failed), and the schedule was never due. Now the call is
+    refused (BLACKBOX_CORRUPT) until the key is gone; the same version written before (a
+    call that failed before its watermark moved, read again) is still no refusal."""
+    new = Schedule("derived-1", "orders", b"v", now_ms() + 60_000, b"svc")
+    keys, intake = store.layout.shards[0], Intake(store)
+    store.client.set(keys.payload(new.id), b"stray")
+    with pytest.raises(redis.ResponseError, match="BLACKBOX_CORRUPT"):
+        intake.send(new)
+    store.client.delete(keys.payload(new.id))
+    store.client.hset(keys.payload(new.id), "a", "b")  # another type altogether
+    with pytest.raises(redis.ResponseError, match="BLACKBOX_CORRUPT"):
+        intake.send(new)
+    store.client.delete(keys.payload(new.id))
+    store.client.set(keys.payload(new.id), new.encode())  # written by a call that then failed
+    assert intake.send(new) is Applied.REPLAYED
+    store.client.delete(keys.payload(new.id))
+    assert intake.send(new) is Applied.SCHEDULED

@@ -39,7 +39,9 @@
 -- changed; its occurrences follow its rule). An error, changing nothing, when the chunk
 -- before this one did not run (its call failed): applying this one would move the
 -- watermark past requests never applied, and a retry would skip them as re-reads; and
--- likewise (BLACKBOX_CORRUPT) when the shard's due key is not a sorted set.
+-- likewise (BLACKBOX_CORRUPT) when the shard's due key is not a sorted set, or a new id's
+-- key holds a value blackbox did not write (see written_before: the requests before it in
+-- the call stay applied, the watermark does not move).
 -- Invariants: a record at or below the watermark was applied before; re-reading it after a
 -- crash changes nothing (a re-read cancel is answered again from the ended-marker, read
 -- only). An id in flight keeps its payload until its firer acks, so an update that lands
@@ -74,6 +76,19 @@ local function gap(KEYS, ARGV)
       ', not a sorted set: nothing of this intake call was applied')
   end
   return mark, nil
+end
+
+-- A new id whose key is taken already: its own version, written by a call that failed
+-- before its watermark moved, read again (an encoding of the same kind and due time: bytes
+-- 1 to 9), or a stray value nothing of blackbox wrote there. That one refuses the call
+-- (BLACKBOX_CORRUPT): taken for applied, the schedule would be answered and never due.
+local function written_before(payload_key, payload)
+  local kind = redis.call('TYPE', payload_key)['ok']
+  local held = kind == 'string' and redis.call('GET', payload_key)
+  if not held or string.sub(held, 1, 9) ~= string.sub(payload, 1, 9) then
+    error({err = 'BLACKBOX_CORRUPT ' .. payload_key .. ' holds a ' .. kind ..
+      ' that blackbox did not write: delete it, and intake goes on'})
+  end
 end
 
 -- One chunk of one shard (KEYS and ARGV as the single form takes them), its watermark as
@@ -181,6 +196,8 @@ local function apply(KEYS, ARGV, mark)
         if redis.call('SET', payload_key, ARGV[a + 4], 'NX', 'EX', ARGV[a + 3]) then
           redis.call('ZADD', KEYS[1], 'NX', ARGV[a + 2], id)
           code = 1
+        else
+          written_before(payload_key, ARGV[a + 4])
         end
       elseif op == 'u' then
         code = upsert(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
