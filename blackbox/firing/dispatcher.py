@@ -395,6 +395,7 @@ class Dispatcher:
                 if len(self._connections) >= MAX_CONNECTIONS_KNOWN:  # connections come and go
                     self._connections.clear()
                 self._connections[claim.connection] = run_id
+            self._against_clock(claim, run_id, at)
             before = self._servers.get(claim.shard)
             if before is not None and before != run_id:
                 changed.append(claim.shard)
@@ -407,6 +408,24 @@ class Dispatcher:
             log.warning("redis_server_changed", shards=changed,
                         recheck="what the target topics show delivered within "
                         "BLACKBOX_REDIS_MAX_LAG is not delivered again")  # fmt: skip
+
+    def _against_clock(self, claim: Claim, run_id: str, at: int) -> None:
+        """A claim made on another server than the one its shard's clock was last moved on
+        (Redis restarted, failed over or was restored since the last intake beat, maybe
+        while this process was not running): what fired since the clock is looked up
+        before anything is produced."""
+        assert self.rechecks is not None
+        if claim.clock_server is None or claim.clock_server == run_id or not claim.clock_at_ms:
+            return
+        since = claim.clock_at_ms - self.rechecks.max_lag_ms
+        if (
+            claim.shard in self.rechecks.windows
+            and since >= self.rechecks.windows[claim.shard].since_ms
+        ):
+            return  # one open already reaches as far back
+        self.rechecks.open([claim.shard], at, since)
+        log.warning("redis_server_changed", shards=[claim.shard], clock_at_ms=claim.clock_at_ms,
+                    recheck="what fired since its clock is not delivered again")  # fmt: skip
 
     def _open_marked(self, shard: int, mark: str, at: int) -> None:
         """Open the window a recheck mark ("<since ms> <until ms>") asks for, while it runs."""

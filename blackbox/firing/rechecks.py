@@ -71,9 +71,11 @@ class Rechecks:
         since = now_ms - self.max_lag_ms if since_ms is None else since_ms
         until = now_ms + self.max_lag_ms if until_ms is None else until_ms
         window = Window(since, now_ms, until)
-        for open_window in self.windows.values():  # one mark met shard by shard: read once
-            if (open_window.since_ms, open_window.until_ms) == (since, until):
+        for open_window in self.windows.values():  # one change met shard by shard: read once
+            if open_window.since_ms == since:
                 window = open_window
+                window.opened_ms = max(window.opened_ms, now_ms)
+                window.until_ms = max(window.until_ms, until)
         for shard in shards:
             self.windows[shard] = window
 

@@ -378,7 +378,7 @@ class GapCheck:
         where the operator chose (BLACKBOX_REDIS_LOSS) and it was acted on, clear it; move
         the clocks on where Redis was found whole."""
         if wide is None:
-            self.clocks.look(now, write=True)
+            self._move_clocks(now)
         elif self.config.loss is Loss.STOP:
             self.clocks.mark_lost(range(self.store.layout.count), wide.value, now,
                                   "see the log line intake_stopped_redis_lost_data")  # fmt: skip
@@ -448,13 +448,28 @@ class GapCheck:
         level("intake_reread", topic=partition[0], partition=partition[1], kind=found.kind.value,
               start=start, records=records, why=why)  # fmt: skip
 
-    def _mark_recheck(self) -> None:
+    def _move_clocks(self, now: int) -> None:
+        """Move the clocks on, each to the server serving its shard now. Where a clock was
+        last moved on another server (Redis restarted, failed over or was restored since;
+        this process may not have watched), what fired meanwhile may be due again: every
+        firer rechecks it (`_mark_recheck`)."""
+        oldest = self.clocks.oldest_ms()  # as found before they move
+        servers = self.store.run_ids()
+        found = self.clocks.look(now, write=True, servers=servers)
+        moved = [shard for shard, (clock, server) in enumerate(zip(found, servers, strict=True))
+                 if clock.server is not None and clock.server != server]  # fmt: skip
+        if moved:
+            log.warning("redis_server_changed", shards=moved, clocks_at_ms=oldest,
+                        recheck="what fired since the clocks is not delivered again")  # fmt: skip
+            self._mark_recheck(oldest)
+
+    def _mark_recheck(self, oldest: int | None = None) -> None:
         """Before a gap is read again: what fired since Redis lost it must not fire again,
         so every firer rechecks, for RECHECK_LAGS times the longest lag, what falls due
         against what the target topics show delivered since the oldest clock the shards
         showed, less the longest lag (a flush left none: since the topics' start)."""
         now, lag = now_ms(), self.config.max_lag_ms
-        oldest = self.clocks.oldest_ms()
+        oldest = self.clocks.oldest_ms() if oldest is None else oldest
         since = 0 if oldest is None else max(0, oldest - lag)
         self.clocks.mark_recheck(since, now + RECHECK_LAGS * lag)
 

@@ -60,6 +60,7 @@ class Reading:
     state: State
     at_ms: int | None = None
     mark: str | None = None
+    server: str | None = None  # the run id of the Redis the clock was last moved on
 
     @property
     def lost(self) -> str | None:
@@ -75,10 +76,11 @@ class Reading:
 
 def reading(answer: Sequence[Any]) -> Reading:
     """beat.lua's answer as a Reading."""
-    state, at, mark = answer
+    state, at, mark, server = answer
     text = mark.decode("utf-8", "replace") if isinstance(mark, bytes) else mark or None
+    named = server.decode("utf-8", "replace") if isinstance(server, bytes) else server or None
     return Reading(State(state.decode() if isinstance(state, bytes) else state),
-                   int(at) if at else None, text)  # fmt: skip
+                   int(at) if at else None, text, named)  # fmt: skip
 
 
 class Clocks:
@@ -105,11 +107,15 @@ class Clocks:
     def floors(self) -> dict[int, int]:
         return {shard: self.floor(shard) for shard in range(self.layout.count)}
 
-    def look(self, now_ms: int, *, write: bool = False) -> list[Reading]:
+    def look(
+        self, now_ms: int, *, write: bool = False, servers: Sequence[str] | None = None
+    ) -> list[Reading]:
         """Every shard's clock, judged against its floor; with `write`, moved to `now_ms`
-        where it was found whole (or created where none was)."""
+        and to its server in `servers` where it was found whole (or created where none
+        was). Each reading names the server as it was before."""
         floors = [self.floor(shard) for shard in range(self.layout.count)]
-        found = [reading(a) for a in self._beat(floors, now_ms, write=write)]
+        answers = self._beat(floors, now_ms, write=write, servers=servers)
+        found = [reading(a) for a in answers]
         for shard, clock in enumerate(found):
             if clock.state is State.OK and clock.at_ms is not None:
                 self._seen[shard] = max(self._seen.get(shard, clock.at_ms), clock.at_ms)

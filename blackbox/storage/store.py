@@ -91,6 +91,9 @@ class Claim:
     leases_seen: bool = False
     lease_expiry_ms: int | None = None
     connection: bytes | None = None  # the connection that made it, where asked (`identify`)
+    # The shard's clock (clocks.py): when an intake last found it whole, and on which server.
+    clock_at_ms: int | None = None
+    clock_server: str | None = None
     recheck: str | None = None  # the shard clock's recheck mark, "<since ms> <until ms>"
 
 
@@ -415,14 +418,31 @@ class RedisStore:
             calls.append(ScriptCall(self._reclaim, shard, keys, [now_ms, limit]))
         return [Reclaimed(int(count), _ms(expiry)) for count, expiry in self._run_all(calls)]
 
-    def beat_all(self, floors: Sequence[int], now_ms: int, *, write: bool) -> list[Any]:
+    def beat_all(
+        self, floors: Sequence[int], now_ms: int, *, write: bool,
+        servers: Sequence[str] | None = None,
+    ) -> list[Any]:  # fmt: skip
         """Every shard's clock as beat.lua answers it, judged against its floor in `floors`
-        and, with `write`, moved to `now_ms` where it stands (one round trip per node)."""
+        and, with `write`, moved to `now_ms` and to its server in `servers` (`run_ids`)
+        where it stands (one round trip per node)."""
+        named = servers or [""] * self.layout.count
         calls = [
-            ScriptCall(self._beat, shard, [keys.clock], [floor, "1" if write else "0", now_ms])
+            ScriptCall(self._beat, shard, [keys.clock],
+                       [floor, "1" if write else "0", now_ms, named[shard]])
             for shard, (keys, floor) in enumerate(zip(self.layout.shards, floors, strict=True))
-        ]
+        ]  # fmt: skip
         return self._run_all(calls)
+
+    def run_ids(self) -> list[str]:
+        """Per shard, the run id of the Redis server serving it now (one INFO per node)."""
+        by_pool: dict[int, str] = {}
+        found = []
+        for shard in range(self.layout.count):
+            pool = id(self.pool_of(shard))
+            if pool not in by_pool:
+                by_pool[pool] = self.run_id(shard)
+            found.append(by_pool[pool])
+        return found
 
     def probe_all(self, due_by: Sequence[tuple[int, int]]) -> dict[int, int]:
         """For each (shard, due-by ms): PROBED_DUE if an id there is due by then, else
@@ -529,7 +549,7 @@ def _claimed(
     """The claim script's answer to `call` as a Claim of its shard (made over
     `connection`, where named)."""
     shard, seen = call.shard, call.args[6] == "1"
-    ids, next_due, payloads, attempts, ended, token, lease, recheck = answer
+    ids, next_due, payloads, attempts, ended, token, lease, recheck, clock_at, server = answer
     loaded = [
         Loaded(id=i.decode("utf-8"), payload=p, attempts=int(a or 0), ended=e)
         for i, p, a, e in zip(ids, payloads, attempts, ended, strict=True)
@@ -547,6 +567,8 @@ def _claimed(
         lease_expiry_ms=_ms(lease),
         recheck=recheck.decode() if recheck else None,
         connection=connection,
+        clock_at_ms=int(clock_at) if clock_at else None,
+        clock_server=server.decode() if server else None,
     )
 
 

@@ -102,3 +102,16 @@ def test_a_lost_mark_holds_every_process_until_restarted(store: RedisStore) -> N
     clocks.restart(store.client, store.layout, now_ms())
     assert [c.state for c in newcomer.look(now_ms())] == [State.OK, State.OK]
     assert _claim(store, newcomer, 0) == ["x"]
+
+
+def test_a_clock_names_the_server_it_was_last_moved_on(store: RedisStore) -> None:
+    """A write records each shard's server; the next look tells the server it was moved on
+    before, so an intake and a claim can tell Redis was restarted or replaced since."""
+    clocks = _clocks(store)
+    servers = store.run_ids()
+    assert [c.server for c in clocks.look(now_ms(), write=True, servers=servers)] == [None, None]
+    assert [c.server for c in clocks.look(now_ms())] == servers
+    (claim,) = store.claim_all(now_ms(), 10, 30_000, [0], identify=True)
+    assert claim.clock_server == servers[0]
+    assert claim.clock_at_ms is not None
+    assert claim.connection is not None and claim.connection.startswith(b"id=")

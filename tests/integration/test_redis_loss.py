@@ -400,3 +400,27 @@ def test_a_snapshot_restored_while_the_service_was_stopped_holds_at_start(
     again = start_service(REDIS_URL=own_redis.server.url, BLACKBOX_REDIS_MAX_LAG="2")
     wait_until(lambda: _held_for(again, "restored"), what="intake and firing held")
     assert sum(again.store.counts()) == 10  # nothing read on as if nothing happened
+
+
+def test_a_snapshot_restored_while_the_service_was_stopped_fires_nothing_again(
+    start_service: ServiceFactory, reader: ReaderFactory, own_redis: OwnRedis
+) -> None:
+    """Issue 50: restored while no process watched, and with no request since the snapshot
+    for Kafka's times to tell it by, an old snapshot holds due again what fired after it.
+    The shards' clocks name the server they were last moved on: the restarted one is
+    another, so the first claims recheck what the target topic shows delivered since the
+    clocks, and nothing fires again."""
+    first = _on_own_redis(start_service, own_redis)
+    target = unique("restored-idle")
+    _schedule(first, target, 20, countdown=3)
+    _stored(first, 20)
+    snapshot = own_redis.snapshot()
+    delivered = reader(target)
+    delivered.wait_count(20)  # fired after the snapshot
+    first.stop()
+    own_redis.restore(snapshot)
+
+    again = start_service(REDIS_URL=own_redis.server.url, BLACKBOX_REDIS_MAX_LAG="2")
+    wait_until(lambda: again.store.counts() == (0, 0), what="the restored schedules settled")
+    assert again.metrics.value("blackbox_redeliveries_passed_over_total") == 20
+    assert sorted(_bodies(delivered.read_to_end()).items()) == [(n, 1) for n in range(20)]

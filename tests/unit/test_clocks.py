@@ -27,15 +27,15 @@ def test_a_clock_gone_back_beyond_the_lag_was_restored() -> None:
 
 def test_a_mark_left_in_redis_holds_with_its_own_kind() -> None:
     """A restart finds what an earlier process found: the mark's first word is its kind."""
-    found = reading([b"lost", b"17", b"flushed 1700000000000 see the log"])
-    assert found == Reading(State.LOST, 17, "flushed 1700000000000 see the log")
+    found = reading([b"lost", b"17", b"flushed 1700000000000 see the log", b"r1"])
+    assert found == Reading(State.LOST, 17, "flushed 1700000000000 see the log", "r1")
     assert clock_loss([found]) is Kind.FLUSHED
     assert clock_loss([Reading(State.LOST, None, "from a later release")]) is Kind.RESTORED
 
 
 def test_clocks_whole_or_new_say_nothing_was_lost() -> None:
     assert clock_loss([Reading(State.OK, 5), Reading(State.NONE)]) is None
-    assert reading([b"none", None, None]) == Reading(State.NONE)
+    assert reading([b"none", None, None, None]) == Reading(State.NONE)
 
 
 def test_a_partition_found_fine_on_a_lost_redis_is_lost_with_nothing_to_read() -> None:
@@ -65,16 +65,18 @@ class _Beats:
         self.at = at
         self.floors: list[list[int]] = []
 
-    def __call__(self, floors: list[int], now_ms: int, *, write: bool) -> list[Any]:
+    def __call__(
+        self, floors: list[int], now_ms: int, *, write: bool, servers: list[str] | None = None
+    ) -> list[Any]:
         self.floors.append(list(floors))
         answers: list[Any] = []
         for at, floor in zip(self.at, floors, strict=True):
             if at is None:
-                answers.append([b"missing" if floor >= 0 else b"none", None, None])
+                answers.append([b"missing" if floor >= 0 else b"none", None, None, None])
             elif at < floor:
-                answers.append([b"stale", str(at).encode(), None])
+                answers.append([b"stale", str(at).encode(), None, b"r1"])
             else:
-                answers.append([b"ok", str(at).encode(), None])
+                answers.append([b"ok", str(at).encode(), None, b"r1"])
         return answers
 
 

@@ -29,7 +29,9 @@
 -- the claimer reclaims the shard only once that can have run out; then the clock's
 -- recheck mark, "<since ms> <until ms>", or false: an operator's re-read of lost data is
 -- under way, and what the target topics show delivered since then is not delivered again
--- (clocks.py, firing/rechecks.py)}.
+-- (clocks.py, firing/rechecks.py); then the clock's time and server, or false: a claim
+-- made on another server than the clock's (a restart, a failover, a restored snapshot)
+-- is rechecked from the clock's time on}.
 -- The lease token is the lease expiry plus a fraction of a millisecond (n/1024, exact in
 -- a double until the year 2248) that no other claim of this shard within 1,024 claims has:
 -- two claims in one millisecond never share a token, and the in-flight score stays the
@@ -39,7 +41,7 @@
 -- Invariant: two claimers never receive the same id while its lease runs. (An id updated
 -- while in flight is in both sets: its new version is due. Claiming it again moves the
 -- lease to the new claimer; the old one's ack then finds its lease lost.)
-local clock = redis.call('HMGET', KEYS[5], 'at', 'lost', 'recheck')
+local clock = redis.call('HMGET', KEYS[5], 'at', 'lost', 'recheck', 'server')
 local floor = tonumber(ARGV[8])
 if clock[2] or (floor >= 0 and (not clock[1] or tonumber(clock[1]) < floor)) then
   return redis.error_reply('BLACKBOX_LOST ' .. (clock[2] or (clock[1] and 'restored' or 'flushed')) ..
@@ -87,4 +89,4 @@ end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local lease = ARGV[7] == '1' and redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES') or {}
 return {claimed, first[2] or false, payloads, attempts, ended, string.format('%.17g', token),
-        lease[2] or false, clock[3] or false}
+        lease[2] or false, clock[3] or false, clock[1] or false, clock[4] or false}
