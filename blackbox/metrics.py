@@ -132,6 +132,12 @@ class Metrics:
             "(a failover's lag, a restart's margin): at most, the gaps' sizes.",
             registry=self.registry,
         )
+        self.firing_held_for_lost_data = Gauge(
+            "blackbox_firing_held_for_lost_data",
+            "1 while this process's firing claims nothing because Redis lost data (flushed, "
+            "restarted empty, an older snapshot restored: firing_held in the log), else 0.",
+            registry=self.registry,
+        )
         self.redeliveries_passed_over = Counter(
             "blackbox_redeliveries_passed_over",
             "Deliveries claimed again after Redis changed under firing (a failover lost their "

@@ -208,6 +208,7 @@ class Firing:
         else:
             log.warning("firing_released", reason="redis_lost_data")
         self.lost = lost
+        self.metrics.firing_held_for_lost_data.set(0 if lost is None else 1)
         self._on_held(None if lost is None else f"Redis lost data ({lost}): nothing fires")
 
     def fire(self, *, sweep: bool = False) -> int:

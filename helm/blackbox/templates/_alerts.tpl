@@ -36,13 +36,15 @@ groups:
           description: "Intake is paused and firing backs off until {{ "{{" }} $labels.dependency {{ "}}" }} answers again; nothing is lost, due messages fire late."
           runbook_url: "{{ $runbooks }}#blackboxdependencydown"
       - alert: BlackboxRedisLostData
-        expr: max by (job, instance) (blackbox_intake_stopped_partitions) > 0
+        expr: |
+          max by (job, instance) (blackbox_intake_stopped_partitions) > 0
+            or max by (job, instance) (blackbox_firing_held_for_lost_data) > 0
         for: {{ $a.redisLostDataFor }}
         labels:
           severity: critical
         annotations:
-          summary: "blackbox {{ "{{" }} $labels.instance {{ "}}" }} stopped reading {{ "{{" }} $value {{ "}}" }} intake partition(s): Redis lost their data"
-          description: "Redis holds less than the intake group committed, by more than a failover's lag (BLACKBOX_REREAD_LIMIT), or nothing at all: flushed, restarted empty or restored from an old snapshot. Its log line intake_stopped_redis_lost_data names the partitions. Rebuild Redis from Kafka, or restart with BLACKBOX_REDIS_LOSS=reread (deliver the gap again) or skip (give it up)."
+          summary: "blackbox {{ "{{" }} $labels.instance {{ "}}" }} holds: Redis lost data"
+          description: "Redis was flushed, restarted empty or restored from an older snapshot (its clocks say so), or holds less than the intake group committed by more than a failover's lag (BLACKBOX_REREAD_LIMIT): intake stopped reading and firing claims nothing there. The log lines intake_stopped_redis_lost_data and firing_held name what was found. Rebuild Redis from Kafka (blackbox rebuild), or restart with BLACKBOX_REDIS_LOSS=reread (deliver the gap again, what Kafka shows delivered passed over) or skip (give it up)."
           runbook_url: "{{ $runbooks }}#blackboxredislostdata"
       - alert: BlackboxRedisMemoryHigh
         expr: |
