@@ -27,6 +27,7 @@ from tests.kafkatools import (
     unique,
     wait_until,
 )
+from tests.process import BlackboxProcess
 
 pytestmark = pytest.mark.integration
 
@@ -151,6 +152,24 @@ def forget_routes() -> None:
         clear = getattr(value, "cache_clear", None)
         if callable(clear):
             clear()
+
+
+CliRun = Callable[..., tuple[int, str]]
+
+
+def cli_of(service: Service, env: dict[str, str], token: str, folder: Path) -> CliRun:
+    """A runner of `blackbox` commands against `service`'s API as a user's shell runs them
+    (its token and address in the environment): `run(name, *args)` is the exit code and
+    output of one, its log named `name` in `folder`."""
+    assert service.endpoints is not None
+    cli_env = {**env, "BLACKBOX_API_TOKEN": token,
+               "BLACKBOX_API_URL": f"http://127.0.0.1:{service.endpoints.port}"}  # fmt: skip
+
+    def run(name: str, *args: str) -> tuple[int, str]:
+        process = BlackboxProcess(cli_env, folder / f"{name}.log", *args)
+        return process.wait(60), process.output()
+
+    return run
 
 
 def wipe_namespace(client: redis.Redis, namespace: str, *, schedules_only: bool = False) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 from blackbox.clock import now_ms
 from blackbox.exits import EXIT_FAILED, EXIT_UNCHANGED
 from blackbox.schedule import Schedule
-from tests.integration.conftest import ServiceFactory
+from tests.integration.conftest import ServiceFactory, cli_of
 from tests.integration.test_api import TOKEN, fill
 from tests.process import BlackboxProcess
 
@@ -75,13 +75,7 @@ def test_list_names_its_columns_shows_rfc3339_due_times_and_says_when_nothing_is
     naming each column, then each schedule with its due time as RFC 3339 UTC (as `list
     --series` prints its times), not as epoch milliseconds."""
     service = start_service(BLACKBOX_API_TOKEN=TOKEN)
-    assert service.endpoints is not None
-    cli_env = {**env, "BLACKBOX_API_TOKEN": TOKEN,
-               "BLACKBOX_API_URL": f"http://127.0.0.1:{service.endpoints.port}"}  # fmt: skip
-
-    def run(name: str, *args: str) -> tuple[int, str]:
-        process = BlackboxProcess(cli_env, tmp_path / f"{name}.log", *args)
-        return process.wait(), process.output()
+    run = cli_of(service, env, TOKEN, tmp_path)
 
     assert run("empty", "list") == (0, "nothing pending\n")
     assert run("empty-series", "list", "--series") == (0, "nothing pending\n")

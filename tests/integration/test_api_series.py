@@ -14,11 +14,10 @@ import httpx
 import orjson
 
 from blackbox.clock import now_ms
-from tests.integration.conftest import ReaderFactory, ServiceFactory
+from tests.integration.conftest import ReaderFactory, ServiceFactory, cli_of
 from tests.integration.test_api import AUTH, TOKEN, api
 from tests.integration.test_api_callers import BILLING, READER, SHOP, _auth, _tokens_file
 from tests.kafkatools import TopicReader, unique, wait_until
-from tests.process import BlackboxProcess
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
@@ -167,13 +166,7 @@ def test_the_command_line_sends_lists_pauses_and_resumes_a_series(
     shows each rule under a header naming its columns, a Berlin series' next run at 09:00
     with Berlin's offset; `blackbox pause` and `resume` print the intake's answers."""
     service = start_service(BLACKBOX_API_TOKEN=TOKEN)
-    assert service.endpoints is not None
-    cli_env = {**env, "BLACKBOX_API_TOKEN": TOKEN,
-               "BLACKBOX_API_URL": f"http://127.0.0.1:{service.endpoints.port}"}  # fmt: skip
-
-    def run(name: str, *args: str) -> tuple[int, str]:
-        process = BlackboxProcess(cli_env, tmp_path / f"{name}.log", *args)
-        return process.wait(60), process.output()
+    run = cli_of(service, env, TOKEN, tmp_path)
 
     start = str(now_ms() // 1000 + 3600)  # nothing fires while the test runs
     code, sent = run("send", "send", "--topic", unique("cli"), "--every", "3600", "--limit", "4",

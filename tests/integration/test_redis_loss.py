@@ -223,6 +223,11 @@ def _delete_before(service: Service, offset: int) -> None:
         assert future.result(15).low_watermark == offset
 
 
+def _pace_until(instant: float) -> None:
+    """Until the monotonic `instant`: a steady stream's next send."""
+    wait_until(lambda: time.monotonic() >= instant, what="the stream's next send")
+
+
 def _clock_at(client: redis.Redis, service: Service) -> int | None:
     """The oldest of the namespace's shard clocks, None while one has none."""
     found = [client.hget(keys.clock, "at") for keys in service.store.layout.shards]
@@ -258,13 +263,13 @@ def test_a_flush_under_load_holds_everything_and_the_operator_delivers_each_once
     wait_until(lambda: _clock_at(redis_client, service) is not None, what="the clocks set")
     target = unique("flushed")
     bootstrap = service.settings.kafka["bootstrap.servers"]
-    sent = 0
+    sent, started = 0, time.monotonic()
     for second in range(6):  # 40/s: ten every quarter second, some firing, some pending
-        for _ in range(4):
+        for quarter in range(4):
             values = [envelope(target, {"n": sent + n}, 0.5 if n % 2 else 30) for n in range(10)]
             produce(bootstrap, service.settings.intake_topic, values)
             sent += 10
-            time.sleep(0.25)  # the stream's own pace, not a wait for a condition
+            _pace_until(started + second + (quarter + 1) / 4)  # the stream's own pace
         if second == 2:
             wipe_namespace(redis_client, service.settings.namespace)  # FLUSHALL, this namespace
     wait_until(lambda: _held_for(service, "flushed"), what="intake and firing held: flushed")
