@@ -145,6 +145,23 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU time a process's threads have used so far, by thread name: librdkafka names its
+    own ("rdk:main", "rdk:broker1", ...; brokers summed as "rdk:broker"), Python's threads
+    keep the process's name. Threads that ended are left out."""
+    used: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name, fields = (task / "stat").read_text().split("(", 1)[1].rsplit(")", 1)
+        except OSError:
+            continue
+        if name.startswith("rdk:broker"):
+            name = "rdk:broker"
+        ticks = int(fields.split()[11]) + int(fields.split()[12])
+        used[name] = used.get(name, 0.0) + ticks / os.sysconf("SC_CLK_TCK")
+    return used
+
+
 @dataclass(frozen=True)
 class Storing:
     """How long a service took to store a backlog, from its first record stored to its

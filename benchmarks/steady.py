@@ -45,7 +45,7 @@ from confluent_kafka import Consumer, Producer
 
 from benchmarks.collect import CollectorProcess, Window, summary
 from benchmarks.scenarios import new_producer, send, warm_up
-from benchmarks.stack import Stack, cpu_seconds, local_stack, redis_cpu_seconds
+from benchmarks.stack import Stack, cpu_seconds, local_stack, redis_cpu_seconds, thread_cpu_seconds
 from blackbox.kafka import clients
 
 Result = dict[str, Any]
@@ -148,6 +148,7 @@ def one_run(subject: str, rate: int, seconds: int, against: Path | None) -> Resu
         producer = new_producer(stack)
         commands = client.info("commandstats")
         start = meters(stack, pid, client)
+        threads_start = thread_cpu_seconds(pid)
         for n in range(count):
             lag = start.at + n / rate - time.monotonic()
             if lag > 0:
@@ -158,10 +159,19 @@ def one_run(subject: str, rate: int, seconds: int, against: Path | None) -> Resu
         # last delivery, and the idle rate over the whole span is taken off (net figures).
         got = collector.result(timeout=seconds + 120)
         used = meters(stack, pid, client).since(start)
+        threads = _per_message(threads_start, thread_cpu_seconds(pid), count)
         calls = _calls_per_message(commands, client.info("commandstats"), count)
         client.close()
     return {**_figures(subject, rate, seconds, count, got, used, idle),
+            "subject_threads_cpu_us_per_message": threads,
             "redis_calls_per_message": calls}  # fmt: skip
+
+
+def _per_message(before: dict[str, float], after: dict[str, float], count: int) -> dict[str, float]:
+    """The subject's CPU per message over the run by thread name (raw: idle not taken off),
+    most first."""
+    used = {name: (spent - before.get(name, 0.0)) / count * 1e6 for name, spent in after.items()}
+    return {n: round(u, 1) for n, u in sorted(used.items(), key=lambda x: -x[1]) if u > 0}
 
 
 def burst_run(subject: str, count: int, against: Path | None, ahead_s: float = 10.0) -> Result:
