@@ -51,9 +51,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+# The longest intake or firing window: what a window holds is late by it at most, and held
+# (unacknowledged) in one process meanwhile.
+MAX_WINDOW_MS = 1_000
 # The most ids one claim or intake script may take: bounds the time one Lua call holds
 # Redis (Sidekiq's lesson: 100,000 due ids in one script blocked Redis for all).
 MAX_BATCH = 10_000
+
+
+def _window_ms(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= MAX_WINDOW_MS:
+        raise ValueError(f"must be a whole number of ms, 0 to {MAX_WINDOW_MS:,}")
+    return value
 
 
 def _batch(text: str) -> int:
@@ -211,8 +221,18 @@ VARIABLES: tuple[Var, ...] = (
         "unsettled payloads stay under 4 times this"),
     Var("BLACKBOX_INTAKE_BATCH", "intake_batch", _batch, "500",
         "most intake records handled per poll, at most 10,000 (sent to Redis in parts of "
-        "100); intake waits for the first record only, so a quiet topic's records are handled "
-        "one by one as they arrive"),
+        "100); a poll waits for its first record, then gathers more for "
+        "BLACKBOX_INTAKE_WINDOW_MS while they keep coming"),
+    Var("BLACKBOX_INTAKE_WINDOW_MS", "intake_window_ms", _window_ms, "25",
+        "milliseconds intake goes on gathering records after the first of a poll, while more "
+        "keep coming (it stops at a 5 ms pause): a steady stream costs a Redis write, a crash "
+        "note and an answers request per window, not per record. A record whose countdown is "
+        "shorter than the window may be late by it; 0: each poll is handled as it comes"),
+    Var("BLACKBOX_FIRE_AHEAD_MS", "fire_ahead_ms", _window_ms, "100",
+        "milliseconds of due messages one claim takes ahead: the process holds them and "
+        "produces each at its due instant, so a steady stream costs a claim and an ack per "
+        "shard and window, not per message. A replica killed meanwhile leaves what it held "
+        "to come back after its lease (late, not lost); 0: claim at each due instant"),
     Var("BLACKBOX_LEASE_SECONDS", "lease_seconds", _positive_float, "30",
         "how long a claimed id is held before another replica may fire it, counted from the "
         "claim; must be longer than the delivery timeout + 1 s + the sweep delay (2 poll "
@@ -321,6 +341,8 @@ class Settings:
     batch_limit: int
     batch_bytes: int
     intake_batch: int
+    intake_window_ms: int
+    fire_ahead_ms: int
     lease_seconds: float
     delivery_timeout: float
     max_attempts: int

@@ -104,6 +104,7 @@ class Firing:
         self.dispatcher = Dispatcher(store, self.outbox, retry_policy_of(settings), metrics, share,
                                      horizon_of=horizon_of, floors=self.clocks.floors,
                                      rechecks=rechecks)  # fmt: skip
+        self.dispatcher.ahead_ms = settings.fire_ahead_ms
         self._on_held = on_held
         self.lost: str | None = None  # what Redis lost, while firing holds for it
         self._clocks_due = 0.0  # time.monotonic() of the next look at the clocks

@@ -64,8 +64,10 @@ from blackbox.tracecontext import Carried
 log = structlog.get_logger("blackbox.intake.loop")
 # How long one poll waits for a record; also how soon intake sees a stop.
 POLL_SECONDS = 0.5
-# How long intake gathers records after the first of a poll (see _consume).
-WINDOW_SECONDS = 0.01
+# How long intake gathers records after the first of a poll, while more keep coming (see
+# _consume): BLACKBOX_INTAKE_WINDOW_MS. A pause this long ends it early.
+WINDOW_SECONDS = 0.025
+PAUSE_SECONDS = 0.005
 # How long a stopping intake waits for its last answers before committing.
 FINAL_ANSWER_SECONDS = 3.0
 # Records parsed before their part is sent to Redis: small enough that Redis applies one
@@ -195,17 +197,24 @@ class Intake:
 
     def _consume(self) -> list[Message]:
         """Up to a batch of records: the first as soon as it comes, then what comes within
-        WINDOW_SECONDS of it (a backlog fills the batch at once). A steady stream then
-        costs a Redis write, a crash note and an answer request per window, not per
-        record; a record waits the window at most (its due time runs from its timestamp,
-        so only a countdown shorter than the window is late by it)."""
+        the window after it (a backlog fills the batch at once), while records keep coming:
+        the window ends at the first pause of PAUSE_SECONDS. A steady stream then costs a
+        Redis write, a crash note and an answer request per window, not per record; a
+        lone record waits the pause only. A record waits the window at most (its due time
+        runs from its timestamp, so only a countdown shorter than the window is late by
+        it)."""
         first = self.consumer.poll(POLL_SECONDS)
         if first is None or self.config.batch == 1:
             return [] if first is None else [first]
         records = [first, *self.consumer.consume(self.config.batch - 1, timeout=0)]
-        closes = time.monotonic() + WINDOW_SECONDS
+        closes = time.monotonic() + self.config.window_s
         while len(records) < self.config.batch and (left := closes - time.monotonic()) > 0:
-            records += self.consumer.consume(self.config.batch - len(records), timeout=left)
+            more = self.consumer.consume(
+                self.config.batch - len(records), timeout=min(left, PAUSE_SECONDS)
+            )
+            if not more:
+                break
+            records += more
         return records
 
     def _one_at_a_time_after_crashes(self, records: list[Message]) -> list[Message]:
@@ -593,3 +602,4 @@ class IntakeConfig:
     limits: Limits
     policy: CallerPolicy
     gaps: GapConfig = field(default_factory=GapConfig)
+    window_s: float = WINDOW_SECONDS  # gathering records after a poll's first (_consume)

@@ -60,6 +60,7 @@ def intake_config_of(settings: Settings, caller_policy: CallerPolicy) -> IntakeC
     return IntakeConfig(
         topics=(settings.intake_topic, *sorted(caller_policy.bound_topics)),
         batch=settings.intake_batch,
+        window_s=settings.intake_window_ms / 1000,
         dlq_topic=settings.dlq_topic,
         events_topic=settings.events_topic,
         limits=limits_of(settings, caller_policy),

@@ -10,7 +10,7 @@ from confluent_kafka import Consumer
 from blackbox.envelope import Limits
 from blackbox.intake.batch import Batch
 from blackbox.intake.incarnations import Incarnations
-from blackbox.intake.loop import POLL_SECONDS, Intake, IntakeConfig
+from blackbox.intake.loop import PAUSE_SECONDS, POLL_SECONDS, Intake, IntakeConfig
 from blackbox.intake.policy import open_policy
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule
@@ -35,9 +35,25 @@ class _Consumer:
         return taken
 
 
-def _intake(consumer: _Consumer, batch: int) -> Intake:
+class _Arrivals(_Consumer):
+    """A stream: each consume() after the first hands out the next arrival (a list of
+    records; an empty one is a pause)."""
+
+    def __init__(self, first: list[str], arrivals: list[list[str]]) -> None:
+        super().__init__(first)
+        self.arrivals = arrivals
+
+    def consume(self, num_messages: int, timeout: float) -> list[str]:
+        if self.queued or timeout == 0:
+            return super().consume(num_messages, timeout)
+        self.calls.append(("consume", num_messages, timeout))
+        return self.arrivals.pop(0)[:num_messages] if self.arrivals else []
+
+
+def _intake(consumer: _Consumer, batch: int, window_s: float = 0.0) -> Intake:
     limits = Limits(max_value_bytes=1024, forbidden_topics=frozenset())
-    config = IntakeConfig(("in",), batch, "dlq", "events", limits, open_policy(3600, 1024))
+    config = IntakeConfig(("in",), batch, "dlq", "events", limits, open_policy(3600, 1024),
+                          window_s=window_s)  # fmt: skip
     unused: Any = None  # neither the store nor the outbox is reached
     incarnations = Incarnations(lambda names: {})
     return Intake(
@@ -71,6 +87,38 @@ def test_a_batch_of_one_never_asks_consume_for_nothing() -> None:
 
     assert list[object](_intake(consumer, batch=1)._consume()) == ["r0"]
     assert consumer.calls == [("poll", POLL_SECONDS)]
+
+
+def test_a_window_gathers_while_records_keep_coming_and_ends_at_the_first_pause() -> None:
+    """A steady stream is handled a window at a time (one Redis write, crash note and
+    answers request for many records); the window ends at a pause, whatever is left of it."""
+    consumer = _Arrivals(["r0"], [["r1", "r2"], ["r3"], [], ["r4"]])
+
+    taken: list[object] = list(_intake(consumer, batch=500, window_s=60.0)._consume())
+
+    assert taken == ["r0", "r1", "r2", "r3"]
+    waits = [c[2] for c in consumer.calls if c[0] == "consume" and c[2] != 0]
+    assert waits == [PAUSE_SECONDS] * 3  # each wait a pause's length, the third came empty
+    assert consumer.arrivals == [["r4"]]  # left for the next poll
+
+
+def test_a_lone_record_waits_a_pause_not_the_window() -> None:
+    """A quiet topic's record (a countdown of 0, say) is late by the pause at most."""
+    consumer = _Arrivals(["r0"], [])
+
+    assert list[object](_intake(consumer, batch=500, window_s=60.0)._consume()) == ["r0"]
+    assert consumer.calls == [("poll", POLL_SECONDS), ("consume", 499, 0),
+                              ("consume", 499, PAUSE_SECONDS)]  # fmt: skip
+
+
+def test_a_full_batch_ends_the_window_and_no_window_waits_for_nothing() -> None:
+    """The window never takes more than a batch; BLACKBOX_INTAKE_WINDOW_MS=0 waits for no
+    more than the first poll brought."""
+    stream = _Arrivals(["r0"], [["r1", "r2", "r3"], ["r4"]])
+    assert list[object](_intake(stream, batch=3, window_s=60.0)._consume()) == ["r0", "r1", "r2"]
+    quiet = _Arrivals(["r0"], [["r1"]])
+    assert list[object](_intake(quiet, batch=500, window_s=0.0)._consume()) == ["r0"]
+    assert quiet.calls == [("poll", POLL_SECONDS), ("consume", 499, 0)]
 
 
 def _schedule(offset: int) -> Schedule:

@@ -29,6 +29,8 @@ def test_defaults_from_an_empty_environment() -> None:
         batch_limit=1000,
         batch_bytes=16_777_216,
         intake_batch=500,
+        intake_window_ms=25,
+        fire_ahead_ms=100,
         lease_seconds=30.0,
         delivery_timeout=10.0,
         max_attempts=5,
@@ -102,6 +104,10 @@ def test_values_are_read_typed_and_stripped() -> None:
         ("BLACKBOX_BATCH_LIMIT", "10001"),
         ("BLACKBOX_INTAKE_BATCH", "100000"),
         ("BLACKBOX_INTAKE_BATCH", "0"),
+        ("BLACKBOX_INTAKE_WINDOW_MS", "-1"),
+        ("BLACKBOX_INTAKE_WINDOW_MS", "2.5"),
+        ("BLACKBOX_FIRE_AHEAD_MS", "1001"),
+        ("BLACKBOX_FIRE_AHEAD_MS", ""),
         ("BLACKBOX_LEASE_SECONDS", "0"),
         ("BLACKBOX_DELIVERY_TIMEOUT", "-5"),
         ("BLACKBOX_MAX_ATTEMPTS", "0"),
@@ -317,6 +323,8 @@ def test_api_token_is_masked_and_checked() -> None:
         ("BLACKBOX_MAX_COUNTDOWN", "31557600000", 31_557_600_000.0),
         ("BLACKBOX_DELIVERY_TIMEOUT", "0.01", 0.01),
         ("BLACKBOX_POLL_INTERVAL", "0.001", 0.001),
+        ("BLACKBOX_INTAKE_WINDOW_MS", "0", 0),
+        ("BLACKBOX_FIRE_AHEAD_MS", "1000", 1000),
     ],
 )
 def test_the_edges_of_each_range_are_accepted(name: str, value: str, expected: object) -> None:
