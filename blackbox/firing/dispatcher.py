@@ -536,11 +536,10 @@ class Dispatcher:
     def _prepare(self, claim: Claim) -> _Sent:
         """Judge each id a claim took (deliver, dead-letter, skip), the deliveries in due
         order; nothing is produced yet."""
-        # The payloads are not kept till settled.
-        sent = _Sent(claim=replace(claim, loaded=[]),
-                     payload_bytes=sum(len(i.payload or b"") for i in claim.loaded))  # fmt: skip
+        sent = _Sent(claim=claim, payload_bytes=sum(len(i.payload or b"") for i in claim.loaded))
         for item in claim.loaded:
             self._classify(item, sent)
+        claim.loaded.clear()  # the raw payloads are not kept till settled
         sent.schedules.sort(key=lambda pair: pair[0].due_ms)
         if self.rechecks is not None and self.rechecks.windows:
             schedules = [schedule for schedule, _ in sent.schedules]
