@@ -57,9 +57,17 @@ $(PROMTOOL): | $(STAMP)
 	@dpkg-deb --fsys-tarfile $(VENV)/.promtool/prometheus_*.deb | tar -xO ./usr/bin/promtool > $@.part
 	@chmod +x $@.part && mv $@.part $@ && rm -rf $(VENV)/.promtool
 
+# The local stack `make run` starts: its ports, and where Redis's and Kafka's data live
+# (inside the clone; `make clean` removes them). Kafka's jars are cached apart, in
+# ~/.cache/blackbox, shared by every clone. `make run REDIS_PORT=6380 KAFKA_PORT=9093`
+# runs a second stack beside the first.
+REDIS_PORT ?= 6379
+KAFKA_PORT ?= 9092
+DEV_STATE ?= .dev
+
 run: setup
 	$(STEP) "blackbox dev: Redis, Apache Kafka (its jars from Maven Central the first time), then the service; Ctrl-C stops all"
-	@$(BIN)/blackbox dev
+	@$(BIN)/blackbox dev --redis-port $(REDIS_PORT) --kafka-port $(KAFKA_PORT) --state-dir $(DEV_STATE)
 
 # The documentation site on http://127.0.0.1:8000, rebuilt on every change (its reference
 # pages are generated from the code). `make test` builds it with --strict (tests/deploy).
@@ -110,4 +118,4 @@ mutate: setup
 	@echo "list the survivors: $(BIN)/mutmut results"
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis mutants
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis mutants $(DEV_STATE)

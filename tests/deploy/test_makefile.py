@@ -25,6 +25,8 @@ STAND_INS = {
     '  chmod +x "$3/bin/$tool"\ndone',
     "apt-get": 'echo "apt-get $*"\n[ "$1" = download ] && touch prometheus_1_amd64.deb\nexit 0',
 }
+# What `make run` starts, on the defaults: the README's ports, the data in the clone.
+DEV_DEFAULTS = "blackbox dev --redis-port 6379 --kafka-port 9092 --state-dir .dev"
 # `dpkg-deb --fsys-tarfile DEB`: a package holding only ./usr/bin/promtool, under this folder.
 UNPACK = 'cd "{}" && tar -cf - ./usr/bin/promtool'
 
@@ -55,11 +57,12 @@ def fresh_clone(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     return clone, {"PATH": str(tools), "HOME": str(tmp_path)}
 
 
-def _make(clone: Path, env: dict[str, str], target: str) -> list[str]:
+def _make(clone: Path, env: dict[str, str], target: str, *variables: str) -> list[str]:
     make = shutil.which("make")
     assert make is not None, "make is the README's first command"
-    done = subprocess.run([make, "--no-print-directory", target], cwd=clone, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    done = subprocess.run([make, "--no-print-directory", target, *variables], cwd=clone,
+                          env=env, capture_output=True, text=True, timeout=60,
+                          check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.splitlines()
 
@@ -85,7 +88,7 @@ def test_make_run_announces_each_step_before_it_runs(
     assert " -q " in install and " -qq " not in install, install
     pip = next(c for c in calls if c.startswith("pip install -e"))
     assert "-q" not in pip.split(), pip
-    order = [packages, install, python, pip, ready, promtool, service, "blackbox dev"]
+    order = [packages, install, python, pip, ready, promtool, service, DEV_DEFAULTS]
     assert [lines.index(line) for line in order] == sorted(lines.index(line) for line in order)
     assert os.access(clone / ".venv" / "bin" / "promtool", os.X_OK)
 
@@ -105,4 +108,18 @@ def test_a_second_make_run_says_only_what_it_does(
         "==> blackbox dev: Redis, Apache Kafka (its jars from Maven Central the first time), "
         "then the service; Ctrl-C stops all",
     ]
-    assert "blackbox dev" in lines
+    assert DEV_DEFAULTS in lines
+
+
+def test_make_run_passes_the_ports_and_keeps_the_data_in_the_clone(
+    fresh_clone: tuple[Path, dict[str, str]],
+) -> None:
+    """`make run REDIS_PORT=... KAFKA_PORT=...` starts the stack on those ports; its data
+    sits in the clone's .dev, which `make clean` removes with the venv."""
+    clone, env = fresh_clone
+    lines = _make(clone, env, "run", "REDIS_PORT=6390", "KAFKA_PORT=9190")
+    assert "blackbox dev --redis-port 6390 --kafka-port 9190 --state-dir .dev" in lines, lines
+    (clone / ".dev" / "redis").mkdir(parents=True)  # as `blackbox dev` leaves it
+    _make(clone, env, "clean")
+    assert not (clone / ".dev").exists()
+    assert not (clone / ".venv").exists()
