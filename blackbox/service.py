@@ -93,7 +93,12 @@ class Service:
         self.endpoints = (
             None if settings.http_port is None else self._endpoints(settings, caller_policy)
         )
-        self.probe_endpoints = self._probe_endpoints(settings)
+        try:
+            self.probe_endpoints = self._probe_endpoints(settings)
+        except SettingsError:  # the API's port, bound already, is not left open
+            if self.endpoints is not None:
+                self.endpoints.close()
+            raise
         self._threads = [
             threading.Thread(target=self._guard(loop), name=name, daemon=True)
             for name, loop in self._loops().items()

@@ -81,6 +81,10 @@ class Endpoints:
     def stop(self) -> None:
         self.server.should_exit = True
         self._thread.join(STOP_SECONDS)
+        self.close()
+
+    def close(self) -> None:
+        """Let go of the listening socket and what the app holds (never started: as stop)."""
         self.socket.close()
         self.on_stop()
 

@@ -11,10 +11,12 @@ import time
 from dataclasses import replace
 
 import httpx
+import pytest
 from fastapi import FastAPI
 
 from blackbox.api.server import PROBE_LIMITS, Endpoints
 from blackbox.dev.servers import free_port
+from blackbox.errors import SettingsError
 from blackbox.service import Service
 from tests.integration.conftest import ServiceFactory
 from tests.integration.test_api import TOKEN
@@ -57,10 +59,11 @@ def test_the_probe_port_answers_while_slow_readers_hold_the_api_port(
     """With 1,000 slow clients holding every connection of the API's port (its default cap)
     busy, and slow readers of /metrics on the connections it keeps for the probes, the
     probe port answers /live, /ready and /metrics within 1 s each, all along."""
-    probe_port = free_port()
     service = start_service(BLACKBOX_API_TOKEN=TOKEN, BLACKBOX_HTTP_HEADER_TIMEOUT="30",
                             BLACKBOX_HTTP_ANSWER_TIMEOUT="30", BLACKBOX_HTTP_BODY_TIMEOUT="30",
-                            BLACKBOX_PROBE_PORT=str(probe_port))  # fmt: skip
+                            BLACKBOX_PROBE_PORT="0")  # fmt: skip
+    assert service.probe_endpoints is not None
+    probe_port = service.probe_endpoints.port  # picked by the system: no race for it
     port = _port(service)
     wait_until(lambda: _answered_in_time(probe_port, "/ready") < PROBE_SECONDS, 30, "ready")
     with _closing(_slow_senders(port, CAP)) as held:
@@ -80,9 +83,9 @@ def test_a_slow_reader_on_the_probe_port_is_cut_off_at_the_answer_deadline(
     """A client pipelining /metrics on the probe port and never reading holds its connection
     no longer than the probes' header and answer deadlines (2 s each); /live answers there
     meanwhile."""
-    probe_port = free_port()
-    service = start_service(BLACKBOX_PROBE_PORT=str(probe_port))
+    service = start_service(BLACKBOX_PROBE_PORT="0")
     assert service.probe_endpoints is not None
+    probe_port = service.probe_endpoints.port
     server = service.probe_endpoints.server
     with _closing(_slow_readers(probe_port, 1, METRICS)):
         wait_until(lambda: len(server.server_state.connections) == 1, 10, "the slow reader in")
@@ -119,3 +122,18 @@ def test_an_answer_not_written_by_its_deadline_closes_the_connection() -> None:
 def _port(service: Service) -> int:
     assert service.endpoints is not None
     return service.endpoints.port
+
+
+def test_a_probe_port_in_use_is_named_and_leaves_the_api_port_free(
+    start_service: ServiceFactory,
+) -> None:
+    """A probe port another process holds stops the start with an error naming
+    BLACKBOX_PROBE_PORT, and the API's port, bound just before, is let go (a restart on the
+    same ports then binds it)."""
+    with socket.create_server(("0.0.0.0", 0)) as taken:  # noqa: S104 - as the service binds
+        api_port = free_port()
+        with pytest.raises(SettingsError, match="BLACKBOX_PROBE_PORT"):
+            start_service(BLACKBOX_HTTP_PORT=str(api_port),
+                          BLACKBOX_PROBE_PORT=str(taken.getsockname()[1]))  # fmt: skip
+    with socket.create_server(("0.0.0.0", api_port)):  # noqa: S104 - refused if still held
+        pass
