@@ -232,7 +232,8 @@ VARIABLES: tuple[Var, ...] = (
         "milliseconds of due messages one claim takes ahead: the process holds them and "
         "produces each at its due instant, so a steady stream costs a claim and an ack per "
         "shard and window, not per message. A replica killed meanwhile leaves what it held "
-        "to come back after its lease (late, not lost); 0: claim at each due instant"),
+        "to come back after its lease (late, not lost), and what it sent in the window and "
+        "had not acknowledged yet may be delivered again; 0: claim at each due instant"),
     Var("BLACKBOX_LEASE_SECONDS", "lease_seconds", _positive_float, "30",
         "how long a claimed id is held before another replica may fire it, counted from the "
         "claim; must be longer than the delivery timeout + 1 s + the sweep delay (2 poll "
