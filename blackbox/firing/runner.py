@@ -28,9 +28,11 @@ from confluent_kafka import KafkaException, Producer
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
 from blackbox.firing import shares
-from blackbox.firing.dispatcher import CLAIM_LEAD_MS, Dispatcher, Horizon, RetryPolicy
+from blackbox.firing.batch import Horizon
+from blackbox.firing.dispatcher import CLAIM_LEAD_MS, Dispatcher
 from blackbox.firing.nudges import NudgeListener
 from blackbox.firing.rechecks import Rechecks
+from blackbox.firing.retry import RetryPolicy
 from blackbox.firing.shares import Share, sweep_after_ms
 from blackbox.firing.waker import Waker
 from blackbox.kafka import clients

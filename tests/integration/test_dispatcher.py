@@ -16,7 +16,8 @@ from confluent_kafka import Producer
 
 from blackbox.clock import now_ms
 from blackbox.dev.servers import KafkaBroker, RedisServer, free_port
-from blackbox.firing.dispatcher import FIRE_AHEAD_MS, Dispatcher, RetryPolicy
+from blackbox.firing.dispatcher import FIRE_AHEAD_MS, Dispatcher
+from blackbox.firing.retry import RetryPolicy
 from blackbox.firing.shares import Share
 from blackbox.kafka import clients
 from blackbox.kafka.outbox import Outbox

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from blackbox.firing.dispatcher import MIN_SHARD_CLAIM, RetryPolicy
+from blackbox.firing.retry import MIN_SHARD_CLAIM, RetryPolicy
 
 
 def _policy(batch_limit: int, batch_bytes: int = 16_000) -> RetryPolicy:

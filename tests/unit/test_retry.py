@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from blackbox.backoff import Backoff
 from blackbox.envelope import CALLER_HEADER
 from blackbox.errors import DeadLetterReason
-from blackbox.firing.dispatcher import RetryPolicy, delivery_record
+from blackbox.firing.delivery import delivery_record
+from blackbox.firing.retry import RetryPolicy
 from blackbox.kafka import deadletter
 from blackbox.kafka.clients import read_headers
 from blackbox.kafka.deadletter import DETAIL_HEADER, MAX_DETAIL_BYTES, REASON_HEADER, DeadLetter
