@@ -19,7 +19,6 @@ import structlog
 from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
-    KafkaError,
     KafkaException,
     Message,
     TopicPartition,
@@ -32,6 +31,7 @@ from blackbox.envelope import Cancel, Header, Hold, Limits, Request, Reschedule
 from blackbox.errors import BlackboxError, DeadLetterReason, InvalidEnvelope
 from blackbox.firing.nudges import Nudge
 from blackbox.intake import answering, traces
+from blackbox.intake.answers import Answers
 from blackbox.intake.batch import Batch, Counted, Signed
 from blackbox.intake.crashguard import CRASH_LIMIT, CrashGuard
 from blackbox.intake.gaps import GapCheck, GapConfig, Partition
@@ -42,10 +42,10 @@ from blackbox.intake.placement import Placement
 from blackbox.intake.policy import CallerPolicy
 from blackbox.intake.quotas import Quotas
 from blackbox.kafka import deadletter
-from blackbox.kafka.clients import lasting_reason, read_headers
+from blackbox.kafka.clients import read_headers
 from blackbox.kafka.deadletter import DeadLetter
-from blackbox.kafka.events import Coordinates, Event
-from blackbox.kafka.outbox import Outbox, Record, Reports
+from blackbox.kafka.events import Coordinates
+from blackbox.kafka.outbox import Outbox
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.signing import Parts
@@ -80,13 +80,6 @@ class DeadLetterUnavailable(BlackboxError):
     """The dead-letter topic did not acknowledge a record; the batch must be retried."""
 
 
-def _intake_order(event: Event) -> tuple[str, int, int]:
-    """Where an answer's record lies on the intake topic (answers of a poll go in that
-    order: a refusal after an applied request about the same id, never before it)."""
-    where = event.intake
-    return ("", -1, -1) if where is None else (where.topic, where.partition, where.offset)
-
-
 def received_ms(message: Message, now: int) -> int:
     """The instant a countdown runs from: the record's timestamp, never later than now.
 
@@ -98,15 +91,6 @@ def received_ms(message: Message, now: int) -> int:
     if kind == TIMESTAMP_NOT_AVAILABLE or stamp <= 0:
         return now
     return min(stamp, now)
-
-
-@dataclass(frozen=True, slots=True)
-class _Answering:
-    """A handled batch whose events are on their way; its offsets are stored once they land."""
-
-    reports: Reports
-    records: list[Record]
-    offsets: list[TopicPartition]
 
 
 class Intake:
@@ -142,7 +126,7 @@ class Intake:
         self.config = config
         self.metrics = metrics
         self.backoff = Backoff(base=0.2, cap=10.0)
-        self._answering: _Answering | None = None
+        self.answers = Answers(consumer, outbox, config.events_topic, metrics)
         self.known = Watermarks()
         self.gaps = GapCheck(
             consumer, store, self.known, config.gaps, metrics, seek=self._seek,
@@ -162,7 +146,7 @@ class Intake:
             died = False
         finally:
             # Let the last answers land (briefly: the service stops within seconds), then commit.
-            self._settle(threading.Event(), retry=False, wait_seconds=FINAL_ANSWER_SECONDS)
+            self.answers.settle(threading.Event(), retry=False, wait_seconds=FINAL_ANSWER_SECONDS)
             if died:  # its crash notes stay for the next owner (crashguard.py)
                 self.guard.died()
             else:
@@ -175,7 +159,7 @@ class Intake:
         self.gaps.run()
         records = self._unheld(self._admitted([m for m in self._consume() if self._is_record(m)]))
         if not records:
-            self._settle(stop)
+            self.answers.settle(stop)
             return
         try:
             records = self._one_at_a_time_after_crashes(records)
@@ -316,10 +300,8 @@ class Intake:
         self.metrics.intake_records.labels(outcome="dead_lettered").inc(batch.landed)
         for shard, due_ms in earliest.items():  # before waiting for the last poll's answers
             self.on_scheduled(shard, due_ms)
-        self._settle(stop)
-        events.sort(key=_intake_order)  # answered in the order the records were read
-        answers = [e.record(self.config.events_topic, now) for e in events]
-        self._answering = _Answering(self.outbox.submit(answers), answers, offsets)
+        self.answers.settle(stop)
+        self.answers.submit(events, now, offsets)
 
     def _sort(self, message: Message, now: int, batch: Batch) -> None:
         """Parse one record into a write, or refuse it with a dead letter. Nothing a record
@@ -483,58 +465,6 @@ class Intake:
             )
         for letter in dead:
             self.metrics.dead_letters.labels(reason=letter.reason.value).inc()
-
-    def _settle(
-        self, stop: threading.Event, *, retry: bool = True, wait_seconds: float | None = None
-    ) -> None:
-        """Wait for the last batch's answers, then store its offsets for commit.
-
-        Answers of batch N travel while batch N+1 is parsed and applied. The requests are
-        applied already (a re-read would skip them), so a failed answer is retried here
-        rather than by rewinding; only a lasting refusal, or stopping, drops one.
-        """
-        answering, self._answering = self._answering, None
-        if answering is None:
-            return
-        errors = self.outbox.wait(answering.reports, stop, wait_seconds)
-        unsent = self._resend(answering.records, errors, stop if retry else None)
-        if unsent:
-            self.metrics.events_dropped.inc(len(unsent))
-            log.error("events_lost_on_stop", count=len(unsent))
-        if not answering.offsets:  # answers to a poll that is read again
-            return
-        try:
-            self.consumer.store_offsets(offsets=answering.offsets)
-        except KafkaException as e:  # revoked meanwhile: its new owner re-reads and skips
-            log.info("offsets_not_stored", error=str(e))
-
-    def _resend(
-        self, records: list[Record], errors: list[KafkaError | None], stop: threading.Event | None
-    ) -> list[Record]:
-        """Send failed answers again until they land or `stop`; return those never sent."""
-        records = self._passing_failures(records, errors)
-        backoff = Backoff(base=0.2, cap=10.0)
-        while records and stop is not None and not stop.is_set():
-            self.metrics.dependency_errors.labels(dependency="kafka").inc()
-            log.warning("events_unacknowledged", count=len(records))
-            stop.wait(backoff.next())
-            records = self._passing_failures(records, self.outbox.send(records, stop))
-        return records
-
-    def _passing_failures(
-        self, records: list[Record], errors: list[KafkaError | None]
-    ) -> list[Record]:
-        """The records that failed for a reason that may pass; lasting refusals are dropped."""
-        passing = []
-        for record, error in zip(records, errors, strict=True):
-            if error is None:
-                continue
-            if lasting_reason(error) is None:
-                passing.append(record)
-            else:
-                self.metrics.events_dropped.inc()
-                log.error("event_dropped", error=error.str())
-        return passing
 
     def _is_record(self, message: Message) -> bool:
         error = message.error()

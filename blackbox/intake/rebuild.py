@@ -193,7 +193,6 @@ class Replaying(Intake):
         offsets: list[TopicPartition],
     ) -> None:  # fmt: skip
         self.counts.written += sum(1 for code in codes if code in _STORED)
-        self._answering = None
 
 
 def ranges(
