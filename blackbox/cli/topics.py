@@ -9,21 +9,28 @@ import argparse
 
 import structlog
 
-from blackbox.exits import EXIT_OK
+from blackbox.cli.sending import error
+from blackbox.exits import EXIT_OK, EXIT_USAGE
 from blackbox.intake.runner import caller_policy_of
-from blackbox.kafka import clients, retention
+from blackbox.kafka import clients, replication, retention
+from blackbox.kafka.replication import Plan
 from blackbox.settings import Settings
 
 log = structlog.get_logger("blackbox.cli.topics")
 
 
-def prepare(settings: Settings, partitions: int) -> list[str]:
-    """Create the topics blackbox reads and writes where missing (with `partitions`), raise
-    the retention of the intake and dead-letter topics to what the policy's longest horizon
+def prepare(settings: Settings, partitions: int, copies: Plan | None = None) -> list[str]:
+    """Create the topics blackbox reads and writes where missing (with `partitions`, and
+    replicated as `copies` says, else as the cluster allows: replication.py), raise the
+    retention of the intake and dead-letter topics to what the policy's longest horizon
     needs (never lowering one); the names of the topics."""
     policy = caller_policy_of(settings)
     names = [*settings.own_topics, *sorted(policy.bound_topics)]
-    clients.ensure_topics(settings.kafka, names, partitions=partitions)
+    copies = copies or replication.plan(settings.kafka)
+    clients.ensure_topics(settings.kafka, names, partitions=partitions,
+                          replication_factor=copies.replication_factor,
+                          topic_config=copies.topic_config)  # fmt: skip
+    replication.warn_if_weak(settings.kafka, names)  # those that existed before
     intake = [settings.intake_topic, *sorted(policy.bound_topics)]
     needed = retention.needed_ms(policy.longest_horizon_seconds, settings.grace_seconds)
     # The dead-letter topic too: a rebuild reads there what was refused and what failed.
@@ -32,7 +39,9 @@ def prepare(settings: Settings, partitions: int) -> list[str]:
         event = "dead_letter_retention_raised" if topic == settings.dlq_topic else None
         log.info(event or "intake_retention_raised", topic=topic, before_ms=before,
                  retention_ms=needed)  # fmt: skip
-    log.info("topics_ready", topics=names, intake_retention_ms=needed)
+    log.info("topics_ready", topics=names, intake_retention_ms=needed,
+             replication_factor=copies.replication_factor,
+             min_insync_replicas=copies.min_insync_replicas)  # fmt: skip
     return names
 
 
@@ -42,9 +51,34 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     topics.add_argument("--partitions", type=int, default=1,
                         help="partitions of each topic it creates")  # fmt: skip
+    topics.add_argument("--replication-factor", type=_positive, default=None,
+                        help="copies of each topic it creates (default: 3 on a cluster of 3 "
+                        "brokers or more, else one per broker)")  # fmt: skip
+    topics.add_argument("--min-insync-replicas", type=_positive, default=None,
+                        help="the copies a record must reach before it counts as written "
+                        "(default: 2 with 3 copies or more, else 1)")  # fmt: skip
     topics.set_defaults(command=cmd_create_topics)
 
 
 def cmd_create_topics(args: argparse.Namespace, settings: Settings) -> int:
-    prepare(settings, args.partitions)
+    count = replication.brokers(settings.kafka)
+    factor = args.replication_factor or Plan.for_brokers(count).replication_factor
+    insync = args.min_insync_replicas or Plan.for_brokers(factor).min_insync_replicas
+    if factor > count:
+        error(f"--replication-factor {factor}: the cluster has {count} broker(s), so at most "
+              f"{count} copies")  # fmt: skip
+        return EXIT_USAGE
+    if insync > factor:
+        error(f"--min-insync-replicas {insync}: more than the {factor} copies kept; no record "
+              "could be written")  # fmt: skip
+        return EXIT_USAGE
+    prepare(settings, args.partitions, Plan(factor, insync))
     return EXIT_OK
+
+
+def _positive(text: str) -> int:
+    """A count of at least 1 (argparse's type)."""
+    number = int(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count of 1 or more")
+    return number

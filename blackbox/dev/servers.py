@@ -230,19 +230,26 @@ class KafkaBroker(_Server):
     def _prepare(self) -> None:
         """Write the configuration; format the log folder if this is its first start."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        properties = broker_properties(self.port, self.controller_port,
-                                       self.data_dir / "kafka-data")  # fmt: skip
-        extra = "".join(f"{name}={value}\n" for name, value in self.config.items())
-        self.config_path.write_text(properties + extra)
+        self.config_path.write_text(self.properties())
         (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
         if not (self.data_dir / "kafka-data" / "meta.properties").exists():
             self._format()
 
+    def properties(self) -> str:
+        """Its server.properties: `broker_properties`, then `config`."""
+        properties = broker_properties(self.port, self.controller_port,
+                                       self.data_dir / "kafka-data")  # fmt: skip
+        return properties + "".join(f"{name}={value}\n" for name, value in self.config.items())
+
+    def format_options(self) -> list[str]:
+        """How the storage tool formats its log folder: a new cluster of its own."""
+        return ["--standalone", "-t", cluster_id()]
+
     def _format(self) -> None:
         command = self.command()
         java = command[: command.index("kafka.Kafka")]
-        storage = [*java, "kafka.tools.StorageTool", "format", "--standalone",
-                   "-t", cluster_id(), "-c", str(self.config_path)]  # fmt: skip
+        storage = [*java, "kafka.tools.StorageTool", "format", *self.format_options(),
+                   "-c", str(self.config_path)]  # fmt: skip
         done = subprocess.run(storage, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise StackError(f"formatting the Kafka log folder failed: {done.stdout}{done.stderr}")

@@ -23,7 +23,7 @@ from blackbox.intake.incarnations import Incarnations, RedisRecord
 from blackbox.intake.loop import POLL_SECONDS, Intake, IntakeConfig
 from blackbox.intake.nonces import Nonces
 from blackbox.intake.policy import CallerPolicy
-from blackbox.kafka import clients, retention
+from blackbox.kafka import clients, replication, retention
 from blackbox.kafka.outbox import Outbox
 from blackbox.metrics import Metrics
 from blackbox.role import Loop
@@ -125,6 +125,7 @@ class Receiving:
                 return
         kept = [*self.intake.config.topics, self.intake.config.dlq_topic]  # a rebuild reads both
         retention.warn_if_short(self.kafka, kept, self.retention_needed)
+        replication.warn_if_weak(self.kafka, [*kept, self.intake.config.events_topic])
         self.intake.run(self.stopping)
 
     def stop(self) -> int:

@@ -158,14 +158,16 @@ def _naming_bad_settings() -> Iterator[None]:
         raise SettingsError(f"a KAFKA_* setting is invalid: {e.args[0].str()}") from e
 
 
-def ensure_topics(
-    config: Mapping[str, Any], names: Iterable[str], partitions: int = 1, timeout: float = 15
-) -> None:
-    """Create the topics that do not exist yet (an existing topic is left as it is)."""
+def ensure_topics(  # noqa: PLR0913 - a new topic's settings, each by name
+    config: Mapping[str, Any], names: Iterable[str], partitions: int = 1, timeout: float = 15,
+    *, replication_factor: int = -1, topic_config: Mapping[str, str] | None = None,
+) -> None:  # fmt: skip
+    """Create the topics that do not exist yet (an existing topic is left as it is), with
+    `replication_factor` copies (-1: the broker's default) and `topic_config`."""
     admin = AdminClient(dict(config))
-    futures = admin.create_topics(
-        [NewTopic(n, num_partitions=partitions) for n in names], request_timeout=timeout
-    )
+    new = [NewTopic(n, num_partitions=partitions, replication_factor=replication_factor,
+                    config=dict(topic_config or {})) for n in names]  # fmt: skip
+    futures = admin.create_topics(new, request_timeout=timeout)
     for future in futures.values():
         try:
             future.result(timeout)
