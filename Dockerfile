@@ -1,10 +1,15 @@
 # blackbox: multi-stage build; the final image holds the virtualenv and no build tools.
 #   version=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)
 #   docker build --build-arg BLACKBOX_VERSION="$version" -t "blackbox:$version" .
+#   docker build --build-arg BLACKBOX_VERSION="$version" --build-arg BLACKBOX_EXTRAS=otel \
+#     -t "blackbox:$version-otel" .             # the variant that exports spans
 #   docker run --rm -e KAFKA_BOOTSTRAP_SERVERS=kafka:9092 -e REDIS_URL=redis://redis:6379/0 blackbox
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+# Extras installed with the package: `--build-arg BLACKBOX_EXTRAS=otel` makes the variant that
+# exports spans (OTEL_* variables, docs/operations.md "Tracing"); empty: none.
+ARG BLACKBOX_EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/blackbox
 WORKDIR /src
@@ -16,7 +21,8 @@ COPY blackbox ./blackbox
 # wheels, so no compiler is needed even here. The bytecode is compiled now: at run time the
 # root filesystem may be read-only.
 RUN /opt/blackbox/bin/pip wheel --no-deps --wheel-dir /tmp/wheels . \
-    && /opt/blackbox/bin/pip install /tmp/wheels/blackbox-*.whl \
+    && for wheel in /tmp/wheels/blackbox-*.whl; do \
+       /opt/blackbox/bin/pip install "$wheel${BLACKBOX_EXTRAS:+[$BLACKBOX_EXTRAS]}"; done \
     && /opt/blackbox/bin/pip uninstall --yes pip
 
 FROM ${PYTHON_IMAGE}

@@ -26,6 +26,7 @@ from tests.deploy.chart import ROOT
 from tests.integration import conftest as stack
 from tests.integration.conftest import service_env
 from tests.kafkatools import TopicReader, unique, wait_until
+from tests.otlp import Collector
 from tests.process import BlackboxProcess
 
 # A cold pip cache downloads every runtime dependency once: more than the default timeout.
@@ -53,17 +54,19 @@ def _build_stage() -> list[tuple[str, str]]:
 
 
 class BuildStage:
-    """The build stage's COPY, WORKDIR, ENV and RUN, run on this machine with every path of
-    the image moved under `root` (/opt/blackbox becomes root/opt/blackbox)."""
+    """The build stage's ARG, COPY, WORKDIR, ENV and RUN, run on this machine with every
+    path of the image moved under `root` (/opt/blackbox becomes root/opt/blackbox);
+    `build_args` as `docker build --build-arg` gives them."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, build_args: Mapping[str, str] | None = None) -> None:
         self.root = root
         self.workdir = root
         self.env = {k: v for k, v in os.environ.items() if k not in UNSET_ENV}
+        self.build_args = dict(build_args or {})
 
     def run(self) -> None:
-        steps = {"COPY": self._copy, "WORKDIR": self._workdir, "ENV": self._env,
-                 "RUN": self._run}  # fmt: skip
+        steps = {"ARG": self._arg, "COPY": self._copy, "WORKDIR": self._workdir,
+                 "ENV": self._env, "RUN": self._run}  # fmt: skip
         for instruction, arguments in _build_stage():
             if instruction not in steps:
                 pytest.fail(f"the Dockerfile's build stage uses {instruction}: teach this test")
@@ -88,6 +91,11 @@ class BuildStage:
                 folder.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, folder / path.name)
 
+    def _arg(self, arguments: str) -> None:
+        """A build argument: the one given, else its default (quotes as the shell reads)."""
+        name, _, default = arguments.partition("=")
+        self.env[name] = self.build_args.get(name, default.strip('"'))
+
     def _env(self, arguments: str) -> None:
         for pair in arguments.split():
             name, _, value = pair.partition("=")
@@ -106,6 +114,14 @@ class BuildStage:
 def image(tmp_path_factory: pytest.TempPathFactory) -> BuildStage:
     """The build stage run once: its venv holds the installed package."""
     stage = BuildStage(tmp_path_factory.mktemp("image"))
+    stage.run()
+    return stage
+
+
+@pytest.fixture(scope="module")
+def otel_image(tmp_path_factory: pytest.TempPathFactory) -> BuildStage:
+    """The build stage with `--build-arg BLACKBOX_EXTRAS=otel`: the image that exports spans."""
+    stage = BuildStage(tmp_path_factory.mktemp("image-otel"), {"BLACKBOX_EXTRAS": "otel"})
     stage.run()
     return stage
 
@@ -231,3 +247,42 @@ def _ready(port: int, service: BlackboxProcess) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def _imports(image: BuildStage, module: str) -> bool:
+    python = _venv(image) / "bin" / "python"
+    ran = subprocess.run([str(python), "-c", f"import {module}"], cwd=image.root, env=image.env,
+                         capture_output=True, check=False)  # fmt: skip
+    return ran.returncode == 0
+
+
+def test_the_otel_variant_exports_spans_of_what_it_delivers(  # noqa: PLR0913, PLR0917 - fixtures
+    image: BuildStage, otel_image: BuildStage, redis_server: RedisServer, broker: KafkaBroker,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Guarantee 9 for the image built with BLACKBOX_EXTRAS=otel (the default one has no
+    OpenTelemetry SDK): the installed `blackbox run` with OTEL_* set delivers a message and
+    exports its fire span to a real OTLP/HTTP endpoint."""
+    assert not _imports(image, "opentelemetry.sdk") and _imports(otel_image, "opentelemetry.sdk")
+    port, target, collector = free_port(), unique("otel-wheel"), Collector()
+    env = service_env(redis_server.url, broker.bootstrap, BLACKBOX_HTTP_PORT=str(port),
+                      OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
+                      OTEL_BSP_SCHEDULE_DELAY="100")  # fmt: skip
+    for name in UNSET_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert _blackbox(otel_image, "create-topics", env=env).returncode == 0
+    program = [str(_venv(otel_image) / "bin" / "blackbox")]
+    service = BlackboxProcess(env, tmp_path / "run.log", "run", program=program)
+    reader = TopicReader(broker.bootstrap, target)
+    try:
+        wait_until(lambda: _ready(port, service), timeout=90, what="the installed /ready")
+        sent = _blackbox(otel_image, "send", "--topic", target, "--countdown", "0.5",
+                         "--caller", "wheel", '"traced"', env=env)  # fmt: skip
+        assert sent.returncode == 0, sent.stderr
+        reader.wait_count(1, timeout=60)
+        wait_until(lambda: bool(collector.named(f"send {target}")), 30, "the fire span")
+    finally:
+        reader.close()
+        code = service.terminate()
+        collector.close()
+    assert code == 0, service.output()
