@@ -441,6 +441,16 @@ def test_topics_job_runs_create_topics_after_its_config() -> None:
     assert spec["envFrom"] == container(_deployment(docs))["envFrom"]
 
 
+def test_topics_job_passes_the_replication_asked_for() -> None:
+    """createTopics.replicationFactor and minInsyncReplicas reach create-topics as its
+    options; left null, the command takes the cluster's plan."""
+    values = {"enabled": True, "replicationFactor": 3, "minInsyncReplicas": 2}
+    (job,) = of_kind(manifests({"createTopics": values}), "Job")
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args == ["create-topics", "--partitions", "6", "--replication-factor", "3",
+                    "--min-insync-replicas", "2"]  # fmt: skip
+
+
 def _metric_names() -> set[str]:
     """Every sample name the service can export (counters, histograms, gauges, infos)."""
     metrics = Metrics()
