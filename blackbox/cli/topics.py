@@ -8,15 +8,18 @@ from __future__ import annotations
 import argparse
 
 import structlog
+from confluent_kafka import KafkaException
 
 from blackbox.cli.sending import error
-from blackbox.exits import EXIT_OK, EXIT_USAGE
+from blackbox.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from blackbox.intake.runner import caller_policy_of
 from blackbox.kafka import clients, replication, retention
 from blackbox.kafka.replication import Plan
 from blackbox.settings import Settings
 
 log = structlog.get_logger("blackbox.cli.topics")
+# The most partitions or copies asked for: Kafka counts them in 32 bits.
+MAX_COUNT = 2**31 - 1
 
 
 def prepare(settings: Settings, partitions: int, copies: Plan | None = None) -> list[str]:
@@ -30,7 +33,7 @@ def prepare(settings: Settings, partitions: int, copies: Plan | None = None) -> 
     clients.ensure_topics(settings.kafka, names, partitions=partitions,
                           replication_factor=copies.replication_factor,
                           topic_config=copies.topic_config)  # fmt: skip
-    replication.warn_if_weak(settings.kafka, names)  # those that existed before
+    replication.warn_if_weak(settings.kafka, names, copies)  # those that existed before
     intake = [settings.intake_topic, *sorted(policy.bound_topics)]
     needed = retention.needed_ms(policy.longest_horizon_seconds, settings.grace_seconds)
     # The dead-letter topic too: a rebuild reads there what was refused and what failed.
@@ -49,36 +52,50 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     topics = commands.add_parser(
         "create-topics", help="create the intake, dead-letter and events topics"
     )
-    topics.add_argument("--partitions", type=int, default=1,
+    topics.add_argument("--partitions", type=count, default=1,
                         help="partitions of each topic it creates")  # fmt: skip
-    topics.add_argument("--replication-factor", type=_positive, default=None,
+    topics.add_argument("--replication-factor", type=count, default=None,
                         help="copies of each topic it creates (default: 3 on a cluster of 3 "
                         "brokers or more, else one per broker)")  # fmt: skip
-    topics.add_argument("--min-insync-replicas", type=_positive, default=None,
+    topics.add_argument("--min-insync-replicas", type=count, default=None,
                         help="the copies a record must reach before it counts as written "
                         "(default: 2 with 3 copies or more, else 1)")  # fmt: skip
     topics.set_defaults(command=cmd_create_topics)
 
 
 def cmd_create_topics(args: argparse.Namespace, settings: Settings) -> int:
-    count = replication.brokers(settings.kafka)
-    factor = args.replication_factor or Plan.for_brokers(count).replication_factor
-    insync = args.min_insync_replicas or Plan.for_brokers(factor).min_insync_replicas
-    if factor > count:
-        error(f"--replication-factor {factor}: the cluster has {count} broker(s), so at most "
-              f"{count} copies")  # fmt: skip
-        return EXIT_USAGE
-    if insync > factor:
-        error(f"--min-insync-replicas {insync}: more than the {factor} copies kept; no record "
-              "could be written")  # fmt: skip
-        return EXIT_USAGE
-    prepare(settings, args.partitions, Plan(factor, insync))
+    factor, insync = args.replication_factor, args.min_insync_replicas
+    if factor is not None and insync is not None and insync > factor:
+        return _refused(f"--min-insync-replicas {insync}: more than the {factor} copies kept; "
+                        "no record could be written")  # fmt: skip
+    try:
+        count = replication.brokers(settings.kafka)
+        factor = factor or Plan.for_brokers(count).replication_factor
+        insync = insync or Plan.for_brokers(factor).min_insync_replicas
+        if factor > count:
+            return _refused(f"--replication-factor {factor}: the cluster has {count} "
+                            f"broker(s), so at most {count} copies")  # fmt: skip
+        if insync > factor:
+            return _refused(f"--min-insync-replicas {insync}: more than the {factor} copies "
+                            "kept; no record could be written")  # fmt: skip
+        prepare(settings, args.partitions, Plan(factor, insync))
+    except KafkaException as e:
+        error(f"Kafka did not answer: {e.args[0].str() if e.args else e}")
+        return EXIT_FAILED
     return EXIT_OK
 
 
-def _positive(text: str) -> int:
-    """A count of at least 1 (argparse's type)."""
-    number = int(text)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count of 1 or more")
+def _refused(text: str) -> int:
+    error(text)
+    return EXIT_USAGE
+
+
+def count(text: str) -> int:
+    """A count of at least 1 (argparse's type; its name is what argparse's error shows)."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= number <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count from 1 to {MAX_COUNT}")
     return number

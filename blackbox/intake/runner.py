@@ -125,7 +125,8 @@ class Receiving:
                 return
         kept = [*self.intake.config.topics, self.intake.config.dlq_topic]  # a rebuild reads both
         retention.warn_if_short(self.kafka, kept, self.retention_needed)
-        replication.warn_if_weak(self.kafka, [*kept, self.intake.config.events_topic])
+        if not self.stopping.is_set():  # each check may wait on Kafka for seconds
+            replication.warn_if_weak(self.kafka, [*kept, self.intake.config.events_topic])
         self.intake.run(self.stopping)
 
     def stop(self) -> int:

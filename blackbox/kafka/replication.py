@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from confluent_kafka import TopicCollection
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
 log = structlog.get_logger("blackbox.kafka.replication")
@@ -47,10 +47,9 @@ class Plan:
 
     @property
     def topic_config(self) -> dict[str, str]:
-        """The topic setting a new topic is created with (beside its replication factor);
-        none for 1, Kafka's own default."""
-        if self.min_insync_replicas == 1:
-            return {}
+        """The topic setting a new topic is created with (beside its replication factor):
+        always written, since a broker's own default may ask for more copies in sync than
+        the topic has."""
         return {MIN_INSYNC: str(self.min_insync_replicas)}
 
 
@@ -79,18 +78,20 @@ def found(
     """How each existing topic is replicated: its fewest replicas over its partitions, and
     its min.insync.replicas (KafkaException if the broker cannot be asked)."""
     admin = AdminClient(dict(config))
-    names = list(topics)
-    described = admin.describe_topics(TopicCollection(names), request_timeout=timeout)
-    copies = {
-        name: min(len(p.replicas) for p in future.result(timeout).partitions)
-        for name, future in described.items()
-    }
-    resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in names]
+    described = admin.describe_topics(TopicCollection(list(topics)), request_timeout=timeout)
+    copies = {}
+    for name, future in described.items():
+        try:
+            copies[name] = min(len(p.replicas) for p in future.result(timeout).partitions)
+        except KafkaException as e:  # a topic not created yet: the others are still judged
+            if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in copies]
     insync = {}
     for resource, future in admin.describe_configs(resources, request_timeout=timeout).items():
         entry = future.result(timeout).get(MIN_INSYNC)
         insync[resource.name] = None if entry is None or entry.value is None else int(entry.value)
-    return {name: Found(copies[name], insync.get(name)) for name in names}
+    return {name: Found(count, insync.get(name)) for name, count in copies.items()}
 
 
 def shortfalls(topic: Found, planned: Plan) -> dict[str, int]:
@@ -106,11 +107,14 @@ def shortfalls(topic: Found, planned: Plan) -> dict[str, int]:
     return short
 
 
-def warn_if_weak(config: Mapping[str, Any], topics: Iterable[str]) -> list[str]:
-    """Log each topic replicated less than the cluster allows (`topic_replication_low`); the
-    topics named. A broker that cannot tell is logged and passed over."""
+def warn_if_weak(
+    config: Mapping[str, Any], topics: Iterable[str], planned: Plan | None = None
+) -> list[str]:
+    """Log each existing topic replicated less than `planned` (default: as the cluster
+    allows) as `topic_replication_low`; the topics named. A broker that cannot tell is
+    logged and passed over."""
     try:
-        planned = plan(config)
+        planned = planned or plan(config)
         each = found(config, topics)
     except Exception as e:  # noqa: BLE001 - a warning at start must never stop the service
         log.info("topic_replication_unknown", error=str(e))

@@ -449,6 +449,8 @@ def test_topics_job_passes_the_replication_asked_for() -> None:
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args == ["create-topics", "--partitions", "6", "--replication-factor", "3",
                     "--min-insync-replicas", "2"]  # fmt: skip
+    with pytest.raises(helm_python.HelmRenderError, match=r"more than createTopics\.replication"):
+        manifests({"createTopics": {**values, "minInsyncReplicas": 4}})
 
 
 def _metric_names() -> set[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from blackbox.dev.servers import free_port
 from blackbox.kafka import replication
 from tests.process import BlackboxProcess
 
@@ -34,15 +35,31 @@ def test_create_topics_refuses_more_copies_than_brokers(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     """Asking for 3 copies of a one-broker cluster is a usage error naming the brokers (it
-    was the broker's INVALID_REPLICATION_FACTOR as a traceback), and so is needing more in
-    sync than there are copies; nothing is created."""
+    was the broker's INVALID_REPLICATION_FACTOR as a traceback), and so are needing more in
+    sync than there are copies and counts that are not counts; nothing is created."""
     for args, expected in [
         (("--replication-factor", "3"), "the cluster has 1 broker(s)"),
         (("--min-insync-replicas", "2"), "more than the 1 copies kept"),
+        (("--replication-factor", "0"), "'0' is not a count from 1"),
+        (("--partitions", "abc"), "'abc' is not a whole number"),
     ]:
-        refused = BlackboxProcess(env, tmp_path / f"{args[0]}.log", "create-topics", *args)
+        log = tmp_path / f"{args[0]}-{args[1]}.log"
+        refused = BlackboxProcess(env, log, "create-topics", *args)
         assert refused.wait(60) == 2, refused.output()
         assert expected in refused.output(), refused.output()
         assert "Traceback" not in refused.output()
     bootstrap = {"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}
     assert replication.brokers(bootstrap) == 1
+
+
+def test_create_topics_names_a_kafka_that_does_not_answer(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """No broker at the address: create-topics says Kafka did not answer and exits 1, with
+    no traceback."""
+    nowhere = {**env, "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
+               "KAFKA_SOCKET_CONNECTION_SETUP_TIMEOUT_MS": "1000"}  # fmt: skip
+    refused = BlackboxProcess(nowhere, tmp_path / "nowhere.log", "create-topics")
+    assert refused.wait(60) == 1, refused.output()
+    assert "Kafka did not answer" in refused.output()
+    assert "Traceback" not in refused.output()

@@ -19,9 +19,10 @@ def test_the_plan_keeps_three_copies_two_in_sync_where_three_brokers_run(
     assert Plan.for_brokers(brokers) == Plan(copies, in_sync)
 
 
-def test_a_new_topic_names_min_insync_replicas_only_above_kafkas_default() -> None:
-    """Kafka's default (1) is left to the broker; 2 is set on the topic."""
-    assert Plan(1, 1).topic_config == {}
+def test_a_new_topic_always_names_its_min_insync_replicas() -> None:
+    """Written even when 1: a broker whose own default is 2 would otherwise make a topic of
+    one or two copies refuse every acks=all write, or stop with one broker down."""
+    assert Plan(1, 1).topic_config == {MIN_INSYNC: "1"}
     assert Plan(3, 2).topic_config == {MIN_INSYNC: "2"}
 
 
