@@ -223,12 +223,9 @@ def test_the_installed_service_starts_and_delivers(
     env = service_env(redis_server.url, broker.bootstrap, BLACKBOX_HTTP_PORT=str(port))
     for name in UNSET_ENV:  # the process inherits the test's environment
         monkeypatch.delenv(name, raising=False)
-    assert _blackbox(image, "create-topics", env=env).returncode == 0
-    program = [str(_venv(image) / "bin" / "blackbox")]
-    service = BlackboxProcess(env, tmp_path / "run.log", "run", program=program)
+    service = _started(image, env, tmp_path / "run.log", port)
     reader = TopicReader(broker.bootstrap, target)
     try:
-        wait_until(lambda: _ready(port, service), timeout=90, what="the installed /ready")
         sent = _blackbox(image, "send", "--topic", target, "--countdown", "0.5", "--id", "one",
                          "--caller", "wheel", '{"from": "the wheel"}', env=env)  # fmt: skip
         assert sent.returncode == 0, sent.stderr
@@ -239,6 +236,20 @@ def test_the_installed_service_starts_and_delivers(
     assert orjson.loads(record.value or b"") == {"from": "the wheel"}
     assert record.header("blackbox-id") == "@wheel/one"
     assert code == 0, service.output()
+
+
+def _started(image: BuildStage, env: dict[str, str], log: Path, port: int) -> BlackboxProcess:
+    """The installed `blackbox run`, its topics made by the installed create-topics, once it
+    answers /ready on `port`."""
+    assert _blackbox(image, "create-topics", env=env).returncode == 0
+    program = [str(_venv(image) / "bin" / "blackbox")]
+    service = BlackboxProcess(env, log, "run", program=program)
+    try:
+        wait_until(lambda: _ready(port, service), timeout=90, what="the installed /ready")
+    except BaseException:
+        service.terminate()
+        raise
+    return service
 
 
 def _ready(port: int, service: BlackboxProcess) -> bool:
@@ -270,12 +281,9 @@ def test_the_otel_variant_exports_spans_of_what_it_delivers(  # noqa: PLR0913, P
                       OTEL_BSP_SCHEDULE_DELAY="100")  # fmt: skip
     for name in UNSET_ENV:
         monkeypatch.delenv(name, raising=False)
-    assert _blackbox(otel_image, "create-topics", env=env).returncode == 0
-    program = [str(_venv(otel_image) / "bin" / "blackbox")]
-    service = BlackboxProcess(env, tmp_path / "run.log", "run", program=program)
+    service = _started(otel_image, env, tmp_path / "run.log", port)
     reader = TopicReader(broker.bootstrap, target)
     try:
-        wait_until(lambda: _ready(port, service), timeout=90, what="the installed /ready")
         sent = _blackbox(otel_image, "send", "--topic", target, "--countdown", "0.5",
                          "--caller", "wheel", '"traced"', env=env)  # fmt: skip
         assert sent.returncode == 0, sent.stderr
