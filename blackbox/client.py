@@ -30,8 +30,8 @@ from typing import Any
 import orjson
 from confluent_kafka import KafkaError, Message, Producer
 
-from blackbox import tracecontext
-from blackbox.envelope import CALLER_HEADER, Header
+from blackbox import retries, tracecontext
+from blackbox.envelope import CALLER_HEADER, SIGNATURE_HEADER, Header, normalize_headers
 from blackbox.errors import BlackboxError
 from blackbox.recurrence import Missed
 from blackbox.signing import Parts, Signer
@@ -233,11 +233,57 @@ class Client:
         share one intake partition and are applied in the order they were sent.
         """
         key = None if schedule_id is None else schedule_id.encode()
+        self._produce(value, key, self.context())
+
+    def retry(
+        self,
+        message: Message,
+        error: str | BaseException,
+        *,
+        policy: str | Mapping[str, Any] | None = None,
+    ) -> None:
+        """Ask blackbox to deliver a consumed record again later, after a backoff: its
+        value, key and headers byte for byte, to its topic (or the policy's `to`), with
+        `blackbox-retry-attempt` counting attempts; after the last one, to the dead-letter
+        topic (the policy's `dead_letter`, else the topic's name + ".dlq").
+
+        `policy` names a backoff in the caller's policy file, or gives one: `{"delays":
+        [5, 30, 300]}` or `{"base": 1, "factor": 2, "cap": 300, "attempts": 5, "jitter":
+        "full"}`; without it the caller's `default` (else 1 s doubling to 300 s, 5
+        attempts). Sending the same record's retry twice (a crash before the commit)
+        schedules it once. See blackbox.retries.
+        """
+        topic, partition, offset = message.topic(), message.partition(), message.offset()
+        if topic is None or partition is None or offset is None or offset < 0:
+            raise ValueError("retry() takes a record read by a consumer (topic, partition, offset)")
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        headers = [
+            (name, value)
+            for name, value in normalize_headers(message.headers())
+            if name not in (CALLER_HEADER, SIGNATURE_HEADER)
+        ]
+        headers += [
+            (retries.ERROR_HEADER, text[: retries.MAX_ERROR_CHARS].encode()),
+            (retries.SOURCE_HEADER, f"{topic}/{partition}/{offset}".encode()),
+        ]
+        if policy is not None:
+            named = policy if isinstance(policy, str) else orjson.dumps(dict(policy)).decode()
+            headers.append((retries.POLICY_HEADER, named.encode()))
+        traced = any(name == "traceparent" for name, _ in headers)  # the record's own trace
+        self._produce(message.value() or b"", message.key(), headers, with_context=not traced)
+
+    def _produce(
+        self, value: bytes, key: bytes | None, extra: list[Header], *, with_context: bool = False
+    ) -> None:
+        """Produce to the intake topic as this caller, signed when a signer is set: the
+        caller's header, `extra`, then (`with_context`) the current trace context."""
         deadline = time.monotonic() + self.queue_wait_seconds
         headers: list[Header] = []
         if self.caller is not None:
             headers.append((CALLER_HEADER, self.caller.encode()))
-        headers += self.context()
+        headers += extra
+        if with_context:
+            headers += self.context()
         if self.signer is not None:
             parts = Parts(self.intake_topic, key, value, headers)
             headers.append(self.signer.header(parts, issued_ms=time.time_ns() // 1_000_000))

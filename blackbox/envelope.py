@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from blackbox import retries
 from blackbox.errors import DeadLetterReason, InvalidEnvelope
 from blackbox.recurrence import InvalidRecurrence, Missed, Recurrence
 
@@ -106,6 +107,8 @@ class Envelope:
     if_absent: bool = False
     # A series: delivered at each occurrence of this rule (countdown and at_ms unset).
     recurrence: Recurrence | None = None
+    # A consumer's retry (retries.py): its topic and countdown are set when it is applied.
+    retry: retries.Retry | None = None
 
     def due_ms(self, received_ms: int) -> int:
         """When to deliver: never before `received_ms` (a time in the past fires at once)."""
@@ -169,6 +172,8 @@ def parse(
         raise InvalidEnvelope(
             _R.OVERSIZED, f"value is {len(value)} bytes, the limit is {limits.max_value_bytes}"
         )
+    if headers and retries.is_request(headers):
+        return _retry_request(value, key, headers, caller)
     if headers and any(name in SCHEDULER_HEADERS for name, _ in headers):
         try:
             return _header_mode(value, key, headers or (), caller, limits)
@@ -202,7 +207,7 @@ def _json_request(document: dict[str, Any], caller: bytes | None, limits: Limits
     else:
         countdown_ms, at_ms = _due(document)
     return Envelope(
-        topic=_target_topic(_field(document, "topic"), limits),
+        topic=target_topic(_field(document, "topic"), limits),
         value=_message_bytes(document),
         caller=caller,
         countdown_ms=countdown_ms,
@@ -386,7 +391,7 @@ def _header_mode(
         if not name.startswith(SCHEDULER_HEADER_PREFIX) and name not in _NOT_PASSED
     )
     return Envelope(
-        topic=_target_topic(_header_text(topic, TARGET_TOPIC_HEADER), limits),
+        topic=target_topic(_header_text(topic, TARGET_TOPIC_HEADER), limits),
         value=value,
         caller=caller,
         at_ms=_epoch_ms(seconds, EPOCH_HEADER),
@@ -394,6 +399,31 @@ def _header_mode(
         headers=_checked_headers(passed),
         schedule_id=_id(_key_text(key), "record key"),
         etf1=True,
+    )
+
+
+def _retry_request(
+    value: bytes, key: bytes | None, headers: Headers, caller: bytes | None
+) -> Envelope:
+    """A consumer's failed record sent back (retries.py): value, key and its own headers
+    kept byte for byte; where and when it goes is decided when it is applied."""
+    retry, passed = retries.read(headers)
+    kept = tuple((name, v) for name, v in passed if name not in (CALLER_HEADER, SIGNATURE_HEADER))
+    if len(kept) > MAX_HEADERS - len(retries.DELIVERED_HEADERS):
+        raise InvalidEnvelope(_R.INVALID_HEADER, f"{len(kept)} headers, too many to carry")
+    longest = max((len(name.encode("utf-8", "surrogatepass")) for name, _ in kept), default=0)
+    if longest > MAX_HEADER_NAME_BYTES:
+        raise InvalidEnvelope(_R.INVALID_HEADER, f"a header name of {longest} bytes")
+    return Envelope(
+        topic=retry.source.topic,
+        value=value,
+        caller=caller,
+        countdown_ms=0,
+        key=key,
+        headers=kept,
+        schedule_id=retry.id,
+        if_absent=True,
+        retry=retry,
     )
 
 
@@ -429,7 +459,8 @@ def _cancel_flag(document: dict[str, Any]) -> bool:
     return flag
 
 
-def _target_topic(topic: object, limits: Limits) -> str:
+def target_topic(topic: object, limits: Limits) -> str:
+    """`topic` if a schedule may target it: a legal name, not internal, not forbidden."""
     if not isinstance(topic, str):
         raise InvalidEnvelope(_R.WRONG_TYPE, f"topic must be a string, not {_kind(topic)}")
     if not legal_topic_name(topic):

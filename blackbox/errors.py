@@ -38,6 +38,7 @@ class DeadLetterReason(enum.StrEnum):
     INVALID_RECURRENCE = "invalid_recurrence"  # a cron, every, start/end, limit that cannot be
     UNKNOWN_TIMEZONE = "unknown_timezone"  # not an IANA time zone this machine knows
     OVER_QUOTA = "over_quota"  # its caller has as many schedules pending as its policy allows
+    INVALID_RETRY = "invalid_retry"  # a retry whose source, attempt or backoff cannot be read
 
 
 class BlackboxError(Exception):

@@ -40,6 +40,20 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.retries_scheduled = Counter(
+            "blackbox_retries_scheduled",
+            "Consumers' retry requests scheduled for another attempt, by the failed "
+            "record's topic.",
+            ["topic"],
+            registry=self.registry,
+        )
+        self.retries_exhausted = Counter(
+            "blackbox_retries_exhausted",
+            "Consumers' retry requests past their last attempt, sent to their dead-letter "
+            "topic, by the failed record's topic.",
+            ["topic"],
+            registry=self.registry,
+        )
         self.delivered = Counter(
             "blackbox_delivered",
             "Messages acknowledged by their target topic.",

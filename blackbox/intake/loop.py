@@ -30,7 +30,7 @@ from blackbox.clock import now_ms
 from blackbox.envelope import Cancel, Header, Hold, Limits, Request, Reschedule
 from blackbox.errors import BlackboxError, DeadLetterReason, InvalidEnvelope
 from blackbox.firing.nudges import Nudge
-from blackbox.intake import answering, traces
+from blackbox.intake import answering, retrying, traces
 from blackbox.intake.answers import Answers
 from blackbox.intake.batch import Batch, Counted, Signed
 from blackbox.intake.crashguard import CRASH_LIMIT, CrashGuard
@@ -446,9 +446,14 @@ class Intake:
             if judged:
                 self.config.policy.check_horizon(request.caller, due_ms, received)
             return Move(scoped_id(request.caller, request.schedule_id), request.caller, due_ms)
-        schedule = Schedule.from_envelope(request, origin, received, sent_ms=received)
+        wanted = request
+        if request.retry is not None:  # a consumer's retry: its topic and delay by its policy
+            rule = self.config.policy.rule_for(request.caller)
+            wanted = retrying.resolved(request, rule, received, self.config.limits)
+        schedule = Schedule.from_envelope(wanted, origin, received, sent_ms=received)
         if judged:
-            self.config.policy.check(request, schedule.due_ms, received, schedule.series)
+            self.config.policy.check(wanted, schedule.due_ms, received, schedule.series)
+        retrying.count(wanted, self.metrics)
         return schedule
 
     def _judged_by_policy(self, message: Message) -> bool:

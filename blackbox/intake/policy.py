@@ -12,6 +12,11 @@ The policy is a YAML or JSON file named by BLACKBOX_POLICY_FILE:
         max_pending: 100000               # schedules pending at once (quotas.py)
       payments:
         intake_topics: [blackbox.payments]  # records on it are payments' (Kafka ACLs decide)
+      orders:
+        topics: [orders, orders.dlq]
+        retries:                          # backoffs a consumer's retry names (retries.py)
+          default: {base: 1, factor: 2, cap: 300, attempts: 5, jitter: full}
+          slow: {delays: [60, 600, 3600], dead_letter: orders.failed}
       reports:
         require_signature: true           # unsigned or forged records schedule nothing
         keys:                             # key id -> Ed25519 public key (base64 or PEM)
@@ -23,7 +28,9 @@ schedule to any topic within those settings. The intake, events and dead-letter 
 internal topics (`__*`) are never targets, whatever the policy says; nor is a bound intake
 topic. `keys`, `require_signature` and the signature windows are explained in signing.py;
 `intake_topics` binds a caller to its own intake topics: the service consumes them too, and
-a record naming a bound caller anywhere else is refused unless signed by it.
+a record naming a bound caller anywhere else is refused unless signed by it. `retries` names
+the backoffs a caller's retry requests may ask for (`default` when they name none); a
+retry's target and dead-letter topics are checked against `topics` like any other.
 """
 
 from __future__ import annotations
@@ -41,12 +48,13 @@ import yaml
 
 from blackbox.envelope import ABSOLUTE_MAX_COUNTDOWN_SECONDS, Envelope, legal_topic_name
 from blackbox.errors import DeadLetterReason, InvalidEnvelope, SettingsError
+from blackbox.retries import Backoff
 from blackbox.schedule import Series
 from blackbox.signing import public_key_from_text, raw_public_key, valid_key_id
 
 _RULE_FIELDS = frozenset({
     "topics", "max_horizon_seconds", "max_message_bytes", "require_signature", "keys",
-    "signature_skew_seconds", "signature_max_age_seconds", "max_pending",
+    "signature_skew_seconds", "signature_max_age_seconds", "max_pending", "retries",
 })  # fmt: skip
 # How far a signature's issue time may lie from its record's timestamp (clocks differ),
 # and how old it may be when read (its nonce is remembered that long against replays).
@@ -70,6 +78,8 @@ class Rule:
     intake_topics: tuple[str, ...] = ()
     # How many of its schedules may be pending at once (quotas.py); 0: no quota.
     max_pending: int = 0
+    # The backoffs its retry requests may name (retries.py), "default" when they name none.
+    retries: Mapping[str, Backoff] = field(default_factory=dict)
 
     def allows(self, topic: str) -> bool:
         return _matches(self.topics, topic)
@@ -252,6 +262,8 @@ def _rule(entry: object, fallback: Rule, where: str, *, is_default: bool = False
         rule = replace(rule, max_message_bytes=_size(entry["max_message_bytes"], where))
     if "max_pending" in entry:
         rule = replace(rule, max_pending=_count(entry["max_pending"], where))
+    if "retries" in entry:
+        rule = replace(rule, retries=_retries(entry["retries"], where))
     return _signature_fields(entry, rule, where, is_default=is_default)
 
 
@@ -271,6 +283,20 @@ def _signature_fields(entry: dict[str, Any], rule: Rule, where: str, *, is_defau
         age = _seconds(entry["signature_max_age_seconds"], f"{where}.signature_max_age_seconds")
         rule = replace(rule, signature_max_age_seconds=age)
     return rule
+
+
+def _retries(value: Any, where: str) -> dict[str, Backoff]:
+    if not isinstance(value, dict):
+        raise SettingsError(f"{where}.retries must map policy names to backoffs")
+    named = {}
+    for name, document in value.items():
+        if not isinstance(name, str) or not name or name.startswith("{") or len(name) > 255:
+            raise SettingsError(f"{where}.retries: {name!r} is not a policy name")
+        try:
+            named[name] = Backoff.from_document(document)
+        except ValueError as e:
+            raise SettingsError(f"{where}.retries.{name}: {e}") from e
+    return named
 
 
 def _keys(value: Any, where: str) -> dict[str, bytes]:

@@ -59,6 +59,9 @@ REASONS: dict[DeadLetterReason, str] = {
     DeadLetterReason.INVALID_HEADER: "`CALLER_SERVICE` repeated, without a value, empty, not "
     "UTF-8 or too long; a reserved header name in `headers`; a record header whose name is not "
     "UTF-8",
+    DeadLetterReason.INVALID_RETRY: "a consumer's retry request (Retries) whose "
+    "`blackbox-retry-source`, attempt, history or backoff cannot be read, or that names a retry "
+    "policy its caller does not have",
     DeadLetterReason.OVER_QUOTA: "a new schedule of a caller that has its policy's "
     "`max_pending` schedules pending already (Quotas)",
     DeadLetterReason.EXPIRED: "the payload outlived its TTL (due + `BLACKBOX_GRACE_SECONDS`) "

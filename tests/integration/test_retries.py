@@ -1,0 +1,199 @@
+"""Issue 51: a consumer's failed record comes back later, byte for byte, after its backoff,
+on its partition, its attempt counted; after the last attempt it is on the dead-letter
+topic with every error; a retry sent twice (a consumer killed before its commit) is
+scheduled once. Records are written by Debian's kcat (binary key, non-UTF-8 header values),
+consumed by a real group consumer, retried with `Client.retry`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+from confluent_kafka import Consumer, Message
+
+from blackbox import retries
+from blackbox.client import Client
+from blackbox.kafka import clients
+from blackbox.service import Service
+from tests.integration.conftest import ReaderFactory, ServiceFactory
+from tests.kafkatools import Received, unique, wait_until
+
+Seen = tuple[str, int]  # a record's name and the attempt it came as
+KEY_END = "@@bb-key@@"
+RECORD_END = "@@bb-record@@"
+PARTITIONS = 3
+DELAYS = [1, 2]  # seconds after the first and the second failure: three attempts in all
+CALLER = "orders-worker"
+# Each record: its key, value and header arguments as kcat writes them (-H name=value).
+RECORDS = {
+    "flaky": (b"k\x00\xff1", b"\x00flaky\xff", [b"trace=\xff\xfe", b"kind=a", b"kind=b", b"n"]),
+    "broken": (b"k\x00\xff2", b"\x00broken\xfe", [b"trace=\x80", b"empty="]),
+    "fine": (b"k3", b"fine", [b"kind=c"]),
+}
+
+
+def kcat_produce(
+    bootstrap: str, topic: str, key: bytes, value: bytes, headers: list[bytes]
+) -> None:
+    """One record written by kcat, placed by the key's murmur2 partition as Java's would."""
+    args = ["kcat", "-P", "-b", bootstrap, "-t", topic, "-K", KEY_END, "-D", RECORD_END,
+            "-X", "partitioner=murmur2_random"]  # fmt: skip
+    for header in headers:
+        args += ["-H", header]  # type: ignore[list-item] # bytes reach argv as they are
+    subprocess.run(args, input=key + KEY_END.encode() + value + RECORD_END.encode(),
+                   check=True, timeout=30)  # fmt: skip
+
+
+def group_consumer(bootstrap: str, topic: str, group: str) -> Consumer:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})  # fmt: skip
+    consumer.subscribe([topic])
+    return consumer
+
+
+def name_of(value: bytes | None) -> str:
+    return next(name for name, (_, v, _) in RECORDS.items() if v == value)
+
+
+def attempt_of(message: Message | Received) -> int:
+    headers = dict(message.headers() or []) if isinstance(message, Message) else message.headers
+    raw = headers.get(retries.ATTEMPT_HEADER)
+    return 1 if raw is None else int(raw)
+
+
+def consume_failing(service: Service, topic: str, done: Callable[[], bool]) -> list[Seen]:
+    """Process `topic` as a worker would: `flaky` fails on its first attempt, `broken`
+    always, `fine` never; each failure is retried, the offset committed after the retry
+    was acknowledged. Returns what was processed (name, attempt) until `done()`, then for
+    one second more (nothing else may come)."""
+    bootstrap = service.settings.kafka["bootstrap.servers"]
+    consumer = group_consumer(bootstrap, topic, unique("workers"))
+    seen: list[Seen] = []
+    producer = {"bootstrap.servers": bootstrap}
+    deadline, after = time.monotonic() + 60, None
+    with Client(producer, caller=CALLER, intake_topic=service.settings.intake_topic) as client:
+        while after is None or time.monotonic() < after:
+            assert time.monotonic() < deadline, f"still not done after 60 s: {seen}"
+            if after is None and done():
+                after = time.monotonic() + 1
+            message = consumer.poll(0.2)
+            if message is None or message.error() is not None:
+                continue
+            name, attempt = name_of(message.value()), attempt_of(message)
+            seen.append((name, attempt))
+            if name == "broken" or (name == "flaky" and attempt == 1):
+                client.retry(message, f"{name} failed at attempt {attempt}",
+                             policy={"delays": DELAYS})  # fmt: skip
+                client.flush()
+            consumer.commit(message=message, asynchronous=False)
+    consumer.close()
+    return seen
+
+
+def test_failed_records_come_back_byte_for_byte_then_go_to_the_dead_letter_topic(
+    start_service: ServiceFactory, reader: ReaderFactory
+) -> None:
+    service = start_service()
+    bootstrap = service.settings.kafka["bootstrap.servers"]
+    topic = unique("orders")
+    clients.ensure_topics(service.settings.kafka, [topic, f"{topic}.dlq"], partitions=PARTITIONS)
+    for key, value, headers in RECORDS.values():
+        kcat_produce(bootstrap, topic, key, value, headers)
+    originals = {name_of(r.value): r for r in reader(topic).wait_count(3)}
+    assert len({r.partition for r in originals.values()}) > 1  # the keys spread out
+
+    dead = reader(f"{topic}.dlq")
+
+    def dead_lettered() -> bool:
+        dead.poll(0)
+        return bool(dead.records)
+
+    seen = consume_failing(service, topic, done=dead_lettered)
+    attempts = sorted(seen)
+    assert attempts == [("broken", 1), ("broken", 2), ("broken", 3), ("fine", 1),
+                        ("flaky", 1), ("flaky", 2)]  # fmt: skip
+
+    delivered = reader(topic).read_to_end()
+    for record in delivered:
+        original = originals[name_of(record.value)]
+        assert (record.key, record.value, record.partition) == (
+            original.key, original.value, original.partition)  # fmt: skip
+        own = [(k, v) for k, v in record.headers.items() if not k.startswith("blackbox-")]
+        assert own[: len(original.headers)] == list(original.headers.items())
+        if attempt_of(record) > 1:
+            assert (
+                record.header(retries.OF_HEADER)
+                == f"{topic}/{original.partition}/{original.offset}"
+            )
+            history = orjson.loads(record.headers[retries.HISTORY_HEADER] or b"")
+            waited = record.created_ms - history[-1]["at_ms"]
+            assert waited >= DELAYS[attempt_of(record) - 2] * 1000 - 5, (waited, history)
+
+    [letter] = dead.read_to_end()
+    broken = originals["broken"]
+    assert (letter.key, letter.value) == (broken.key, broken.value)
+    assert [(k, v) for k, v in letter.headers.items() if not k.startswith("blackbox-")][:2] == [
+        ("trace", b"\x80"), ("empty", b"")]  # fmt: skip
+    history = orjson.loads(letter.headers[retries.HISTORY_HEADER] or b"")
+    assert [f["error"] for f in history] == [f"broken failed at attempt {n}" for n in (1, 2, 3)]
+    assert history[0]["at_ms"] < history[1]["at_ms"] < history[2]["at_ms"]
+    assert letter.header(retries.ATTEMPT_HEADER) == "3"
+    scheduled = service.metrics.value("blackbox_retries_scheduled_total", {"topic": topic})
+    exhausted = service.metrics.value("blackbox_retries_exhausted_total", {"topic": topic})
+    assert (scheduled, exhausted) == (3, 1)
+
+
+# A worker that sends the retry of the first record it reads, then dies before committing.
+_KILLED_WORKER = """
+import os, signal, sys
+from confluent_kafka import Consumer
+from blackbox.client import Client
+bootstrap, topic, group, intake = sys.argv[1:5]
+consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                     "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                     "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+consumer.subscribe([topic])
+message = None
+while message is None or message.error() is not None:
+    message = consumer.poll(1.0)
+client = Client({"bootstrap.servers": bootstrap}, caller=sys.argv[5], intake_topic=intake)
+client.retry(message, "timeout", policy={"delays": [3]})
+client.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_worker_killed_between_its_retry_and_its_commit_retries_once(
+    start_service: ServiceFactory, reader: ReaderFactory, tmp_path: Path
+) -> None:
+    service = start_service()
+    bootstrap = service.settings.kafka["bootstrap.servers"]
+    topic, group = unique("orders"), unique("workers")
+    clients.ensure_topics(service.settings.kafka, [topic])
+    kcat_produce(bootstrap, topic, b"k\xff", b"\x00once", [b"h=\xfe"])
+    events = reader(service.settings.events_topic)
+    script = tmp_path / "worker.py"
+    script.write_text(_KILLED_WORKER)
+    args = [sys.executable, str(script), bootstrap, topic, group, service.settings.intake_topic,
+            CALLER]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    for _ in range(2):  # killed twice before any commit: the same record read twice
+        done = subprocess.run(args, env=env, timeout=60, check=False)
+        assert done.returncode == -9
+
+    def answers() -> list[str]:
+        return [orjson.loads(e.value or b"")["outcome"] for e in events.records
+                if orjson.loads(e.value or b"").get("id") == f"retry/{topic}/0/0/2"]  # fmt: skip
+
+    events.wait_for(lambda _: len(answers()) == 2)
+    first, again = answers()  # again: still pending, or fired already; never scheduled twice
+    assert first == "scheduled" and again in ("already_pending", "already_fired")
+    [retried] = reader(topic).wait_for(lambda records: len(records) >= 2, timeout=20)[1:]
+    assert (retried.key, retried.value, retried.headers["h"]) == (b"k\xff", b"\x00once", b"\xfe")
+    wait_until(lambda: service.metrics.value("blackbox_delivered_total") >= 1, what="delivered")
+    assert len(reader(topic).read_to_end()) == 2  # the original and one retry, no second
