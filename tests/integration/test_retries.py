@@ -11,17 +11,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
-from confluent_kafka import Consumer, Message
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from blackbox import retries
 from blackbox.client import Client
+from blackbox.envelope import CALLER_HEADER, normalize_headers
 from blackbox.kafka import clients
 from blackbox.service import Service
 from tests.integration.conftest import ReaderFactory, ServiceFactory
-from tests.kafkatools import Received, unique, wait_until
+from tests.kafkatools import END_MARKER_KEY, Received, unique, wait_until
 
 Seen = tuple[str, int]  # a record's name and the attempt it came as
 KEY_END = "@@bb-key@@"
@@ -54,6 +56,35 @@ def group_consumer(bootstrap: str, topic: str, group: str) -> Consumer:
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})  # fmt: skip
     consumer.subscribe([topic])
     return consumer
+
+
+@dataclass(frozen=True)
+class Raw:
+    """A record as Kafka holds it: headers in order, repeats kept."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+def read_raw(bootstrap: str, topic: str, count: int, timeout: float = 30) -> list[Raw]:
+    """The first `count` records of `topic`, from every partition, in partition order."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("raw"),
+                         "enable.auto.commit": False})  # fmt: skip
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    got: list[Raw] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        for m in consumer.consume(100, timeout=0.2):
+            if m.error() is None and m.key() != END_MARKER_KEY:
+                got.append(Raw(m.partition() or 0, m.offset() or 0, m.key(), m.value(),
+                               normalize_headers(m.headers())))  # fmt: skip
+    consumer.close()
+    assert len(got) >= count, f"{len(got)} of {count} records on {topic}"
+    return sorted(got, key=lambda r: (r.partition, r.offset))
 
 
 def name_of(value: bytes | None) -> str:
@@ -104,8 +135,7 @@ def test_failed_records_come_back_byte_for_byte_then_go_to_the_dead_letter_topic
     clients.ensure_topics(service.settings.kafka, [topic, f"{topic}.dlq"], partitions=PARTITIONS)
     for key, value, headers in RECORDS.values():
         kcat_produce(bootstrap, topic, key, value, headers)
-    originals = {name_of(r.value): r for r in reader(topic).wait_count(3)}
-    assert len({r.partition for r in originals.values()}) > 1  # the keys spread out
+    assert len({r.partition for r in read_raw(bootstrap, topic, 3)}) > 1  # keys spread out
 
     dead = reader(f"{topic}.dlq")
 
@@ -118,31 +148,40 @@ def test_failed_records_come_back_byte_for_byte_then_go_to_the_dead_letter_topic
     assert attempts == [("broken", 1), ("broken", 2), ("broken", 3), ("fine", 1),
                         ("flaky", 1), ("flaky", 2)]  # fmt: skip
 
-    delivered = reader(topic).read_to_end()
-    for record in delivered:
-        original = originals[name_of(record.value)]
+    raw = read_raw(bootstrap, topic, 6)  # 3 records, flaky once again, broken twice again
+    assert len(reader(topic).read_to_end()) == 6  # and no more
+    firsts = {name_of(r.value): r for r in raw if retries.ATTEMPT_HEADER not in dict(r.headers)}
+    for record in raw:
+        original = firsts[name_of(record.value)]
         assert (record.key, record.value, record.partition) == (
             original.key, original.value, original.partition)  # fmt: skip
-        own = [(k, v) for k, v in record.headers.items() if not k.startswith("blackbox-")]
-        assert own[: len(original.headers)] == list(original.headers.items())
-        if attempt_of(record) > 1:
+        own = record.headers[: len(original.headers)]
+        assert own == original.headers  # in order, repeats and empty values kept
+        added = dict(record.headers[len(own) :])
+        assert all(name.startswith("blackbox-") or name == CALLER_HEADER for name in added)
+        if retries.ATTEMPT_HEADER in added:
+            attempt = int(added[retries.ATTEMPT_HEADER] or b"")
             assert (
-                record.header(retries.OF_HEADER)
-                == f"{topic}/{original.partition}/{original.offset}"
+                added[retries.OF_HEADER]
+                == f"{topic}/{original.partition}/{original.offset}".encode()
             )
-            history = orjson.loads(record.headers[retries.HISTORY_HEADER] or b"")
-            waited = record.created_ms - history[-1]["at_ms"]
-            assert waited >= DELAYS[attempt_of(record) - 2] * 1000 - 5, (waited, history)
+            history = orjson.loads(added[retries.HISTORY_HEADER] or b"")
+            assert [f["attempt"] for f in history] == list(range(1, attempt))
+    for received in reader(topic).records:  # the delay kept: created after the failure's
+        if retries.HISTORY_HEADER in received.headers:
+            history = orjson.loads(received.headers[retries.HISTORY_HEADER] or b"")
+            waited = received.created_ms - history[-1]["at_ms"]
+            assert waited >= DELAYS[len(history) - 1] * 1000 - 5, (waited, history)
 
-    [letter] = dead.read_to_end()
-    broken = originals["broken"]
+    [letter] = read_raw(bootstrap, f"{topic}.dlq", 1)
+    assert len(dead.read_to_end()) == 1
+    broken = firsts["broken"]
     assert (letter.key, letter.value) == (broken.key, broken.value)
-    assert [(k, v) for k, v in letter.headers.items() if not k.startswith("blackbox-")][:2] == [
-        ("trace", b"\x80"), ("empty", b"")]  # fmt: skip
-    history = orjson.loads(letter.headers[retries.HISTORY_HEADER] or b"")
+    assert letter.headers[:2] == [("trace", b"\x80"), ("empty", b"")]
+    history = orjson.loads(dict(letter.headers)[retries.HISTORY_HEADER] or b"")
     assert [f["error"] for f in history] == [f"broken failed at attempt {n}" for n in (1, 2, 3)]
     assert history[0]["at_ms"] < history[1]["at_ms"] < history[2]["at_ms"]
-    assert letter.header(retries.ATTEMPT_HEADER) == "3"
+    assert dict(letter.headers)[retries.ATTEMPT_HEADER] == b"3"
     scheduled = service.metrics.value("blackbox_retries_scheduled_total", {"topic": topic})
     exhausted = service.metrics.value("blackbox_retries_exhausted_total", {"topic": topic})
     assert (scheduled, exhausted) == (3, 1)
@@ -153,6 +192,7 @@ _KILLED_WORKER = """
 import os, signal, sys
 from confluent_kafka import Consumer
 from blackbox.client import Client
+from blackbox.envelope import CALLER_HEADER, normalize_headers
 bootstrap, topic, group, intake = sys.argv[1:5]
 consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
                      "enable.auto.commit": False, "auto.offset.reset": "earliest",
@@ -197,3 +237,31 @@ def test_a_worker_killed_between_its_retry_and_its_commit_retries_once(
     assert (retried.key, retried.value, retried.headers["h"]) == (b"k\xff", b"\x00once", b"\xfe")
     wait_until(lambda: service.metrics.value("blackbox_delivered_total") >= 1, what="delivered")
     assert len(reader(topic).read_to_end()) == 2  # the original and one retry, no second
+
+
+def test_the_python_example_consumer_retries_a_failure_once_byte_for_byte(
+    start_service: ServiceFactory, reader: ReaderFactory
+) -> None:
+    """examples/python/retry_consumer.py as the Retries page shows it: each record fails
+    its first attempt and comes back once, after 1 s, as it was written."""
+    service = start_service()
+    bootstrap = service.settings.kafka["bootstrap.servers"]
+    topic = unique("orders")
+    clients.ensure_topics(service.settings.kafka, [topic], partitions=PARTITIONS)
+    key, value, headers = RECORDS["flaky"]
+    kcat_produce(bootstrap, topic, key, value, headers)
+    script = Path(__file__).parents[2] / "examples" / "python" / "retry_consumer.py"
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+           "BLACKBOX_INTAKE_TOPIC": service.settings.intake_topic}  # fmt: skip
+    done = subprocess.run([sys.executable, str(script), topic, "8"], env=env, timeout=60,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and "failed: the inventory service" in lines[0], lines
+    assert lines[1].endswith(" ok")
+    original, retried = read_raw(bootstrap, topic, 2)
+    assert (retried.key, retried.value, retried.partition) == (key, value, original.partition)
+    assert original.headers == [("trace", b"\xff\xfe"), ("kind", b"a"), ("kind", b"b"), ("n", None)]
+    own = retried.headers[: len(original.headers)]
+    assert own == original.headers
+    assert dict(retried.headers[len(own) :])[retries.ATTEMPT_HEADER] == b"2"
