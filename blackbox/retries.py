@@ -293,13 +293,22 @@ def _history(raw: bytes | None) -> tuple[Failure, ...]:
         return ()
     try:
         document = orjson.loads(raw)
-        failures = tuple(
-            Failure(int(f["attempt"]), int(f["at_ms"]), str(f["error"])[:MAX_ERROR_CHARS])
-            for f in document
-        )
+        if not isinstance(document, list):
+            raise TypeError("not a list")
+        failures = tuple(_failure(f) for f in document[-MAX_HISTORY:])
     except (orjson.JSONDecodeError, TypeError, KeyError, ValueError) as e:
         raise InvalidEnvelope(_R, f"{HISTORY_HEADER} cannot be read: {e}") from e
-    return failures[-MAX_HISTORY:]
+    return failures
+
+
+def _failure(document: Any) -> Failure:
+    attempt, at_ms, error = document["attempt"], document["at_ms"], document["error"]
+    whole = all(isinstance(n, int) and not isinstance(n, bool) for n in (attempt, at_ms))
+    if not whole or not 1 <= attempt <= MAX_ATTEMPTS or not 0 <= at_ms < 2**53:
+        raise ValueError(f"attempt {attempt!r} or at_ms {at_ms!r} out of range")
+    if not isinstance(error, str):
+        raise TypeError("error is not text")
+    return Failure(attempt, at_ms, error[:MAX_ERROR_CHARS])
 
 
 def _text(raw: bytes, name: str) -> str:

@@ -15,6 +15,15 @@ from blackbox.retries import Backoff, Retry, Source
 LIMITS = Limits(max_value_bytes=1_048_576, forbidden_topics=frozenset({"blackbox"}))
 AT = 1_800_000_000_000
 Headers = list[tuple[str, bytes | None]]
+BAD_HISTORIES = [
+    b"[{}]",
+    b'{"attempt": 1}',
+    b"[1]",
+    b'[{"attempt": 1e400, "at_ms": 1, "error": ""}]',  # infinity
+    b'[{"attempt": 1, "at_ms": 99999999999999999999999, "error": ""}]',  # past 64 bits
+    b'[{"attempt": true, "at_ms": 1, "error": ""}]',
+    b'[{"attempt": 1, "at_ms": 1, "error": 5}]',
+]
 
 
 def request(*extra: tuple[str, bytes | None], source: bytes = b"orders/3/41") -> Headers:
@@ -92,15 +101,18 @@ def test_the_signature_header_is_the_requests_own_and_never_passed_on() -> None:
         (((retries.OF_HEADER, b"orders/1/1"),), b"orders/1/1", "without"),
         (((retries.OF_HEADER, b"o/1/1"), (retries.ATTEMPT_HEADER, b"0")), b"o/1/1", "must be 1"),
         (((retries.OF_HEADER, b"o/1/1"), (retries.ATTEMPT_HEADER, b"\xd9\xa3")), b"o/1/1", "must"),
-        (
+        *[
             (
-                (retries.OF_HEADER, b"o/1/1"),
-                (retries.ATTEMPT_HEADER, b"1"),
-                (retries.HISTORY_HEADER, b"[{}]"),
-            ),
-            b"o/1/1",
-            "cannot be read",
-        ),
+                (
+                    (retries.OF_HEADER, b"o/1/1"),
+                    (retries.ATTEMPT_HEADER, b"1"),
+                    (retries.HISTORY_HEADER, history),
+                ),
+                b"o/1/1",
+                "cannot be read",
+            )
+            for history in BAD_HISTORIES
+        ],
     ],
 )
 def test_a_request_that_cannot_be_read_is_invalid_retry_saying_why(
