@@ -89,3 +89,17 @@ def test_the_weekday_report_lists_its_runs_in_berlin_time(
     assert "@shop/weekday-report" in output, output
     runs = re.findall(r"\d{4}-\d\d-\d\dT(\d\d:\d\d):00(\+0[12]:00)", output)
     assert runs and all(time == "09:00" for time, _ in runs), output
+
+
+def test_the_failed_order_is_retried_once_and_then_processed(
+    start_service: ServiceFactory, env: dict[str, str]
+) -> None:
+    """docs/jobs/retry.md: the worker prints the two lines the page prints: the first
+    attempt failed, the second, delivered again by blackbox, ok."""
+    service = start_service()
+    code, output = _run("retry.sh", {**env, "BLACKBOX_INTAKE_TOPIC": service.settings.intake_topic})
+    assert code == 0, output
+    page = (ROOT / "docs" / "jobs" / "retry.md").read_text()
+    printed = re.search(r"```text\n(.*?)```", page, re.DOTALL)
+    assert printed is not None
+    assert output.splitlines() == printed[1].splitlines(), output
