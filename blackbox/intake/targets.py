@@ -3,8 +3,11 @@ anything. One the broker will not let blackbox describe or read (an ACL, a hosti
 naming a topic blackbox was never given) cannot show what was delivered to it: its
 schedules are passed over and counted, and the rebuild goes on with the others.
 
-A cheap first read: the `topic` of a JSON request or the `scheduler-target-topic` header,
-no other check (a record refused later only costs a look at its topic's metadata).
+A cheap first read: the `topic` of a JSON request or the `scheduler-target-topic` header;
+for a consumer's retry request, the failed record's topic and those its inline backoff
+names (`to`, `dead_letter`, else the topic + ".dlq"; one named in the caller's policy is
+met when the replay applies it). No other check: a record refused later only costs a look
+at its topic's metadata.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from typing import Any
 import orjson
 from confluent_kafka import Message
 
+from blackbox import retries
 from blackbox.envelope import TARGET_TOPIC_HEADER, legal_topic_name
+from blackbox.errors import InvalidEnvelope
 from blackbox.kafka import readback
 from blackbox.kafka.clients import read_headers
 from blackbox.kafka.readback import Extent
@@ -26,10 +31,29 @@ def named(config: Mapping[str, Any], spans: Mapping[tuple[str, int], tuple[int, 
     bounds = {where: Extent(start, end) for where, (start, end) in spans.items()}
     found: set[str] = set()
     for message, _ in readback.records(config, bounds):
-        topic = target_of(message)
-        if topic is not None and legal_topic_name(topic):
-            found.add(topic)
+        found.update(t for t in targets_of(message) if legal_topic_name(t))
     return found
+
+
+def targets_of(message: Message) -> list[str]:
+    """The topics one intake record may be delivered to, as far as it names them."""
+    headers = read_headers(message) or []
+    if retries.is_request(headers):
+        return _retry_targets(headers)
+    topic = target_of(message)
+    return [] if topic is None else [topic]
+
+
+def _retry_targets(headers: list[tuple[str, bytes | None]]) -> list[str]:
+    try:
+        retry, _ = retries.read(headers)
+    except InvalidEnvelope:
+        return []
+    topic = retry.source.topic
+    if isinstance(retry.policy, retries.Backoff):
+        policy = retry.policy
+        return [policy.to or topic, policy.dead_letter or topic + retries.DEAD_LETTER_SUFFIX]
+    return [topic, topic + retries.DEAD_LETTER_SUFFIX]
 
 
 def target_of(message: Message) -> str | None:

@@ -15,15 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from blackbox import retries
 from blackbox.client import Client
 from blackbox.envelope import CALLER_HEADER, normalize_headers
+from blackbox.intake import rebuild
 from blackbox.kafka import clients
 from blackbox.service import Service
-from tests.integration.conftest import ReaderFactory, ServiceFactory
-from tests.kafkatools import END_MARKER_KEY, Received, unique, wait_until
+from tests.integration.conftest import ReaderFactory, ServiceFactory, wipe_namespace
+from tests.kafkatools import END_MARKER_KEY, Received, produce, unique, wait_until
 
 Seen = tuple[str, int]  # a record's name and the attempt it came as
 KEY_END = "@@bb-key@@"
@@ -192,6 +194,7 @@ _KILLED_WORKER = """
 import os, signal, sys
 from confluent_kafka import Consumer
 from blackbox.client import Client
+from blackbox.intake import rebuild
 from blackbox.envelope import CALLER_HEADER, normalize_headers
 bootstrap, topic, group, intake = sys.argv[1:5]
 consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
@@ -265,3 +268,35 @@ def test_the_python_example_consumer_retries_a_failure_once_byte_for_byte(
     own = retried.headers[: len(original.headers)]
     assert own == original.headers
     assert dict(retried.headers[len(own) :])[retries.ATTEMPT_HEADER] == b"2"
+
+
+def test_a_rebuild_keeps_the_pending_retry_and_delivers_none_again(
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
+) -> None:
+    """Redis lost and rebuilt from Kafka: a retry already delivered to its topic, and one
+    dead-lettered past its last attempt, are passed over (the replay reads the topics
+    they went to); the one still waiting is written back, once."""
+    service = start_service()
+    bootstrap = service.settings.kafka["bootstrap.servers"]
+    topic = unique("orders")
+    clients.ensure_topics(service.settings.kafka, [topic, f"{topic}.dlq"])
+    caller = (CALLER_HEADER, CALLER.encode())
+    for offset, delays, seen in [(1, "[0]", ()), (2, "[600]", ()),
+                                 (3, "[1]", ((retries.OF_HEADER, f"{topic}/0/3".encode()),
+                                             (retries.ATTEMPT_HEADER, b"2")))]:  # fmt: skip
+        headers = [caller, (retries.ERROR_HEADER, b"e"), *seen,
+                   (retries.SOURCE_HEADER, f"{topic}/0/{offset}".encode()),
+                   (retries.POLICY_HEADER, f'{{"delays": {delays}}}'.encode())]  # fmt: skip
+        produce(bootstrap, service.settings.intake_topic, [f"r{offset}".encode()], headers)
+    reader(topic).wait_count(1)
+    reader(f"{topic}.dlq").wait_count(1)
+    wait_until(lambda: service.metrics.value("blackbox_delivered_total") >= 2, what="delivered")
+    service.stop()
+    wipe_namespace(redis_client, service.settings.namespace)
+    counts = rebuild.rebuild(service.settings)
+    due = [redis_client.zrange(k.due, 0, -1) for k in service.store.layout.shards]
+    pending = {bytes(i).decode() for ids in due for i in ids}  # type: ignore[arg-type]
+    assert pending == {f"@{CALLER}/retry/{topic}/0/2/2"}, (pending, counts)
+    start_service()
+    assert [r.value for r in reader(topic).read_to_end()] == [b"r1"]
+    assert [r.value for r in reader(f"{topic}.dlq").read_to_end()] == [b"r3"]

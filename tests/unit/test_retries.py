@@ -8,7 +8,7 @@ import pytest
 from blackbox import envelope, retries
 from blackbox.envelope import CALLER_HEADER, SIGNATURE_HEADER, Envelope, Limits
 from blackbox.errors import DeadLetterReason, InvalidEnvelope, SettingsError
-from blackbox.intake import policy, retrying
+from blackbox.intake import policy, retrying, targets
 from blackbox.intake.policy import CallerPolicy
 from blackbox.retries import Backoff, Retry, Source
 
@@ -230,3 +230,12 @@ def test_the_policy_file_reads_named_backoffs_and_refuses_bad_ones() -> None:
 
 def test_the_reason_is_in_the_closed_set() -> None:
     assert DeadLetterReason("invalid_retry") is DeadLetterReason.INVALID_RETRY
+
+
+def test_a_rebuild_looks_first_at_every_topic_a_retry_may_go_to() -> None:
+    """intake/targets.py: the source topic and the dead-letter one, or those an inline
+    backoff names; nothing for a request that cannot be read."""
+    assert targets._retry_targets(request()) == ["orders", "orders.dlq"]
+    routed = request((retries.POLICY_HEADER, b'{"to": "o.retry", "dead_letter": "o.failed"}'))
+    assert targets._retry_targets(routed) == ["o.retry", "o.failed"]
+    assert targets._retry_targets(request(source=b"bad")) == []
