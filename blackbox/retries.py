@@ -210,7 +210,8 @@ def read(
             if name in own:
                 raise InvalidEnvelope(_R, f"{name} is repeated")
             own[name] = b"" if value is None else value
-    error = _text(own[ERROR_HEADER], ERROR_HEADER)[:MAX_ERROR_CHARS]
+    # Any bytes: an error text is what a worker caught, not worth refusing the retry for.
+    error = own[ERROR_HEADER].decode("utf-8", "replace")[:MAX_ERROR_CHARS]
     if OF_HEADER in own:  # a record blackbox delivered as a retry fails again
         source = Source.parse(_text(own[OF_HEADER], OF_HEADER), OF_HEADER)
         failed = _attempt_header(own.get(ATTEMPT_HEADER))

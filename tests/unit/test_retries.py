@@ -239,3 +239,8 @@ def test_a_rebuild_looks_first_at_every_topic_a_retry_may_go_to() -> None:
     routed = request((retries.POLICY_HEADER, b'{"to": "o.retry", "dead_letter": "o.failed"}'))
     assert targets._retry_targets(routed) == ["o.retry", "o.failed"]
     assert targets._retry_targets(request(source=b"bad")) == []
+
+
+def test_an_error_text_of_any_bytes_is_kept_readable_not_refused() -> None:
+    got = parsed([(retries.ERROR_HEADER, b"disk \xff full"), (retries.SOURCE_HEADER, b"o/0/1")])
+    assert got.retry is not None and got.retry.error == "disk \ufffd full"
