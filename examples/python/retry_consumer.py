@@ -26,12 +26,14 @@ def process(record: Message) -> None:
         raise TimeoutError("the inventory service did not answer")
 
 
-consumer = Consumer({
-    "bootstrap.servers": bootstrap,
-    "group.id": "orders-worker",
-    "enable.auto.commit": False,  # commit only once the retries are acknowledged
-    "auto.offset.reset": "earliest",
-})
+consumer = Consumer(
+    {
+        "bootstrap.servers": bootstrap,
+        "group.id": "orders-worker",
+        "enable.auto.commit": False,  # commit only once the retries are acknowledged
+        "auto.offset.reset": "earliest",
+    }
+)
 consumer.subscribe([topic])
 client = Client({"bootstrap.servers": bootstrap}, caller="orders-worker", intake_topic=intake)
 until = time.monotonic() + seconds
