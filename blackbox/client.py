@@ -254,6 +254,8 @@ class Client:
         schedules it once. See blackbox.retries.
         """
         topic, partition, offset = message.topic(), message.partition(), message.offset()
+        if message.error() is not None:  # an event (end of partition, ...), not a record
+            raise ValueError(f"retry() takes a record, not a consumer event: {message.error()}")
         if topic is None or partition is None or offset is None or offset < 0:
             raise ValueError("retry() takes a record read by a consumer (topic, partition, offset)")
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
@@ -263,7 +265,7 @@ class Client:
             if name not in (CALLER_HEADER, SIGNATURE_HEADER)
         ]
         headers += [
-            (retries.ERROR_HEADER, text[: retries.MAX_ERROR_CHARS].encode()),
+            (retries.ERROR_HEADER, text[: retries.MAX_ERROR_CHARS].encode(errors="replace")),
             (retries.SOURCE_HEADER, f"{topic}/{partition}/{offset}".encode()),
         ]
         if policy is not None:

@@ -167,6 +167,10 @@ def parse(
     """Return what a record asks for, or raise InvalidEnvelope saying why it cannot be done."""
     caller = caller_of(headers)
     if value is None:
+        if headers and retries.is_request(headers):  # never a cancel of the key's schedule
+            raise InvalidEnvelope(
+                _R.INVALID_RETRY, "a retry needs a value: send a null one as empty bytes"
+            )
         return _tombstone(key, caller)
     if len(value) > limits.max_value_bytes:
         raise InvalidEnvelope(
@@ -421,7 +425,7 @@ def _retry_request(
         countdown_ms=0,
         key=key,
         headers=kept,
-        schedule_id=retry.id,
+        schedule_id=retry.id_for(retry.source.topic),  # the topic is known when applied
         if_absent=True,
         retry=retry,
     )

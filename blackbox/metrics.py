@@ -42,15 +42,14 @@ class Metrics:
         )
         self.retries_scheduled = Counter(
             "blackbox_retries_scheduled",
-            "Consumers' retry requests scheduled for another attempt, by the failed "
-            "record's topic.",
+            "Consumers' retries newly scheduled for another attempt, by the topic they go to.",
             ["topic"],
             registry=self.registry,
         )
         self.retries_exhausted = Counter(
             "blackbox_retries_exhausted",
-            "Consumers' retry requests past their last attempt, sent to their dead-letter "
-            "topic, by the failed record's topic.",
+            "Consumers' retries past their last attempt, newly scheduled to their "
+            "dead-letter topic, by that topic.",
             ["topic"],
             registry=self.registry,
         )

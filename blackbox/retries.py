@@ -101,7 +101,10 @@ class Backoff:
         """The wait after attempt `failed` (1 for the first) fails; `draw` in [0, 1)."""
         if self.delays:
             return round(self.delays[min(failed, len(self.delays)) - 1] * 1000)
-        ceiling = min(self.cap, self.base * self.factor ** min(failed - 1, 1023))
+        try:
+            ceiling = min(self.cap, self.base * self.factor ** (failed - 1))
+        except OverflowError:  # far past the cap
+            ceiling = self.cap
         return round((ceiling * draw if self.jitter else ceiling) * 1000)
 
     @property
@@ -163,20 +166,26 @@ class Retry:
     error: str
     policy: Backoff | str | None
     history: tuple[Failure, ...] = ()
+    # Where the failed record was read (blackbox-retry-source), when the request says.
+    read_from: Source | None = None
     exhausted: bool = False  # set when applied: past its last attempt, dead-lettered
 
-    @property
-    def id(self) -> str:
-        """The retry's id: the first failure's coordinates and the attempt it schedules."""
+    def id_for(self, topic: str) -> str:
+        """The retry's id: the first failure's coordinates, the attempt it schedules, and
+        the topic it goes to when that is not the record's own (each consumer group
+        routing its retries to a topic of its own gets its own)."""
         plain = f"{_ID_PREFIX}{self.source}/{self.failed + 1}"
+        if topic != self.source.topic:
+            plain += f"/to/{topic}"
         if len(plain) <= _MAX_ID_CHARS:
             return plain
         digest = hashlib.sha256(plain.encode()).hexdigest()
         return f"{_ID_PREFIX}{digest}/{self.failed + 1}"
 
     def draw(self) -> float:
-        """A number in [0, 1) that depends on the retry's id alone (the jitter's draw)."""
-        digest = hashlib.sha256(self.id.encode()).digest()
+        """A number in [0, 1) that depends on the record and the attempt alone (the
+        jitter's draw): a request sent twice waits the same time."""
+        digest = hashlib.sha256(f"{self.source}/{self.failed}".encode()).digest()
         return int.from_bytes(digest[:8], "big") / 2**64
 
 
@@ -189,6 +198,7 @@ class Plan:
     delay_ms: int
     headers: tuple[tuple[str, bytes], ...]
     exhausted: bool
+    id: str
 
 
 def is_request(headers: Sequence[tuple[str, bytes | None]]) -> bool:
@@ -212,17 +222,29 @@ def read(
             own[name] = b"" if value is None else value
     # Any bytes: an error text is what a worker caught, not worth refusing the retry for.
     error = own[ERROR_HEADER].decode("utf-8", "replace")[:MAX_ERROR_CHARS]
+    read_from = None
+    if SOURCE_HEADER in own:
+        read_from = Source.parse(_text(own[SOURCE_HEADER], SOURCE_HEADER), SOURCE_HEADER)
     if OF_HEADER in own:  # a record blackbox delivered as a retry fails again
         source = Source.parse(_text(own[OF_HEADER], OF_HEADER), OF_HEADER)
         failed = _attempt_header(own.get(ATTEMPT_HEADER))
         history = _history(own.get(HISTORY_HEADER))
-    elif SOURCE_HEADER in own:
-        source = Source.parse(_text(own[SOURCE_HEADER], SOURCE_HEADER), SOURCE_HEADER)
-        failed, history = 1, ()
+    elif read_from is not None:
+        source, failed, history = read_from, 1, ()
     else:
         raise InvalidEnvelope(_R, f"a retry needs {SOURCE_HEADER}: 'topic/partition/offset'")
     policy = _policy(own.get(POLICY_HEADER))
-    return Retry(source, failed, error, policy, history), tuple(passed)
+    return Retry(source, failed, error, policy, history, read_from), tuple(passed)
+
+
+def continued(retry: Retry, backoff: Backoff) -> Retry:
+    """The retry as its count goes on; a new first failure where the record was read from
+    a topic its retries never went to (its `blackbox-retry-*` headers copied along by a
+    forwarding app: the count, and the id, belong to the record it was copied from)."""
+    read_from = retry.read_from
+    if read_from is None or read_from.topic in (retry.source.topic, backoff.to):
+        return retry
+    return Retry(read_from, 1, retry.error, retry.policy, (), read_from)
 
 
 _READ = frozenset({
@@ -246,9 +268,10 @@ def plan(retry: Retry, backoff: Backoff, received_ms: int) -> Plan:
     )
     if exhausted:
         topic = backoff.dead_letter or retry.source.topic + DEAD_LETTER_SUFFIX
-        return Plan(topic, 0, headers, exhausted=True)
+        return Plan(topic, 0, headers, exhausted=True, id=retry.id_for(topic))
     topic = backoff.to or retry.source.topic
-    return Plan(topic, backoff.delay_ms(retry.failed, retry.draw()), headers, exhausted=False)
+    delay_ms = backoff.delay_ms(retry.failed, retry.draw())
+    return Plan(topic, delay_ms, headers, exhausted=False, id=retry.id_for(topic))
 
 
 def backoff_of(retry: Retry, named: Mapping[str, Backoff]) -> Backoff:

@@ -39,6 +39,7 @@ import orjson
 from blackbox.envelope import MAX_CALLER_CHARS, Envelope, Header
 from blackbox.errors import CorruptSchedule, DeadLetterReason, InvalidEnvelope
 from blackbox.recurrence import InvalidRecurrence, Recurrence
+from blackbox.retries import Retry
 
 _HEAD = struct.Struct(">BqB")
 _U16, _U32, _I64 = (
@@ -111,6 +112,8 @@ class Schedule:
     # Intake only, never stored: apply only if the id is neither pending nor ended lately.
     if_absent: bool = False
     series: Series | None = None
+    # Intake only, never stored: the consumer's retry this schedule carries (metrics).
+    retry: Retry | None = None
 
     @classmethod
     def from_envelope(
@@ -138,6 +141,7 @@ class Schedule:
             sent_ms=sent_ms if envelope.etf1 else None,
             if_absent=envelope.if_absent,
             series=series,
+            retry=envelope.retry,
         )
 
     @property

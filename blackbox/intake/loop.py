@@ -292,6 +292,8 @@ class Intake:
             where = (coordinates.topic, coordinates.partition, coordinates.offset)
             if not self.gaps.handled_before(*where):  # answered before the gap: not again
                 events.append(answering.event_of(coordinates, write, code))
+            if isinstance(write, Schedule) and code is Applied.SCHEDULED:
+                retrying.count(write, self.metrics)
             if isinstance(write, Schedule | Move) and code in answering.STORED:
                 shard = shard_of(write.id)
                 earliest[shard] = min(earliest.get(shard, write.due_ms), write.due_ms)
@@ -453,7 +455,6 @@ class Intake:
         schedule = Schedule.from_envelope(wanted, origin, received, sent_ms=received)
         if judged:
             self.config.policy.check(wanted, schedule.due_ms, received, schedule.series)
-        retrying.count(wanted, self.metrics)
         return schedule
 
     def _judged_by_policy(self, message: Message) -> bool:

@@ -10,6 +10,7 @@ from blackbox import retries
 from blackbox.envelope import Envelope, Limits, target_topic
 from blackbox.intake.policy import Rule
 from blackbox.metrics import Metrics
+from blackbox.schedule import Schedule
 
 
 def resolved(envelope: Envelope, rule: Rule, received_ms: int, limits: Limits) -> Envelope:
@@ -18,20 +19,24 @@ def resolved(envelope: Envelope, rule: Rule, received_ms: int, limits: Limits) -
     retry = envelope.retry
     if retry is None:
         return envelope
-    plan = retries.plan(retry, retries.backoff_of(retry, rule.retries), received_ms)
+    backoff = retries.backoff_of(retry, rule.retries)
+    retry = retries.continued(retry, backoff)
+    plan = retries.plan(retry, backoff, received_ms)
     return replace(
         envelope,
         topic=target_topic(plan.topic, limits),
         countdown_ms=plan.delay_ms,
         headers=(*envelope.headers, *plan.headers),
+        schedule_id=plan.id,
         retry=replace(retry, exhausted=plan.exhausted),
     )
 
 
-def count(envelope: Envelope, metrics: Metrics) -> None:
-    """Count a retry request taken: scheduled again, or exhausted (dead-lettered)."""
-    retry = envelope.retry
+def count(schedule: Schedule, metrics: Metrics) -> None:
+    """Count a retry newly scheduled: for another attempt, or to its dead-letter topic
+    (exhausted), by the topic it goes to (one the caller's policy allows)."""
+    retry = schedule.retry
     if retry is None:
         return
     counter = metrics.retries_exhausted if retry.exhausted else metrics.retries_scheduled
-    counter.labels(topic=retry.source.topic).inc()
+    counter.labels(topic=schedule.topic).inc()

@@ -185,7 +185,7 @@ def test_failed_records_come_back_byte_for_byte_then_go_to_the_dead_letter_topic
     assert history[0]["at_ms"] < history[1]["at_ms"] < history[2]["at_ms"]
     assert dict(letter.headers)[retries.ATTEMPT_HEADER] == b"3"
     scheduled = service.metrics.value("blackbox_retries_scheduled_total", {"topic": topic})
-    exhausted = service.metrics.value("blackbox_retries_exhausted_total", {"topic": topic})
+    exhausted = service.metrics.value("blackbox_retries_exhausted_total", {"topic": f"{topic}.dlq"})
     assert (scheduled, exhausted) == (3, 1)
 
 

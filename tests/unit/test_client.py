@@ -6,9 +6,11 @@ import base64
 import math
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
+from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka import KafkaError, Message, Producer
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -225,3 +227,46 @@ def test_java_partition_is_kafkas_murmur2() -> None:
     big = 2**31 - 1
     for key, java_int in vectors.items():
         assert java_partition(key, big) == (java_int & 0x7FFFFFFF) % big
+
+
+class _Recording(Producer):
+    """A producer that keeps what it is asked to produce (no broker: pure client logic)."""
+
+    def __init__(self) -> None:
+        super().__init__({"bootstrap.servers": "127.0.0.1:1"})
+        self.sent: list[tuple[Any, ...]] = []
+
+    def produce(self, *args: Any, **kwargs: Any) -> None:
+        self.sent.append((*args, kwargs.get("headers")))
+
+
+def _consumed(**fields: Any) -> Message:
+    headers = [("CALLER_SERVICE", b"upstream"), ("trace", b"\xfe"), ("n", None)]
+    record = {"topic": "orders", "partition": 2, "offset": 7, "value": b"\x00v", "key": b"k\xff",
+              "headers": headers}  # fmt: skip
+    return Message(**{**record, **fields})
+
+
+def test_retry_copies_the_record_and_names_where_it_was_read() -> None:
+    producer = _Recording()
+    retrying = client.Client(producer, caller="worker", intake_topic="intake")
+    retrying.retry(_consumed(), ValueError("no stock"), policy={"delays": [5]})
+    [(topic, value, key, headers)] = producer.sent
+    assert (topic, value, key) == ("intake", b"\x00v", b"k\xff")
+    assert headers[:3] == [("CALLER_SERVICE", b"worker"), ("trace", b"\xfe"), ("n", None)]
+    assert dict(headers[3:]) == {
+        "blackbox-retry-error": b"ValueError: no stock",
+        "blackbox-retry-source": b"orders/2/7",
+        "blackbox-retry-policy": b'{"delays":[5]}',
+    }
+
+
+def test_retry_refuses_a_consumer_event_and_survives_any_error_text() -> None:
+    producer = _Recording()
+    retrying = client.Client(producer, caller="worker", intake_topic="intake")
+    with pytest.raises(ValueError, match="not a consumer event"):
+        retrying.retry(_consumed(error=KafkaError(KafkaError._PARTITION_EOF)), "eof")
+    assert producer.sent == []
+    retrying.retry(_consumed(), "file \udcff unreadable")  # a lone surrogate
+    [(*_, headers)] = producer.sent
+    assert dict(headers)["blackbox-retry-error"] == b"file ? unreadable"

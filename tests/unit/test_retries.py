@@ -192,7 +192,10 @@ def test_the_jitter_is_drawn_from_the_id_so_a_request_sent_twice_waits_the_same(
 
 def test_a_long_topic_name_still_gives_an_id_within_the_limit() -> None:
     retry = Retry(Source("t" * 249, 2**31 - 1, 2**63 - 1), 999, "e", None)
-    assert len(retry.id) <= 255 and retry.id.startswith("retry/") and retry.id.endswith("/1000")
+    for topic in ("t" * 249, "other"):
+        made = retry.id_for(topic)
+        assert len(made) <= 255 and made.startswith("retry/") and made.endswith("/1000")
+    assert retry.id_for("a") != retry.id_for("b")
 
 
 def test_the_history_keeps_the_first_and_the_latest_failures() -> None:
@@ -244,3 +247,48 @@ def test_a_rebuild_looks_first_at_every_topic_a_retry_may_go_to() -> None:
 def test_an_error_text_of_any_bytes_is_kept_readable_not_refused() -> None:
     got = parsed([(retries.ERROR_HEADER, b"disk \xff full"), (retries.SOURCE_HEADER, b"o/0/1")])
     assert got.retry is not None and got.retry.error == "disk \ufffd full"
+
+
+def test_each_topic_a_retry_goes_to_gets_its_own_id() -> None:
+    """Two consumer groups of one caller, each routing its retries to a topic of its own:
+    two retries, not one answered already_pending."""
+    to_a = plan_for(request((retries.POLICY_HEADER, b'{"delays": [1], "to": "orders.a"}')))
+    to_b = plan_for(request((retries.POLICY_HEADER, b'{"delays": [1], "to": "orders.b"}')))
+    own = plan_for(request((retries.POLICY_HEADER, b'{"delays": [1]}')))
+    assert own.id == "retry/orders/3/41/2"
+    assert to_a.id == "retry/orders/3/41/2/to/orders.a" and to_b.id != to_a.id
+
+
+def test_retry_headers_forwarded_to_another_topic_start_a_new_count() -> None:
+    """A record delivered as a retry and copied by an app, headers and all, to another
+    topic, fails there: its retry is its own (first failure, back to where it was read),
+    not the next attempt of the record it was copied from."""
+    history = orjson.dumps([{"attempt": 1, "at_ms": AT, "error": "x"}])
+    copied = (
+        (retries.OF_HEADER, b"up/0/0"),
+        (retries.ATTEMPT_HEADER, b"2"),
+        (retries.HISTORY_HEADER, history),
+    )
+    got = parsed(request(*copied, source=b"down/1/9"))
+    assert got.retry is not None
+    backoff = Backoff(delays=(1.0, 1.0))
+    own = retries.continued(got.retry, backoff)
+    assert (own.source, own.failed, own.history) == (Source("down", 1, 9), 1, ())
+    planned = retries.plan(own, backoff, AT)
+    assert (planned.topic, planned.id) == ("down", "retry/down/1/9/2")
+    back_home = parsed(request(*copied, source=b"up/2/5"))  # read where its retries go
+    assert back_home.retry is not None
+    assert retries.continued(back_home.retry, backoff).source == Source("up", 0, 0)
+    routed = Backoff(delays=(1.0,), to="down")  # or its own retry topic
+    assert retries.continued(got.retry, routed).source == Source("up", 0, 0)
+
+
+def test_a_steep_backoff_stops_at_its_cap_however_many_attempts() -> None:
+    backoff = Backoff(base=1, factor=1000, cap=60, attempts=1000)
+    assert backoff.delay_ms(999, 0.5) == 60_000
+
+
+def test_a_tombstone_with_retry_headers_is_refused_not_taken_for_a_cancel() -> None:
+    with pytest.raises(InvalidEnvelope) as caught:
+        envelope.parse(None, request(), LIMITS, b"customer-42")
+    assert caught.value.reason is DeadLetterReason.INVALID_RETRY
