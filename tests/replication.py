@@ -6,8 +6,8 @@ through the `link` relay, so a test can partition them for real (hold the link, 
 it: what the primary applied meanwhile never reaches the replica). Clients use the
 `endpoint` relay, which forwards to the primary and, after `fail_over()`, to the promoted
 replica, as the primary endpoint of ElastiCache, Memorystore or Azure Cache moves.
-`WatchedRedis` is the same pair watched by a Redis Sentinel instead, which promotes the
-replica itself; clients ask the Sentinel.
+`WatchedRedis` is the same pair watched by Redis Sentinels instead (one, or three with
+quorum 2), which promote the replica themselves; clients ask the Sentinels.
 """
 
 from __future__ import annotations
@@ -123,44 +123,67 @@ class ReplicatedRedis:
 
 
 class WatchedRedis(ReplicatedRedis):
-    """The same pair, watched by a Sentinel (tests/sentinel.py) that clients ask for the
-    primary (`url`) and that promotes the replica itself when the primary dies.
+    """The same pair, watched by Sentinels (tests/sentinel.py) that clients ask for the
+    primary (`url`) and that promote the replica themselves when the primary dies: one
+    (quorum 1) by default, or `sentinels` of them with a majority's quorum (three: 2), so
+    the failover waits for them to agree and elect the one that promotes.
 
-    The Sentinel watches the primary at the `link` relay's address, the master address the
-    replica reports: watching the primary's own port, it sees the replica follow another
-    master and re-points it straight at the primary (`+fix-slave-config` in its log, about
+    The Sentinels watch the primary at the `link` relay's address, the master address the
+    replica reports: watching the primary's own port, they see the replica follow another
+    master and re-point it straight at the primary (`+fix-slave-config` in their log, about
     10 s after finding the replica), which bypasses the link and makes the lag unreal. The
     replica connects from its own address and `link` holds only that connection, so the
-    Sentinel's pings through the same relay are answered during a partition, and the
-    Sentinel declares the primary down only once it is killed."""
+    Sentinels' pings (and their announcements to each other) through the same relay are
+    answered during a partition, and they find the primary down only once it is killed."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, sentinels: int = 1) -> None:
         super().__init__(work)
-        self.sentinel = SentinelProcess(free_port(), work / "sentinel", self.link.port)
+        quorum = sentinels // 2 + 1
+        self.sentinels = [
+            SentinelProcess(free_port(), work / f"sentinel-{n}", self.link.port, quorum=quorum)
+            for n in range(1, sentinels + 1)
+        ]
+
+    @property
+    def sentinel(self) -> SentinelProcess:
+        """The first Sentinel: the one clients ask first."""
+        return self.sentinels[0]
 
     @property
     def url(self) -> str:
-        """The Sentinel's URL (`redis+sentinel://`): what REDIS_URL names."""
-        return self.sentinel.url()
+        """The Sentinels' URL (`redis+sentinel://h1:p1,h2:p2/mymaster/0`): what REDIS_URL
+        names."""
+        hosts = ",".join(f"{LOOPBACK}:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.sentinel.service}/0"
 
     def start(self, timeout: float = 30.0) -> None:
         super().start(timeout)
-        self.sentinel.start()
-        self.sentinel.wait_for_replicas(1, timeout)
+        for sentinel in self.sentinels:
+            sentinel.start()
+        for sentinel in self.sentinels:
+            sentinel.wait_for_replicas(1, timeout)
+            sentinel.wait_for_sentinels(len(self.sentinels) - 1, timeout)
 
     def stop(self) -> None:
-        self.sentinel.stop()
+        for sentinel in self.sentinels:
+            sentinel.stop()
         super().stop()
 
     def fail_over(self) -> None:
         """The primary dies (SIGKILL) while partitioned and the link is cut (what it held is
-        lost); the Sentinel, not the test, promotes the replica: see `promoted()`."""
+        lost); the Sentinels, not the test, promote the replica: see `promoted()`."""
         self.primary.kill()
         self.link.cut()
 
     def promoted(self) -> bool:
-        """Whether the Sentinel names the replica as the primary to clients now."""
-        return self.sentinel.master_address() == (LOOPBACK, self.replica.port)
+        """Whether a Sentinel names the replica as the primary to clients now (redis-py's
+        client passes over one that still finds the old primary down and asks the next)."""
+        replica = (LOOPBACK, self.replica.port)
+        return any(s.master_address() == replica for s in self.sentinels)
+
+    def events(self, event: str) -> list[str]:
+        """The lines of every Sentinel's log that report `event`."""
+        return [line for s in self.sentinels for line in s.events(event)]
 
     def _link_to(self, primary_port: int) -> Relay:
         return Relay(0, primary_port, held_source=REPLICA_SOURCE)

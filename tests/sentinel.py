@@ -1,5 +1,6 @@
 """A Redis Sentinel on loopback for the failover tests: one `redis-server SENTINEL.conf
---sentinel` watching one primary, which it alone may declare down (quorum 1) and replace.
+--sentinel` watching one primary, which it alone may declare down (quorum 1) and replace, or
+one of several that must agree (`quorum`, see below).
 
     sentinel = SentinelProcess(free_port(), tmp_path / "sentinel", primary_port)
     sentinel.start()                # writes its config, waits until the port listens
@@ -12,9 +13,15 @@
     sentinel.stop()                 # SIGTERM, SIGKILL if it lingers
 
 `with SentinelProcess(...) as sentinel:` starts it and stops it at the end of the block.
-`SentinelProcess(port, folder, primary_port, service="mymaster")`: the Sentinel declares the
-primary down after `down_after_ms` (1000; set the attribute before the first start to change
-it, likewise `failover_timeout_ms`, 5000) without an answer and promotes a replica at once.
+`SentinelProcess(port, folder, primary_port, service="mymaster", quorum=1)`: the Sentinel
+finds the primary down after `down_after_ms` (1000; set the attribute before the first start
+to change it, likewise `failover_timeout_ms`, 5000) without an answer. With quorum 1 it
+promotes a replica at once; with several Sentinels watching the same primary (they find each
+other through it), `quorum` of them must find it down, and the one a majority elects
+promotes: three with quorum 2 is the smallest set production runs.
+
+    sentinel.wait_for_sentinels(2)  # before a failover: the other two found (every 2 s)
+
 Its config and log are kept in `folder`; Sentinel rewrites the config with what it learns, so
 `start()` after `stop()` resumes it.
 """
@@ -41,11 +48,15 @@ class SentinelProcess:
     down_after_ms = 1000  # no answer from the primary this long: it is down
     failover_timeout_ms = 5000  # a failover that stalls is tried again after this
 
-    def __init__(self, port: int, folder: Path, primary_port: int, service: str = "mymaster"):
+    def __init__(
+        self, port: int, folder: Path, primary_port: int, service: str = "mymaster",
+        quorum: int = 1,
+    ) -> None:  # fmt: skip
         self.port = port
         self.folder = folder
         self.primary_port = primary_port
         self.service = service
+        self.quorum = quorum
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -56,7 +67,7 @@ class SentinelProcess:
             f"port {self.port}",
             f"bind {LOOPBACK}",
             f'dir "{self.folder}"',
-            f"sentinel monitor {service} {LOOPBACK} {self.primary_port} 1",
+            f"sentinel monitor {service} {LOOPBACK} {self.primary_port} {self.quorum}",
             f"sentinel down-after-milliseconds {service} {self.down_after_ms}",
             f"sentinel failover-timeout {service} {self.failover_timeout_ms}",
         ]) + "\n"  # fmt: skip
@@ -130,6 +141,17 @@ class SentinelProcess:
         primary for them at once, then every 10 s)."""
         what = f"Sentinel to know {count} replica(s)"
         wait_until(lambda: self.replicas_known() >= count, timeout, what)
+
+    def sentinels_known(self) -> int:
+        """How many other Sentinels watching the same service this one knows."""
+        with self.client() as client:
+            return len(client.sentinel_sentinels(self.service))
+
+    def wait_for_sentinels(self, count: int, timeout: float = 15.0) -> None:
+        """Wait until the Sentinel knows `count` others (each announces itself through the
+        primary every 2 s): the votes a failover with a quorum above 1 needs."""
+        what = f"Sentinel to know {count} other Sentinel(s)"
+        wait_until(lambda: self.sentinels_known() >= count, timeout, what)
 
     def __enter__(self) -> SentinelProcess:
         self.start()
