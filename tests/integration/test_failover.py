@@ -1,6 +1,7 @@
 """A Redis failover with a lagging replica (issue 37): a primary and its replica behind a
-moving endpoint (tests/replication.py), the replication link partitioned for real, the
-primary killed, the replica promoted, and the real `blackbox run` process following it."""
+moving endpoint or watched by Sentinels (tests/replication.py), the replication link
+partitioned for real, the primary killed, the replica promoted, and the service following
+it."""
 
 from __future__ import annotations
 
@@ -11,16 +12,27 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from blackbox.dev.servers import KafkaBroker, free_port
+from blackbox.intake.gaps import Kind
 from blackbox.kafka import clients
+from blackbox.service import Service
 from blackbox.settings import Settings
 from blackbox.storage.keys import Layout
-from tests.integration.conftest import ReaderFactory, ServiceFactory, service_env
-from tests.kafkatools import TopicReader, envelope, produce, produce_to, unique, wait_until
+from tests.integration.conftest import ReaderFactory, ServiceFactory, service_env, settle
+from tests.kafkatools import (
+    Received,
+    TopicReader,
+    envelope,
+    produce,
+    produce_to,
+    unique,
+    wait_until,
+)
 from tests.process import BlackboxProcess
 from tests.replication import ReplicatedRedis, WatchedRedis
 
@@ -216,3 +228,123 @@ def test_a_failover_fires_nothing_again_that_the_old_primary_fired_during_the_la
         [(f"lag-{n}", 1) for n in range(LAGGED)] + [(f"after-{n}", 1) for n in range(AFTER)]
     )
     assert service.metrics.value("blackbox_redeliveries_passed_over_total") == LAGGED
+
+
+@pytest.fixture
+def watched_by_three(tmp_path: Path) -> Iterator[WatchedRedis]:
+    """The pair watched by three Sentinels, quorum 2: two must find the primary down, and
+    the one a majority elects promotes the replica."""
+    watched = WatchedRedis(tmp_path / "redis", sentinels=3)
+    with watched:
+        yield watched
+
+
+# The groups of the three-Sentinel test: what each is, and its countdown in seconds.
+FIRED_IN_LAG = 3.0  # replicated, then fired on the old primary while the link was held
+LAGGED_FIRED = 0.5  # applied during the lag (never replicated) and fired on the old primary
+LATE = 12.0  # due after the failover: replicated, or applied during the lag
+GROUP = 30  # schedules in each group
+
+
+def test_three_sentinels_promote_a_lagging_replica_and_nothing_is_lost_or_sent_twice(
+    watched_by_three: WatchedRedis, start_service: ServiceFactory, reader: ReaderFactory,
+    env: dict[str, str],
+) -> None:  # fmt: skip
+    """Issue 50, guarantees 1 and 2 with three `redis-sentinel`s: schedules replicated, then
+    more applied and committed while the replication link was held, some of each fired on
+    the old primary during the lag; the primary is killed and the Sentinels elect one of
+    them to promote the lagging replica. Every schedule arrives exactly once (the re-read
+    writes back the lag, the recheck passes over what the old primary fired), no intake
+    record is answered twice nor `updated`, /ready answers 200 again and the failover is
+    counted as lag, not lost data: nothing held, no alert."""
+    pair = watched_by_three
+    config = {"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}
+    clients.ensure_topics(config, [env["BLACKBOX_INTAKE_TOPIC"]], PARTITIONS)
+    service = start_service(REDIS_URL=pair.url)
+    target, events = unique("three-sentinels"), reader(service.settings.events_topic)
+    delivered = reader(target)
+    sent = _fire_in_and_after_the_lag(service, pair, target, delivered)
+
+    everything = {body for group in sent.values() for body in group}
+    delivered.wait_for(lambda records: everything <= _bodies_of(records), 60)
+    settle(service)  # nothing due or in flight on the promoted replica: no copy to come
+    bodies = Counter((r.value or b"").decode() for r in delivered.read_to_end())
+    answers = [_answer(r) for r in events.read_to_end()]
+    per_record = Counter(where for where, _ in answers)
+    records = sum(len(group) for group in sent.values())
+    assert {
+        "lost": len(everything - bodies.keys()),
+        "copies": sum(bodies.values()) - len(bodies),
+        "records answered": len(per_record),
+        "records answered twice": sum(1 for n in per_record.values() if n > 1),
+        "outcomes": dict(Counter(outcome for _, outcome in answers)),
+    } == {"lost": 0, "copies": 0, "records answered": records, "records answered twice": 0,
+          "outcomes": {"scheduled": records}}  # fmt: skip
+    fired_in_lag = len(sent["replicated, fired"]) + len(sent["lagged, fired"])
+    _assert_told_as_lag(service, fired_in_lag)
+
+
+def _fire_in_and_after_the_lag(
+    service: Service, pair: WatchedRedis, target: str, delivered: TopicReader
+) -> dict[str, list[str]]:
+    """Schedule the groups, partition, fire some on the old primary, fail over; the bodies
+    sent, by group."""
+    settings = service.settings
+    bootstrap, intake = settings.kafka["bootstrap.servers"], settings.intake_topic
+    sent = {"replicated, fired": _bodies("replicated-fired", GROUP),
+            "replicated, late": _bodies("replicated-late", GROUP),
+            "lagged, fired": _bodies("lagged-fired", GROUP),
+            "lagged, late": _bodies("lagged-late", GROUP),
+            "after": _bodies("after", GROUP)}  # fmt: skip
+
+    def schedule(group: str, countdown: float) -> None:
+        produce_to(bootstrap, intake, [(n % PARTITIONS, None, envelope(target, body, countdown))
+                                       for n, body in enumerate(sent[group])])  # fmt: skip
+
+    schedule("replicated, fired", FIRED_IN_LAG)
+    schedule("replicated, late", LATE)
+    with pair.client(pair.replica) as replica:
+        wait_until(lambda: _pending(replica, settings.namespace) == 2 * GROUP, 30,
+                   "the first schedules on the replica")  # fmt: skip
+    pair.partition()
+    schedule("lagged, fired", LAGGED_FIRED)
+    schedule("lagged, late", LATE)
+    wait_until(lambda: _committed_to_end(settings), 30, "intake committing every record")
+    fired = set(sent["replicated, fired"]) | set(sent["lagged, fired"])
+    delivered.wait_for(lambda records: fired <= _bodies_of(records), 30)  # on the old primary
+    pair.fail_over()
+    with pair.client(pair.replica) as replica:  # read-only until the Sentinels promote it
+        assert _pending(replica, settings.namespace) == 2 * GROUP, "the held link let writes by"
+    wait_until(pair.promoted, 30, "the Sentinels promoting the replica")
+    schedule("after", 0)
+    return sent
+
+
+def _bodies_of(records: list[Received]) -> set[str]:
+    return {(r.value or b"").decode() for r in records}
+
+
+def _answer(record: Received) -> tuple[tuple[int, int], str]:
+    """An answer on the events topic: the intake record it answers, and its outcome."""
+    answer = orjson.loads(record.value or b"")
+    return (answer["intake"]["partition"], answer["intake"]["offset"]), answer["outcome"]
+
+
+def _assert_told_as_lag(service: Service, fired_in_lag: int) -> None:
+    """/ready answers 200 again and the failover is counted as lag: no kind of lost data,
+    nothing held, firing on, the alert's two conditions at 0."""
+    assert service.endpoints is not None
+    port = service.endpoints.port
+    wait_until(lambda: ready(port), 30, "/ready answering 200")
+    metrics = service.metrics
+    assert metrics.value("blackbox_redis_gaps_total", {"kind": "lag"}) >= 1
+    lost = [k.value for k in Kind if k not in (Kind.FINE, Kind.LAG)
+            and metrics.value("blackbox_redis_gaps_total", {"kind": k.value})]  # fmt: skip
+    assert lost == []
+    assert metrics.value("blackbox_intake_stopped_partitions") == 0
+    assert metrics.value("blackbox_firing_held_for_lost_data") == 0
+    assert "held" not in service.health.report()
+    assert service.firing is not None and service.firing.lost is None
+    # What the old primary fired: the replicated ones due again on the promoted replica,
+    # the lagged ones written back by the re-read; each passed over, none produced.
+    assert metrics.value("blackbox_redeliveries_passed_over_total") >= fired_in_lag
