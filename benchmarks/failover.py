@@ -3,7 +3,7 @@
 that follows the primary, on Apache Kafka.
 
     python -m benchmarks.failover [--before 1000] [--during 1000] [--countdown 30]
-                                  [--via endpoint|sentinel]
+                                  [--via endpoint|sentinel] [--sentinels 1]
 
 `before` schedules are stored and replicated; the replication link is then held (a network
 partition: tests/relay.py) while `during` more arrive and intake commits them; the primary
@@ -21,7 +21,9 @@ Sentinel promotes the replica itself; the switch is the instant it names the rep
 primary, and the seconds from the kill to it are printed too. The replica is counted after
 the link is cut, while it is still a replica, and the run stops if the Sentinel ever
 re-pointed it at the primary past the link (`+fix-slave-config`: tests/replication.py,
-WatchedRedis, says how that is avoided).
+WatchedRedis, says how that is avoided). `--sentinels 3`: three Sentinels with quorum 2, all
+named in REDIS_URL; two must find the primary down and a majority elect the one that
+promotes, as production runs them.
 """
 
 from __future__ import annotations
@@ -51,7 +53,6 @@ from tests.sentinel import SentinelProcess
 
 PARTITIONS = 3
 PROBE_EVERY = 0.1  # seconds between stall probes after the switch
-PAIRS: dict[str, type[ReplicatedRedis]] = {"endpoint": ReplicatedRedis, "sentinel": WatchedRedis}
 
 
 def _send(
@@ -168,15 +169,20 @@ def _switch_by_sentinel(pair: WatchedRedis, count: Callable[[], int], held_at: f
             raise SystemExit("benchmark stopped: the replica was promoted before it was counted")
     wait_for(pair.promoted, 60, "the Sentinel naming the replica", every=0.02)
     switched = time.time()
-    if fixed := pair.sentinel.events("+fix-slave-config"):
+    if fixed := pair.events("+fix-slave-config"):
         raise SystemExit(f"benchmark stopped: the Sentinel re-pointed the replica: {fixed}")
     return Switch(lagged, held_for, switched, switched - killed)
 
 
-def run(
-    before: int, during: int, countdown: float, work: Path, via: str = "endpoint"
-) -> dict[str, object]:
-    with started_broker() as broker, PAIRS[via](work) as pair:
+def _pair(via: str, work: Path, sentinels: int) -> ReplicatedRedis:
+    return WatchedRedis(work, sentinels) if via == "sentinel" else ReplicatedRedis(work)
+
+
+def run(  # noqa: PLR0913 - the run's sizes and Redis, each by name
+    before: int, during: int, countdown: float, work: Path, *, via: str = "endpoint",
+    sentinels: int = 1,
+) -> dict[str, object]:  # fmt: skip
+    with started_broker() as broker, _pair(via, work, sentinels) as pair:
         env = {"REDIS_URL": pair.url, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
                "BLACKBOX_LOG_FORMAT": "json"}  # fmt: skip
         settings = Settings.from_env(env)
@@ -219,6 +225,7 @@ def run(
         service.stop()
         deliveries.close()
         result = _report(deliveries, first, second, switch, stall, reread, alive)
+        result = {**result, **_named(pair, switch)}
         return {**result, "write of 100 schedules": write_cost, "WAIT 1 after it": waited}
 
 
@@ -237,18 +244,18 @@ def _report(  # noqa: PLR0913, PLR0917 - the run's readings, each named
         "duplicate copies": sum(len(copies.get(b, [])) - 1 for b in first + second if b in copies),
         "bodies under more than one blackbox-id": sum(n for k, n in ids.items() if k > 1),
         "intake records read again": int(reread),
-        **_named(switch),
         "firing stall after the switch, s": None if stall is None else round(stall, 2),
         "service still running": alive,
     }
 
 
-def _named(switch: Switch) -> dict[str, object]:
-    if switch.named_after is None:
+def _named(pair: ReplicatedRedis, switch: Switch) -> dict[str, object]:
+    if switch.named_after is None or not isinstance(pair, WatchedRedis):
         return {}
     down_after = SentinelProcess.down_after_ms / 1000
+    watching = f"{len(pair.sentinels)} Sentinel(s), quorum {pair.sentinel.quorum}"
     return {"kill to Sentinel naming the new master, s":
-            f"{switch.named_after:.2f} (down after {down_after:g} s)"}  # fmt: skip
+            f"{switch.named_after:.2f} ({watching}, down after {down_after:g} s)"}  # fmt: skip
 
 
 def main() -> None:
@@ -257,10 +264,19 @@ def main() -> None:
     parser.add_argument("--during", type=int, default=1000)
     parser.add_argument("--countdown", type=float, default=30.0)
     where = "how clients reach the primary: an endpoint that moves, or a Sentinel"
-    parser.add_argument("--via", choices=sorted(PAIRS), default="endpoint", help=where)
+    parser.add_argument("--via", choices=("endpoint", "sentinel"), default="endpoint", help=where)
+    parser.add_argument(
+        "--sentinels",
+        type=int,
+        default=1,
+        help="with --via sentinel: how many watch the pair (quorum: a majority)",
+    )
     args = parser.parse_args()
+    if args.sentinels < 1 or (args.sentinels > 1 and args.via != "sentinel"):
+        parser.error("--sentinels takes 1 or more, and more than 1 only with --via sentinel")
     work = scratch_dir("blackbox-bench-")
-    result = run(args.before, args.during, args.countdown, work, args.via)
+    result = run(args.before, args.during, args.countdown, work, via=args.via,
+                 sentinels=args.sentinels)  # fmt: skip
     for name, value in result.items():
         print(f"{name:>42}: {value}", flush=True)  # noqa: T201 - the benchmark's output
 
