@@ -33,7 +33,7 @@ class Servers:
         looked up where a claim came over a connection not seen before), or that meet a new
         recheck mark (an intake reads a gap again): what Kafka shows delivered there lately
         is looked up before anything is produced."""
-        changed, left = [], set()  # shards that met another server; the servers left
+        changed, moved = [], {}  # shards that met another server; server left -> the next
         for claim in claims:
             if claim.recheck is not None and self._marks.get(claim.shard) != claim.recheck:
                 self._marks[claim.shard] = claim.recheck
@@ -45,15 +45,25 @@ class Servers:
             before = self._servers.get(claim.shard)
             if before is not None and before != run_id:
                 changed.append(claim.shard)
-                left.add(before)
+                moved[before] = run_id
             self._servers[claim.shard] = run_id
-        if changed:  # and the shards not claimed since, last seen on a server left
-            changed += [s for s in range(self.store.layout.count) if s not in changed
-                        and self._servers.get(s, next(iter(left))) in left]  # fmt: skip
-            self.rechecks.open(changed, at)
-            log.warning("redis_server_changed", shards=changed,
-                        recheck="what the target topics show delivered within "
-                        "BLACKBOX_REDIS_MAX_LAG is not delivered again")  # fmt: skip
+        if changed:
+            self._open_changed(changed, moved, at)
+
+    def _open_changed(self, changed: list[int], moved: dict[str, str], at: int) -> None:
+        """Open the recheck on the shards whose claims met another server, and on those not
+        claimed since that were last seen on a server left (or never seen). These moved with
+        it, and their window is open: their first claims on its successor are no second
+        change (each read the target topics again, about a second of firing, and logged a
+        change long after the failover)."""
+        changed += [s for s in range(self.store.layout.count) if s not in changed
+                    and self._servers.get(s, next(iter(moved))) in moved]  # fmt: skip
+        self.rechecks.open(changed, at)
+        self._servers.update((s, moved[self._servers[s]]) for s in changed
+                             if self._servers.get(s) in moved)  # fmt: skip
+        log.warning("redis_server_changed", shards=changed,
+                    recheck="what the target topics show delivered within "
+                    "BLACKBOX_REDIS_MAX_LAG is not delivered again")  # fmt: skip
 
     def _server_of(self, claim: Claim) -> str:
         """The run id of the server a claim's connection leads to (asked once per new

@@ -1,5 +1,6 @@
-"""What firing looks up after Redis changed under it (firing/rechecks.py): pure logic, no
-process. The failover itself, on real processes, is tests/integration/test_failover.py."""
+"""What firing looks up after Redis changed under it (firing/rechecks.py), and when it finds
+Redis changed (firing/servers.py): pure logic, no process. The failover itself, on real
+processes, is tests/integration/test_failover.py."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from blackbox.firing.rechecks import Rechecks
+from blackbox.firing.servers import Servers
 from blackbox.kafka.deliveries import Delivered, Deliveries
 from blackbox.schedule import Schedule
+from blackbox.storage.keys import Layout
+from blackbox.storage.store import Claim
 
 LAG_MS = 60_000
 
@@ -81,3 +85,52 @@ def test_one_mark_met_shard_by_shard_reads_each_topic_once() -> None:
         rechecks.open([shard], at, 40_000, 700_000)
         assert rechecks.delivered(shard, [_one_off("a", 90_000)], at) == {0}
     assert topics.reads == [({"orders"}, 40_000)]
+
+
+class _Store:
+    """What Servers asks of a store: its shards, and the run id of the Redis serving them."""
+
+    def __init__(self, server: str) -> None:
+        self.layout = Layout("bb", 4)
+        self.server = server
+
+    def run_id(self, _shard: int) -> str:
+        return self.server
+
+
+def _claims(shards: Iterable[int], connection: bytes) -> list[Claim]:
+    return [Claim([], 0.0, None, shard=shard, connection=connection) for shard in shards]
+
+
+def _servers(topics: _Topics) -> tuple[_Store, Servers, Rechecks]:
+    store, rechecks = _Store("primary"), Rechecks({}, LAG_MS, topics)
+    servers = Servers(store, rechecks)  # type: ignore[arg-type]  # a stand-in for RedisStore
+    servers.note(_claims(range(4), b"id=1 addr=127.0.0.1:5000"), 10_000)
+    return store, servers, rechecks
+
+
+def test_a_failover_met_shard_by_shard_reads_each_topic_once() -> None:
+    """Issue 50: the first claim on the promoted replica opens the recheck on every shard
+    last seen on the primary; the first claims of the others there, later, are the same
+    change, not another (each read the target topics again, about a second of firing)."""
+    topics = _Topics({("orders", "a", "a"): {None}})
+    store, servers, rechecks = _servers(topics)
+    store.server = "promoted"
+    servers.note(_claims([0], b"id=7 addr=127.0.0.1:6000"), 100_000)
+    for shard, at in ((1, 100_500), (2, 101_000), (3, 130_000)):
+        servers.note(_claims([shard], b"id=7 addr=127.0.0.1:6000"), at)
+        assert rechecks.delivered(shard, [_one_off("a", 90_000)], at) == {0}
+    assert topics.reads == [({"orders"}, 100_000 - LAG_MS)]
+
+
+def test_a_second_failover_opens_the_recheck_again() -> None:
+    """The shards taken as moved to the promoted replica are judged against it: a claim on
+    yet another server, later, is a change and reads the topics again."""
+    topics = _Topics({("orders", "a", "a"): {None}})
+    store, servers, rechecks = _servers(topics)
+    store.server = "promoted"
+    servers.note(_claims([0], b"id=7 addr=127.0.0.1:6000"), 100_000)
+    store.server = "promoted again"
+    servers.note(_claims([2], b"id=3 addr=127.0.0.1:7000"), 200_000)
+    assert rechecks.delivered(2, [_one_off("a", 190_000)], 200_000) == {0}
+    assert topics.reads == [({"orders"}, 200_000 - LAG_MS)]
