@@ -109,6 +109,8 @@ class Envelope:
     recurrence: Recurrence | None = None
     # A consumer's retry (retries.py): its topic and countdown are set when it is applied.
     retry: retries.Retry | None = None
+    # The target partition asked for (a retry's "partition": "same"); None: the partitioner.
+    partition: int | None = None
 
     def due_ms(self, received_ms: int) -> int:
         """When to deliver: never before `received_ms` (a time in the past fires at once)."""

@@ -85,7 +85,9 @@ class Backoff:
     attempts are one more than its length. Otherwise the wait after failed attempt n is
     `base * factor ** (n - 1)` seconds, at most `cap`; with `jitter` ("full") a draw
     between 0 and that. `to` names the topic retries go to (the source's by default),
-    `dead_letter` where a record goes after its last attempt (the source's topic + ".dlq").
+    `dead_letter` where a record goes after its last attempt (the source's topic + ".dlq");
+    `same_partition` ("partition": "same") delivers each retry to the partition the failed
+    record was first read from, whatever its key (else the key's partition, as before).
     """
 
     attempts: int = 5
@@ -96,6 +98,7 @@ class Backoff:
     delays: tuple[float, ...] = ()
     to: str | None = None
     dead_letter: str | None = None
+    same_partition: bool = False
 
     def delay_ms(self, failed: int, draw: float) -> int:
         """The wait after attempt `failed` (1 for the first) fails; `draw` in [0, 1)."""
@@ -121,26 +124,12 @@ class Backoff:
             raise ValueError(f"unknown backoff fields {sorted(unknown)}")
         if "delays" in document and set(document) & {"attempts", "base", "factor", "cap", "jitter"}:
             raise ValueError("give delays, or attempts/base/factor/cap/jitter, not both")
-        fields: dict[str, Any] = {}
-        if "delays" in document:
-            fields["delays"] = _delays(document["delays"])
-        for name in ("base", "factor", "cap"):
-            if name in document:
-                fields[name] = _number(document[name], name, minimum=1.0 if name == "factor" else 0)
-        if "attempts" in document:
-            fields["attempts"] = _attempts(document["attempts"])
-        if "jitter" in document:
-            fields["jitter"] = _jitter(document["jitter"])
-        for name in ("to", "dead_letter"):
-            if document.get(name) is not None:
-                fields[name] = _topic(document[name], name)
+        fields = {_FIELD_NAMES.get(str(name), str(name)): _READERS[name](value, name)
+                  for name, value in document.items() if value is not None}  # fmt: skip
         return cls(**fields)
 
 
 DEFAULT = Backoff()
-_BACKOFF_FIELDS = frozenset({
-    "attempts", "base", "factor", "cap", "jitter", "delays", "to", "dead_letter",
-})  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +188,7 @@ class Plan:
     headers: tuple[tuple[str, bytes], ...]
     exhausted: bool
     id: str
+    partition: int | None = None  # None: the key's partition, by the producer's partitioner
 
 
 def is_request(headers: Sequence[tuple[str, bytes | None]]) -> bool:
@@ -271,7 +261,9 @@ def plan(retry: Retry, backoff: Backoff, received_ms: int) -> Plan:
         return Plan(topic, 0, headers, exhausted=True, id=retry.id_for(topic))
     topic = backoff.to or retry.source.topic
     delay_ms = backoff.delay_ms(retry.failed, retry.draw())
-    return Plan(topic, delay_ms, headers, exhausted=False, id=retry.id_for(topic))
+    partition = retry.source.partition if backoff.same_partition else None
+    return Plan(topic, delay_ms, headers, exhausted=False, id=retry.id_for(topic),
+                partition=partition)  # fmt: skip
 
 
 def backoff_of(retry: Retry, named: Mapping[str, Backoff]) -> Backoff:
@@ -372,3 +364,25 @@ def _topic(value: object, name: str) -> str:
     if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", value):
         raise ValueError(f"{name} must be a topic name")
     return value
+
+
+def _partition(value: object, _name: str) -> bool:
+    if value != "same":
+        raise ValueError(f"partition must be 'same', not {value!r}")
+    return True
+
+
+# Each field of a backoff's document, and how it is read (name -> value or ValueError).
+_READERS: dict[str, Any] = {
+    "delays": lambda v, _: _delays(v),
+    "base": lambda v, n: _number(v, n, minimum=0),
+    "factor": lambda v, n: _number(v, n, minimum=1.0),
+    "cap": lambda v, n: _number(v, n, minimum=0),
+    "attempts": lambda v, _: _attempts(v),
+    "jitter": lambda v, _: _jitter(v),
+    "to": _topic,
+    "dead_letter": _topic,
+    "partition": _partition,
+}
+_FIELD_NAMES = {"partition": "same_partition"}
+_BACKOFF_FIELDS = frozenset(_READERS)

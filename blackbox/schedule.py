@@ -13,7 +13,8 @@ Anything richer uses version 2, where a flags byte says which optional parts fol
 
     version  u8      2
     due_ms   i64
-    flags    u8      1 caller, 2 key, 4 headers, 8 origin, 16 etf1, 32 series, 64 paused
+    flags    u8      1 caller, 2 key, 4 headers, 8 origin, 16 etf1, 32 series, 64 paused,
+                     128 partition
     topic    u8 len  + UTF-8
     caller   u16 len + bytes                        (flag 1)
     key      u32 len + bytes                        (flag 2)
@@ -21,6 +22,7 @@ Anything richer uses version 2, where a flags byte says which optional parts fol
     origin   u16 len + "topic:partition:offset[:tag]"  (flag 8; up to 289 bytes)
     sent_ms  i64     the intake record's timestamp  (flag 16)
     series   u16 len + JSON: the rule, the occurrence stored and how many fired (flag 32)
+    partition i32    the target partition asked for (a consumer's retry)  (flag 128)
     value    the rest
 
 A series' due time is its stored occurrence plus that occurrence's jitter. The paused flag
@@ -42,15 +44,16 @@ from blackbox.recurrence import InvalidRecurrence, Recurrence
 from blackbox.retries import Retry
 
 _HEAD = struct.Struct(">BqB")
-_U16, _U32, _I64 = (
+_U16, _U32, _I32, _I64 = (
     struct.Struct(">H"),
     struct.Struct(">I"),
+    struct.Struct(">i"),
     struct.Struct(">q"),
 )
 _NO_CALLER = 0xFFFF
 _NO_VALUE = 0xFFFFFFFF
 _MAX_TOPIC_BYTES = 255
-_CALLER, _KEY, _HEADERS, _ORIGIN, _ETF1, _SERIES, _PAUSED = 1, 2, 4, 8, 16, 32, 64
+_CALLER, _KEY, _HEADERS, _ORIGIN, _ETF1, _SERIES, _PAUSED, _PARTITION = 1, 2, 4, 8, 16, 32, 64, 128
 _V2_TOPIC_AT = 11  # version, due_ms, flags, topic length
 # The caller ends within this many bytes of either encoding (it comes right after the topic,
 # and is at most MAX_CALLER_CHARS characters of 4 UTF-8 bytes): what `caller_from_prefix` needs.
@@ -114,6 +117,8 @@ class Schedule:
     series: Series | None = None
     # Intake only, never stored: the consumer's retry this schedule carries (metrics).
     retry: Retry | None = None
+    # The target partition, when one is asked for (else the producer's partitioner).
+    partition: int | None = None
 
     @classmethod
     def from_envelope(
@@ -142,6 +147,7 @@ class Schedule:
             if_absent=envelope.if_absent,
             series=series,
             retry=envelope.retry,
+            partition=envelope.partition,
         )
 
     @property
@@ -154,6 +160,7 @@ class Schedule:
         if len(topic) > _MAX_TOPIC_BYTES:
             raise ValueError(f"topic of {len(topic)} bytes exceeds {_MAX_TOPIC_BYTES}")
         plain = self.origin is None and self.sent_ms is None and self.series is None
+        plain = plain and self.partition is None
         if plain and self.key is None and not self.headers:
             caller = _NO_CALLER if self.caller is None else len(self.caller)
             head = _HEAD.pack(1, self.due_ms, len(topic)) + topic
@@ -186,6 +193,9 @@ class Schedule:
             flags |= _SERIES | (_PAUSED if self.series.paused else 0)
             rule = self.series.encode()
             parts += [_U16.pack(len(rule)), rule]
+        if self.partition is not None:
+            flags |= _PARTITION
+            parts.append(_I32.pack(self.partition))
         parts[0] = struct.pack(">BqBB", 2, self.due_ms, flags, len(topic)) + topic
         return b"".join([*parts, self.value])
 
@@ -271,9 +281,10 @@ class _Reader:
         series = None
         if flags & _SERIES:
             series = Series.decode(self.take(self.unpack(_U16)), bool(flags & _PAUSED))
+        partition = self.unpack(_I32) if flags & _PARTITION else None
         return Schedule(
             schedule_id, topic, self.raw[self.at :], due_ms, caller, key, headers, origin,
-            sent_ms, series=series,
+            sent_ms, series=series, partition=partition,
         )  # fmt: skip
 
     def headers(self) -> tuple[Header, ...]:

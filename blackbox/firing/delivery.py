@@ -25,7 +25,7 @@ def delivery_record(schedule: Schedule, attempt: int) -> Record:
         headers.append(("blackbox-version", schedule.origin.encode()))
     if schedule.series is not None:
         headers.append(("blackbox-occurrence-ms", str(schedule.series.occurrence_ms).encode()))
-    return Record(schedule.topic, schedule.value, schedule.key, headers)
+    return Record(schedule.topic, schedule.value, schedule.key, headers, schedule.partition)
 
 
 def _etf1_headers(schedule: Schedule) -> list[tuple[str, bytes | None]]:

@@ -29,6 +29,7 @@ def resolved(envelope: Envelope, rule: Rule, received_ms: int, limits: Limits) -
         headers=(*envelope.headers, *plan.headers),
         schedule_id=plan.id,
         retry=replace(retry, exhausted=plan.exhausted),
+        partition=plan.partition,
     )
 
 

@@ -37,6 +37,7 @@ class Record:
     value: bytes | None
     key: bytes | None = None
     headers: Sequence[Header] = ()
+    partition: int | None = None  # None: the producer's partitioner places it
 
 
 class Reports:
@@ -142,10 +143,12 @@ class Outbox:
         old.poll(0)  # serve the purged records' reports: their senders retry them
 
     def _produce(self, record: Record, callback: _Callback, reports: Reports, index: int) -> None:
+        # -1: librdkafka's "unassigned", the partitioner's choice.
+        partition = -1 if record.partition is None else record.partition
         for _ in range(_QUEUE_FULL_RETRIES):
             try:
                 self.producer.produce(
-                    record.topic, record.value, record.key,
+                    record.topic, record.value, record.key, partition,
                     # None, not []: an empty list still costs a conversion per record
                     headers=list(record.headers) if record.headers else None,
                     on_delivery=callback,

@@ -25,7 +25,7 @@ from blackbox.intake import rebuild
 from blackbox.kafka import clients
 from blackbox.service import Service
 from tests.integration.conftest import ReaderFactory, ServiceFactory, wipe_namespace
-from tests.kafkatools import END_MARKER_KEY, Received, produce, unique, wait_until
+from tests.kafkatools import END_MARKER_KEY, Received, produce, produce_to, unique, wait_until
 
 Seen = tuple[str, int]  # a record's name and the attempt it came as
 KEY_END = "@@bb-key@@"
@@ -300,3 +300,35 @@ def test_a_rebuild_keeps_the_pending_retry_and_delivers_none_again(
     start_service()
     assert [r.value for r in reader(topic).read_to_end()] == [b"r1"]
     assert [r.value for r in reader(f"{topic}.dlq").read_to_end()] == [b"r3"]
+
+
+def test_partition_same_brings_a_keyless_record_back_to_its_partition(
+    start_service: ServiceFactory, reader: ReaderFactory
+) -> None:
+    """A record without a key has no partition of its own to go back to: with
+    `"partition": "same"` each retry is delivered to the partition it was first read from."""
+    service = start_service()
+    bootstrap = service.settings.kafka["bootstrap.servers"]
+    topic = unique("orders")
+    clients.ensure_topics(service.settings.kafka, [topic], partitions=PARTITIONS)
+    produce_to(bootstrap, topic, [(p, None, f"keyless-{p}".encode()) for p in range(PARTITIONS)])
+    firsts = read_raw(bootstrap, topic, PARTITIONS)
+    consumer = group_consumer(bootstrap, topic, unique("workers"))
+    policy = {"delays": [0.2, 0.2], "partition": "same"}
+    retried = 0
+    with Client({"bootstrap.servers": bootstrap}, caller=CALLER,
+                intake_topic=service.settings.intake_topic) as client:  # fmt: skip
+        deadline = time.monotonic() + 30
+        while retried < PARTITIONS * 2 and time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is None or message.error() is not None or attempt_of(message) > 2:
+                continue
+            client.retry(message, "keyless", policy=policy)
+            client.flush()
+            retried += 1
+    consumer.close()
+    everything = read_raw(bootstrap, topic, PARTITIONS * 3)
+    assert len(reader(topic).read_to_end()) == PARTITIONS * 3
+    for record in everything:
+        first = next(f for f in firsts if f.value == record.value)
+        assert (record.partition, record.key) == (first.partition, None)

@@ -292,3 +292,17 @@ def test_a_tombstone_with_retry_headers_is_refused_not_taken_for_a_cancel() -> N
     with pytest.raises(InvalidEnvelope) as caught:
         envelope.parse(None, request(), LIMITS, b"customer-42")
     assert caught.value.reason is DeadLetterReason.INVALID_RETRY
+
+
+def test_partition_same_sends_each_retry_where_the_record_was_first_read() -> None:
+    same = plan_for(request((retries.POLICY_HEADER, b'{"delays": [1], "partition": "same"}')))
+    assert same.partition == 3
+    assert plan_for(request()).partition is None  # the key's partition, as before
+    assert "partition must be 'same'" in reason(
+        request((retries.POLICY_HEADER, b'{"partition": 3}'))
+    )
+    got = retrying.resolved(
+        parsed(request((retries.POLICY_HEADER, b'{"partition": "same"}'))),
+        policy.open_policy(3600, 1_000_000).default, AT, LIMITS,
+    )  # fmt: skip
+    assert got.partition == 3

@@ -50,6 +50,7 @@ rich_schedules = st.builds(
     headers=headers,
     origin=st.none() | origins,
     sent_ms=st.none() | due_times,
+    partition=st.none() | st.integers(0, 2**31 - 1),
 )
 
 
@@ -77,8 +78,8 @@ def test_encode_decode_round_trip(
 @PROPERTY
 @given(rich_schedules)
 def test_version_2_round_trip(schedule: Schedule) -> None:
-    """Guarantee 1: key, headers (None values too), origin, sent_ms, caller and a binary value
-    all come back as they went in."""
+    """Guarantee 1: key, headers (None values too), origin, sent_ms, caller, a target
+    partition and a binary value all come back as they went in."""
     assert Schedule.decode(schedule.id, schedule.encode()) == schedule
 
 
