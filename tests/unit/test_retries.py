@@ -306,3 +306,11 @@ def test_partition_same_sends_each_retry_where_the_record_was_first_read() -> No
         policy.open_policy(3600, 1_000_000).default, AT, LIMITS,
     )  # fmt: skip
     assert got.partition == 3
+
+
+def test_a_retry_keeps_the_failed_records_trace_context() -> None:
+    """The retry continues the failed record's trace: its traceparent goes with the
+    schedule (intake/traces.py carries it; with spans on, the fire span is its child)."""
+    parent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    got = parsed(request(("traceparent", parent)))
+    assert ("traceparent", parent) in got.headers
