@@ -1,6 +1,7 @@
-"""The commands the guide pages print (docs/sending.md, recurring.md, http-api.md and the
-pages beside them), each run as printed, in the clone with its .venv/bin first on PATH,
-against a service of the test's own: each exits as its page says, and does what the page
+"""The commands the guide pages print (the Guide of mkdocs.yml's nav: docs/quick-start.md,
+sending.md, recurring.md, http-api.md and the pages beside them), each run as printed, in
+the clone with its .venv/bin first on PATH, against a service of the test's own (one per
+page, none where a command needs none): each exits as its page says, and does what the page
 says (what it sends is stored as sent and delivered; what it prints is what the page shows).
 
 A page's commands are those of its `sh` blocks (a `\\` continuation joined, comments left
@@ -11,33 +12,37 @@ reason, so a command added to a page without a test fails the first test."""
 from __future__ import annotations
 
 import base64
+import csv
 import os
 import re
 import subprocess
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import load_pem_private_key
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_pem_public_key
 
 from blackbox.api.views import utc_text
 from blackbox.cli.listing import NOTHING, SCHEDULE_COLUMNS, SERIES_COLUMNS
 from blackbox.clock import now_ms
+from blackbox.dev.stack import DEV_PARTITIONS
+from blackbox.kafka import clients
 from blackbox.service import Service
-from blackbox.signing import public_text
+from blackbox.signing import private_pem, public_text
 from tests.integration.conftest import ReaderFactory, ServiceFactory
-from tests.kafkatools import unique, wait_until
+from tests.kafkatools import TopicReader, unique, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 # The printed `blackbox` is the clone's, first on PATH: `make setup` made it, as `make run` does.
 BIN = ROOT / ".venv" / "bin"
-PAGES = ("docs/sending.md", "docs/recurring.md", "docs/http-api.md", "docs/answers.md",
-         "docs/dead-letters.md", "docs/callers.md")  # fmt: skip
+PAGES = ("docs/quick-start.md", "docs/sending.md", "docs/answers.md", "docs/recurring.md",
+         "docs/retries.md", "docs/dead-letters.md", "docs/http-api.md", "docs/callers.md",
+         "docs/SIGNING.md", "docs/spark.md", "docs/migrating.md")  # fmt: skip
 TOKEN = "guide-token-0123456789abcdef"  # noqa: S105 - a test token
 
 # docs/sending.md, its `sh` block.
@@ -76,19 +81,79 @@ CURL_CREATE = (f"""{_CURL} {_JSON} -d '{{"caller": "billing", "envelope": {{"top
 CURL_STATS = f"{_CURL} localhost:8080/api/v1/stats"
 CURLS = (CURL_CREATE, CURL_LIST, CURL_NEXT, CURL_GET, CURL_RESCHEDULE, CURL_STATS, CURL_DELETE)
 
-# docs/callers.md, inline.
+# docs/callers.md and SIGNING.md, inline.
 KEYS_NEW = "blackbox keys new --key-id billing-2026-11 --out billing.pem"
 
+# docs/quick-start.md, its `sh` blocks (the first send printed twice).
+ORDER = """.venv/bin/blackbox send --topic orders --countdown 5 --caller billing '{"order": 1}'"""
+ORDER_7 = """.venv/bin/blackbox send --topic orders --countdown 600 --id order-7 --caller billing '{"order": 7}'"""  # noqa: E501
+CANCEL_7 = ".venv/bin/blackbox cancel order-7 --caller billing"
+CANCEL_8 = ".venv/bin/blackbox cancel order-8 --caller billing"
+TOMBSTONE = ("echo 'order-7:' | kcat -b 127.0.0.1:9092 -P -t blackbox -K: -Z "
+             "-H CALLER_SERVICE=billing -X partitioner=murmur2_random")  # fmt: skip
+ORDERS = (ORDER, ORDER_7, CANCEL_7, CANCEL_8, TOMBSTONE)
+
+# docs/SIGNING.md, its `sh` block.
+PUBLIC_HALF = "openssl pkey -in billing.pem -pubout"
+OPENSSL_SIGN = ("openssl pkeyutl -sign -inkey billing.pem -rawin -in signed.txt "
+                "| basenc --base64url | tr -d '=\\n'")  # fmt: skip
+
+# docs/spark.md, the `sh` block of `--show`: the command, then the record it prints.
+SPARK_SHOW = ("blackbox spark schedule reminders.csv --caller reminders --id user_id "
+              "--topic-column topic --message payload --due local_time --zone-column zone "
+              "--dry-run --show 1")  # fmt: skip
+SHOWN = r'{"topic": "blackbox", "key": "000123", "headers": [["CALLER_SERVICE", "reminders"]], "value": {"topic":"remind.email","id":"000123","message":"{\"user\": 0, \"text\": \"é✓ rappel, \\\"quoted\\\"\"}","deliver_at":"2026-11-24T08:00:00.000+00:00"}}'  # noqa: E501
+# The file it reads, as a spreadsheet writes it: user 000123, reminded at 09:00 in Paris.
+REMINDERS = [["user_id", "topic", "payload", "local_time", "zone"],
+             ["000123", "remind.email", '{"user": 0, "text": "é✓ rappel, \\"quoted\\""}',
+              "2026-11-24 09:00", "Europe/Paris"]]  # fmt: skip
+
 RUN: dict[str, tuple[str, ...]] = {
+    "docs/quick-start.md": ORDERS,
     "docs/sending.md": ONE_ID + SENDS,
     "docs/recurring.md": SERIES,
     "docs/http-api.md": (EXPORT, *CURLS),
     "docs/callers.md": (KEYS_NEW,),
+    "docs/SIGNING.md": (KEYS_NEW, PUBLIC_HALF, OPENSSL_SIGN),
+    "docs/spark.md": (SPARK_SHOW,),
 }
 _NAME = "a command's name in prose, not a command line to run"
 _BENCHMARK = ("a benchmark: minutes of load on a stack of its own, measuring, not a check "
               "(benchmarks/ runs them)")  # fmt: skip
+_FORM = "an option's form in prose (FILE and ID stand for the caller's own), not a command line"
+_MAKE_RUN = ("installs system packages as root, then runs the local stack in the foreground on "
+             "the page's fixed ports until Ctrl-C: tests/deploy/test_makefile.py runs its "
+             "recipes (stand-ins for what they install), test_devstack.py the `blackbox dev` it "
+             "starts")  # fmt: skip
+_DEV = ("starts the local stack in the foreground until Ctrl-C, on the page's fixed ports "
+        "(Redis 6379, Kafka 9092, the API 8080) and in the user's state folder")  # fmt: skip
+_SPARK = ("a Spark job, a JVM session of its own (this file runs one printed Spark command: "
+          "--show's)")  # fmt: skip
+_SPEED = ("a figure of the page's speed table: a million rows, measured by hand, not a check "
+          "(test_spark_input.py runs `spark schedule` on CSV files)")  # fmt: skip
 SKIPPED: dict[str, dict[str, str]] = {
+    "docs/quick-start.md": {
+        "make run": _MAKE_RUN,
+        "make test": "the whole suite, this file included: CI runs it",
+        "BLACKBOX_POLICY_FILE=policy.yaml make run": "`make run` (as above) with the user's "
+        "own policy file",
+        "make run REDIS_PORT=6380 KAFKA_PORT=9093": "`make run` on other fixed ports: "
+        "test_makefile.py::test_make_run_passes_the_ports_and_keeps_the_data_in_the_clone runs "
+        "it (REDIS_PORT=6390 KAFKA_PORT=9190, stand-ins for what it installs)",
+        "kcat -b 127.0.0.1:9092 -C -t orders -o beginning -e -f 'headers: %h\\nvalue: %s\\n'": (
+            "test_examples.py::test_printed_read_back_shows_the_sent_message[docs/quick-start.md]"
+            " runs it as printed (the broker and topic its own) once the send above is due, and "
+            "checks it prints the message byte for byte"
+        ),
+        "blackbox dev --fresh": f"{_DEV}, which --fresh deletes: no test runs --fresh "
+        "(test_devstack.py runs `blackbox dev` on free ports, a state folder of its own)",
+        "blackbox dev --broker tansu": f"{_DEV}: "
+        "test_devstack.py::test_dev_serves_its_open_api_to_this_machine_alone runs it on free "
+        "ports",
+        "blackbox dev --no-service": f"{_DEV}: "
+        "test_devstack.py::test_dev_without_the_service_starts_only_redis_and_kafka runs it on "
+        "free ports, a state folder of its own",
+    },
     "docs/sending.md": {
         '--8<-- "examples/kcat/send.sh"': "includes examples/kcat/send.sh, which "
         "test_examples.py::test_kcat_example_delivers runs",
@@ -106,12 +171,51 @@ SKIPPED: dict[str, dict[str, str]] = {
         "blackbox spark schedule": _NAME,
         "blackbox keys new": _NAME,
     },
+    "docs/retries.md": {"python -m benchmarks.retries": _BENCHMARK},
+    "docs/SIGNING.md": {"blackbox send --signing-key FILE --key-id ID": _FORM},
+    "docs/spark.md": {
+        "pip install 'blackbox[spark]'": "installs from a package index into the user's "
+        "Python: `make setup` puts the extra's packages in .venv (the dev extra pins the same), "
+        "where test_spark.py runs",
+        "python -m blackbox.spark.example --rows 100000 --out users.parquet": f"{_SPARK}: "
+        "test_spark.py builds the same dataset with example.dataset (20,000 rows) in its session",
+        "blackbox spark schedule users.parquet --caller gdpr --id user_id --topic-column topic "
+        "--message payload --due delay_s --due-as delay --jitter 60 --rejects rejects/": (
+            f"{_SPARK}: test_spark.py::"
+            "test_bulk_schedule_is_delivered_once_and_the_audit_agrees_with_the_service runs "
+            "this job on that dataset (20,000 rows, --jitter 1 so as not to wait a minute)"
+        ),
+        SHOWN: "what the command above it prints, shown in its block: "
+        "test_spark_pages_show_prints_the_record_the_page_shows checks that it prints exactly "
+        "this",
+        "blackbox spark audit --out audit/ --since 2026-11-24T00:00:00Z --max-late 5": (
+            f"{_SPARK}: test_spark.py's audit tests run `spark audit --out DIR --since T` "
+            "(with --margin 0; none gives --max-late)"
+        ),
+        "spark-submit --master spark://spark-master:7077 --packages "
+        "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0 \"$(python -c 'import "
+        "blackbox.spark.submit as s; print(s.__file__)')\" schedule s3a://bucket/users/*.parquet "
+        "--caller gdpr --id user_id --topic-column topic --message payload --due delay_s "
+        "--due-as delay --rejects s3a://bucket/rejects/": "needs the user's Spark cluster "
+        "(spark://spark-master:7077) and S3 bucket",
+        "blackbox spark ...": _NAME,
+        "blackbox spark schedule": _NAME,
+        "blackbox spark audit": _NAME,
+        "python -m benchmarks.spark schedule --rows 1000000": _BENCHMARK,
+        "python -m benchmarks.spark audit --rows 1000000": _BENCHMARK,
+        "python -m benchmarks.spark scenario --rows 100000": _BENCHMARK,
+        "python -m blackbox.spark.example --rows 1000000 --format csv --out rows.csv": _SPEED,
+        "blackbox spark schedule rows.csv --format csv --caller c --id user_id --topic-column "
+        "topic --message payload --due delay_s --due-as delay --master 'local[2]' --dry-run "
+        "--rejects rejects/": _SPEED,
+    },
 }
 
 SH_BLOCK = re.compile(r"^( *)```sh\n(.*?)^\1```", re.MULTILINE | re.DOTALL)
 ANY_BLOCK = re.compile(r"^( *)```.*?^\1```", re.MULTILINE | re.DOTALL)
 SPAN = re.compile(r"`([^`]+)`")
-PROGRAMS = ("blackbox", ".venv/bin/blackbox", "curl", "kcat", "python", "java", "mvn", "go")
+PROGRAMS = ("blackbox", ".venv/bin/blackbox", "curl", "kcat", "python", "java", "mvn", "go",
+            "make", "pip", "openssl", "spark-submit")  # fmt: skip
 
 
 def printed_commands(page: str) -> list[str]:
@@ -454,3 +558,105 @@ def test_callers_pages_key_command_writes_a_key_and_prints_its_entry(tmp_path: P
     assert isinstance(key, Ed25519PrivateKey)
     assert f'  billing-2026-11: "{public_text(key.public_key())}"' in output.splitlines(), output
     assert shell.ran == {KEYS_NEW}
+
+
+def test_quick_start_pages_orders_are_delivered_cancelled_and_tombstoned(
+    env: dict[str, str],
+    start_service: ServiceFactory,
+    shell_of: ShellFactory,
+    reader: ReaderFactory,
+) -> None:
+    """docs/quick-start.md's commands, on a stack as `make run` starts it (its API open, its
+    intake topic of DEV_PARTITIONS partitions): order 1's send exits 0 and `{"order":1}` is
+    on orders, billing's, five seconds later; order 7, due in 600 s, is cancelled
+    (`cancelled`, exit 0) and order 8 is not found (`not_found`, exit 3); order 7 sent again
+    is cancelled by kcat's tombstone, which sits on its key's murmur2 partition."""
+    intake = env["BLACKBOX_INTAKE_TOPIC"]
+    clients.ensure_topics({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}, [intake],
+                          partitions=DEV_PARTITIONS)  # fmt: skip
+    service = start_service(BLACKBOX_API_DEV_OPEN="true")
+    shell, api = shell_of("docs/quick-start.md", service, "orders")
+    sent_ms = now_ms()
+    assert shell(ORDER) == (0, "")
+    assert shell(ORDER_7) == (0, "")
+    assert _stored(api, "@billing/order-7")["item"]["due_ms"] >= sent_ms + 600_000
+    assert shell(CANCEL_7) == (0, "cancelled\n")
+    assert shell(CANCEL_8) == (3, "not_found\n")
+    _tombstoned(shell, api, reader(intake), intake)
+    (order,) = reader(shell.swaps["orders"]).wait_count(1)
+    assert (order.value, order.header("CALLER_SERVICE")) == (b'{"order":1}', "billing")
+    assert order.created_ms >= sent_ms + 5_000
+    assert shell.ran == set(ORDERS)
+
+
+def _tombstoned(shell: Shell, api: httpx.Client, intake: TopicReader, topic: str) -> None:
+    """Order 7 sent again, then cancelled by the page's kcat tombstone (to the intake topic,
+    `topic` here): every order-7 record sits on the key's murmur2 partition."""
+    assert shell(ORDER_7) == (0, "")
+    _stored(api, "@billing/order-7")
+    assert replace(shell, swaps=shell.swaps | {"blackbox": topic})(TOMBSTONE) == (0, "")
+    gone = "order 7 cancelled by the tombstone"
+    wait_until(lambda: api.get("/schedules/@billing/order-7").status_code == 404, 30, gone)
+    read = intake.wait_for(lambda rs: any(r.key == b"order-7" and r.value is None for r in rs))
+    partitions = {r.partition for r in read if r.key == b"order-7"}
+    assert partitions == {clients.java_partition(b"order-7", DEV_PARTITIONS)}
+
+
+def _fenced(page: str, kind: str) -> str:
+    """The text of the first block of `kind` (its fence's word) that `page` prints."""
+    found = re.search(rf"^```{kind}\n(.*?)^```", (ROOT / page).read_text(), re.M | re.S)
+    assert found is not None, f"{page} prints no {kind} block"
+    return found.group(1)
+
+
+def _public_half(shell: Shell, folder: Path) -> str:
+    """The public key `openssl pkey -pubout` prints for folder's billing.pem, as a policy
+    lists it."""
+    code, pem = shell(PUBLIC_HALF, cwd=folder)
+    assert code == 0, pem
+    public = load_pem_public_key(pem.encode())
+    assert isinstance(public, Ed25519PublicKey), pem
+    return public_text(public)
+
+
+def test_signing_pages_openssl_prints_the_public_half_and_the_examples_signature(
+    tmp_path: Path,
+) -> None:
+    """docs/SIGNING.md's commands: `blackbox keys new` writes billing.pem and prints the
+    entry of the public half `openssl pkey` then prints; with the worked example's key as
+    billing.pem and its signed bytes as signed.txt, openssl prints the public half the
+    page's policy lists and, signing, the very signature of the page's header."""
+    page, made, example = "docs/SIGNING.md", tmp_path / "made", tmp_path / "example"
+    made.mkdir()
+    example.mkdir()
+    shell = Shell(page, {}, {})
+    code, entry = shell(KEYS_NEW, cwd=made)
+    assert code == 0, entry
+    assert f'  billing-2026-11: "{_public_half(shell, made)}"' in entry.splitlines(), entry
+    seed = bytes.fromhex(_fenced(page, "seed").strip())
+    (example / "billing.pem").write_bytes(private_pem(Ed25519PrivateKey.from_private_bytes(seed)))
+    (example / "signed.txt").write_bytes(_fenced(page, "signed").encode())
+    assert f'billing-2026-11: "{_public_half(shell, example)}"' in _fenced(page, "yaml")
+    signature = _fenced(page, "header").split()[-1]
+    assert shell(OPENSSL_SIGN, cwd=example) == (0, signature)
+    assert shell.ran == set(RUN[page])
+
+
+def test_spark_pages_show_prints_the_record_the_page_shows(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """docs/spark.md's `--dry-run --show 1`, on a reminders.csv as a spreadsheet writes it
+    (user 000123, reminded at 09:00 Paris time, the message holding quotes and non-ASCII
+    text), exits 0 and prints the intake record the page shows under it, byte for byte (the
+    intake topic the test's own). The one printed Spark command run here: a JVM session."""
+    intake = env["BLACKBOX_INTAKE_TOPIC"]
+    clients.ensure_topics({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]},
+                          [intake, env["BLACKBOX_EVENTS_TOPIC"]])  # fmt: skip
+    with (tmp_path / "reminders.csv").open("w", newline="", encoding="utf-8") as out:
+        csv.writer(out).writerows(REMINDERS)
+    shell = Shell("docs/spark.md", env, {})
+    code, output = shell(SPARK_SHOW, cwd=tmp_path)
+    assert code == 0, output
+    shown = [line for line in output.splitlines() if line.startswith('{"topic"')]
+    assert shown == [_here(SHOWN, {"blackbox": intake})], output
+    assert shell.ran == {SPARK_SHOW}
