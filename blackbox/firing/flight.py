@@ -57,8 +57,13 @@ class Flight:
         """Produce every held delivery that is due, soonest first, each at or after its
         due instant (one claim and one ack serve all of a window's deliveries, and the
         waker wakes at each due time without a round trip)."""
-        now, late = now_ms(), []
-        while self._held and self._held[0][0] <= now:
+        late: list[float] = []
+        while self._held:
+            # The clock read for each record: producing a long window's records takes tens
+            # of milliseconds, and each record's timestamp (and its lateness) is its own.
+            now = now_ms()
+            if self._held[0][0] > now:
+                break
             due_ms, _, batch, index = heapq.heappop(self._held)
             schedule, attempt = batch.schedules[index]
             assert batch.reports is not None  # it has schedules
