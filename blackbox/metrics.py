@@ -93,6 +93,18 @@ class Metrics:
             "Answers that never reached the events topic (refused, or pending at stop); logged.",
             registry=self.registry,
         )
+        self.store_records = Counter(
+            "blackbox_store_records",
+            "Records written to the store topic: a schedule's version, or a tombstone.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.store_failures = Counter(
+            "blackbox_store_write_failures",
+            "Tombstones and versions firing wrote to the store topic that it refused; "
+            "logged (a rebuild passes over what the target topics show delivered).",
+            registry=self.registry,
+        )
         self.redis_used_memory = Gauge(
             "blackbox_redis_used_memory_bytes",
             "Memory Redis uses (INFO used_memory), read by the readiness probe.",

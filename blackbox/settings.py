@@ -111,6 +111,10 @@ def _topic(text: str) -> str:
     return text
 
 
+def _optional_topic(text: str) -> str:
+    return "" if text == "" else _topic(text)
+
+
 def _port(text: str) -> int | None:
     if text == "off":
         return None
@@ -208,6 +212,11 @@ VARIABLES: tuple[Var, ...] = (
     Var("BLACKBOX_DLQ_TOPIC", "dlq_topic", _topic, "blackbox.dlq", "dead-letter topic"),
     Var("BLACKBOX_EVENTS_TOPIC", "events_topic", _topic, "blackbox.events",
         "topic of the answers: scheduled, updated, cancelled, already_fired, ..."),
+    Var("BLACKBOX_STORE_TOPIC", "store_topic", _optional_topic, "",
+        "compacted topic keeping each pending schedule's latest version under its id (a "
+        "tombstone when it ends), so a rebuild reads what is pending rather than every "
+        "request, and the intake topic need keep only a day; empty: off (see The store "
+        "topic)"),
     Var("BLACKBOX_POLICY_FILE", "policy_file", str, "",
         "YAML or JSON per-caller policy; empty: any caller may target any topic, within the "
         "limits"),
@@ -337,6 +346,7 @@ class Settings:
     group_id: str
     dlq_topic: str
     events_topic: str
+    store_topic: str
     policy_file: str
     poll_interval: float
     batch_limit: int
@@ -396,8 +406,10 @@ class Settings:
 
     @property
     def own_topics(self) -> list[str]:
-        """The topics blackbox itself reads and writes: intake, dead letters, events."""
-        return [self.intake_topic, self.dlq_topic, self.events_topic]
+        """The topics blackbox itself reads and writes: intake, dead letters, events, and
+        the store topic where one is set."""
+        store = [self.store_topic] if self.store_topic else []
+        return [self.intake_topic, self.dlq_topic, self.events_topic, *store]
 
     @property
     def sweep_delay(self) -> float:

@@ -37,6 +37,7 @@ from blackbox.intake.crashguard import CRASH_LIMIT, CrashGuard
 from blackbox.intake.gaps import GapCheck, GapConfig, Partition
 from blackbox.intake.identity import Identity, Proof
 from blackbox.intake.incarnations import Incarnations
+from blackbox.intake.keeping import Keeping
 from blackbox.intake.nonces import Nonces
 from blackbox.intake.placement import Placement
 from blackbox.intake.policy import CallerPolicy
@@ -46,6 +47,7 @@ from blackbox.kafka.clients import read_headers
 from blackbox.kafka.deadletter import DeadLetter
 from blackbox.kafka.events import Coordinates
 from blackbox.kafka.outbox import Outbox
+from blackbox.kafka.storetopic import StoreUnavailable
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.signing import Parts
@@ -107,11 +109,14 @@ class Intake:
         incarnations: Incarnations,
         guard: CrashGuard,
         nonces: Nonces,
+        keeping: Keeping | None = None,
         on_scheduled: Nudge = lambda _shard, _due_ms: None,
         on_refused_for_memory: Callable[[bool], None] = lambda _refused: None,
         on_stopped: Callable[[Sequence[Partition]], None] = lambda _partitions: None,
     ) -> None:
-        """`on_stopped` is told the partitions whose Redis lost data, whenever they change."""
+        """`on_stopped` is told the partitions whose Redis lost data, whenever they change;
+        `keeping` writes to the store topic, where one is set (keeping.py)."""
+        self.keeping = keeping
         self.on_scheduled = on_scheduled
         self.incarnations = incarnations
         self.guard = guard
@@ -166,7 +171,7 @@ class Intake:
             self.handle(records, stop)
             self.backoff.reset()
             self.on_refused_for_memory(False)
-        except (redis.RedisError, KafkaException, DeadLetterUnavailable) as e:
+        except (redis.RedisError, KafkaException, DeadLetterUnavailable, StoreUnavailable) as e:
             # A full Redis refuses intake's writes until firing has freed room.
             self.on_refused_for_memory(isinstance(e, redis.exceptions.OutOfMemoryError))
             dependency = "redis" if isinstance(e, redis.RedisError) else "kafka"
@@ -241,6 +246,11 @@ class Intake:
         batch.poisoned = self.guard.note(records)
         codes = self._apply_in_parts(records, now, batch, stop)
         self.gaps.record_refreshed()
+        try:
+            self._keep_after(batch, codes, stop)
+        except (StoreUnavailable, redis.RedisError):
+            self._answer(batch, codes, now, stop, offsets=[])  # a re-read skips them
+            raise
         self._answer(batch, codes, now, stop, batch.next_offsets())
         # Last: a death anywhere before (answering, encoding, the producer's native code)
         # is charged to the records it met.
@@ -264,8 +274,9 @@ class Intake:
                 try:
                     self._refuse_replays(batch)
                     self._refuse_over_quota(batch, now)
+                    self._keep_ahead(batch, stop)
                     self._send_dead_letters(batch.unlanded(), stop)
-                except (DeadLetterUnavailable, redis.RedisError):
+                except (DeadLetterUnavailable, StoreUnavailable, redis.RedisError):
                     self._answer(batch, applying.codes(), now, stop, offsets=[])
                     raise
                 batch.all_landed()
@@ -276,6 +287,17 @@ class Intake:
                 # Redis filled up part way: answer the parts that ran (a re-read skips them).
                 self._answer(batch, applying.partial, now, stop, offsets=[])
                 raise
+
+    def _keep_ahead(self, batch: Batch, stop: threading.Event) -> None:
+        """Write the part's requests to the store topic before Redis applies them."""
+        if self.keeping is not None:
+            writes = [write for items in batch.unsent.values() for _, write in items]
+            self.keeping.ahead(writes, stop)
+
+    def _keep_after(self, batch: Batch, codes: Sequence[Applied], stop: threading.Event) -> None:
+        """Write what Redis holds where it did not apply a request as written ahead."""
+        if self.keeping is not None:
+            self.keeping.after(((write, code) for _, write, code in batch.applied(codes)), stop)
 
     def _answer(
         self, batch: Batch, codes: Sequence[Applied | None], now: int, stop: threading.Event,

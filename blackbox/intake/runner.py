@@ -20,11 +20,13 @@ from blackbox.intake import policy
 from blackbox.intake.crashguard import CrashGuard
 from blackbox.intake.gaps import GapConfig, Loss, Partition
 from blackbox.intake.incarnations import Incarnations, RedisRecord
+from blackbox.intake.keeping import Keeping
 from blackbox.intake.loop import POLL_SECONDS, Intake, IntakeConfig
 from blackbox.intake.nonces import Nonces
 from blackbox.intake.policy import CallerPolicy
 from blackbox.kafka import clients, replication, retention
 from blackbox.kafka.outbox import Outbox
+from blackbox.kafka.storetopic import StoreTopic
 from blackbox.metrics import Metrics
 from blackbox.role import Loop
 from blackbox.settings import Settings
@@ -99,17 +101,18 @@ class Receiving:
         self.stopping = stopping
         self.redis_checked = redis_checked
         self.kafka = settings.kafka
-        self.retention_needed = retention.needed_ms(
-            caller_policy.longest_horizon_seconds, settings.grace_seconds
-        )
+        self.retention_needed = retention.intake_needed_ms(settings, caller_policy)
         self.outbox = answers_outbox(settings)
+        keeping = None
+        if settings.store_topic:
+            keeping = Keeping(StoreTopic(settings.store_topic, self.outbox, metrics), store)
         self.topic_ids = clients.topic_id_lookup(settings.kafka)
         self.intake = Intake(
             clients.new_consumer(settings), store, self.outbox,
             intake_config_of(settings, caller_policy), metrics,
             incarnations=Incarnations(self.topic_ids, RedisRecord(store.client, store.layout)),
             guard=CrashGuard(store.client, store.layout.intake_handling),
-            nonces=Nonces(store.client, store.layout),
+            nonces=Nonces(store.client, store.layout), keeping=keeping,
             on_scheduled=announce, on_refused_for_memory=room.intake_refused,
             on_stopped=on_stopped,
         )  # fmt: skip

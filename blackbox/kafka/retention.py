@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from confluent_kafka import KafkaException
@@ -31,6 +31,10 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ConfigEntry,
     ConfigResource,
 )
+
+if TYPE_CHECKING:
+    from blackbox.intake.policy import CallerPolicy
+    from blackbox.settings import Settings
 
 log = structlog.get_logger("blackbox.kafka.retention")
 
@@ -54,6 +58,19 @@ def needed_ms(longest_horizon_seconds: float, grace_seconds: int) -> int:
     """The retention the intake topics need: the longest horizon any caller may schedule
     at, plus the grace firing has past a due time."""
     return int((longest_horizon_seconds + grace_seconds) * 1000)
+
+
+# What the intake topics must keep beside a store topic: the window a failover's re-read,
+# or a rebuild's reading past the committed offsets, can need (the store holds the rest).
+STORE_WINDOW_SECONDS = 86_400
+
+
+def intake_needed_ms(settings: Settings, policy: CallerPolicy) -> int:
+    """The retention `settings`' intake topics need: a day beside a store topic, else
+    the longest horizon plus the grace (`needed_ms`)."""
+    if settings.store_topic:
+        return STORE_WINDOW_SECONDS * 1000
+    return needed_ms(policy.longest_horizon_seconds, settings.grace_seconds)
 
 
 def kept(

@@ -490,6 +490,13 @@ class RedisStore:
         raw: bytes | None = self.client.get(key)  # type: ignore[assignment]
         return None if raw is None else Schedule.decode(schedule_id, raw)
 
+    def payloads(self, ids: Sequence[str]) -> list[bytes | None]:
+        """The stored encoding of each id, None where none is pending (or in flight)."""
+        pipe = self.client.pipeline(transaction=False)
+        for schedule_id in ids:
+            pipe.get(self.layout.keys_of(schedule_id).payload(schedule_id))
+        return list(pipe.execute()) if ids else []
+
     def cancel(self, schedule_id: str) -> Applied:
         """Cancel one id as an intake cancel record would (the same Lua function):
         CANCELLED, ALREADY_FIRED or NOT_FOUND."""

@@ -1,0 +1,121 @@
+"""The store topic: each pending schedule's latest version, on a compacted topic keyed by
+its id, and a tombstone once it ends (fired, cancelled, dead-lettered, a series completed).
+
+Kafka then keeps what is pending, not every request ever sent: a rebuild reads the store
+(intake/rebuild.py) and the intake topic need keep only the window a re-read can need.
+
+The store is written ahead of Redis, so it is never behind it: intake sends a batch's
+versions (and the tombstones of its cancels) and waits for the broker's acknowledgement
+before applying the batch in Redis, and where Redis then did something else than asked
+(an `if_absent` create of a pending id, a re-read, a move of a series) it writes what
+Redis holds. Firing writes a tombstone after the target topic acknowledged a delivery and
+Redis forgot the id, or a series' next occurrence once it is stored: a crash in between
+leaves a version the target topic shows delivered, which a rebuild passes over. Every
+version of an id is written by the intake's producer, then by firing's: both keep it on
+one partition (the key's), in the order Redis saw it.
+
+The value is the schedule's stored encoding (schedule.py), byte for byte what Redis holds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+
+import structlog
+
+from blackbox.errors import BlackboxError
+from blackbox.kafka.outbox import Outbox, Record, Reports
+from blackbox.metrics import Metrics
+from blackbox.schedule import Schedule
+
+log = structlog.get_logger("blackbox.kafka.storetopic")
+
+
+class StoreUnavailable(BlackboxError):
+    """The store topic did not acknowledge a batch's versions: the batch must be retried."""
+
+
+def version(schedule: Schedule, topic: str) -> Record:
+    """The store record of a schedule's version: its id as the key, its encoding."""
+    return Record(topic, schedule.encode(), schedule.id.encode("utf-8"))
+
+
+def tombstone(schedule_id: str, topic: str) -> Record:
+    """The store record of an ended schedule: its id, no value."""
+    return Record(topic, None, schedule_id.encode("utf-8"))
+
+
+def schedule_of(key: bytes | None, value: bytes | None) -> Schedule | None:
+    """The schedule a store record holds; None for a tombstone. Raises CorruptSchedule
+    for a value no release of blackbox wrote."""
+    if key is None or value is None:
+        return None
+    return Schedule.decode(key.decode("utf-8"), value)
+
+
+class StoreTopic:
+    """Writes versions and tombstones to the store topic through an outbox."""
+
+    def __init__(self, topic: str, outbox: Outbox, metrics: Metrics) -> None:
+        self.topic = topic
+        self.outbox = outbox
+        self.metrics = metrics
+        self._unchecked: list[tuple[Reports, int]] = []
+        self._lock = threading.Lock()
+
+    def records(self, latest: Iterable[tuple[str, Schedule | None]]) -> list[Record]:
+        """A version for each (id, schedule), a tombstone where the schedule is None."""
+        return [
+            tombstone(schedule_id, self.topic) if s is None else version(s, self.topic)
+            for schedule_id, s in latest
+        ]
+
+    def write(self, records: Sequence[Record], stop: threading.Event | None = None) -> None:
+        """Send `records` and wait until the broker acknowledged each (StoreUnavailable)."""
+        if not records:
+            return
+        errors = [e for e in self.outbox.send(records, stop) if e is not None]
+        if errors:
+            raise StoreUnavailable(
+                f"the store topic {self.topic!r} did not acknowledge {len(errors)} of "
+                f"{len(records)} records: {errors[0].str()}"
+            )
+        self._count(records)
+
+    def write_behind(self, records: Sequence[Record]) -> None:
+        """Send `records` without waiting; refusals are counted and logged later."""
+        if not records:
+            return
+        reports = self.outbox.submit(records)
+        with self._lock:
+            self._unchecked.append((reports, len(records)))
+            self._check(settled=lambda r: r.pending == 0)
+        self._count(records)
+
+    def settle(self, wait_seconds: float) -> None:
+        """Wait for what was written behind, counting its refusals (at a stop)."""
+        with self._lock:
+            for reports, _ in self._unchecked:
+                self.outbox.wait(reports, seconds=wait_seconds)
+            self._check(settled=lambda _r: True)
+
+    def _check(self, settled: Callable[[Reports], bool]) -> None:
+        left = []
+        for reports, size in self._unchecked:
+            if not settled(reports):
+                left.append((reports, size))
+                continue
+            failed = [e for e in reports.errors if e is not None]
+            if failed:
+                self.metrics.store_failures.inc(len(failed))
+                log.error("store_write_failed", topic=self.topic, count=len(failed),
+                          of=size, error=failed[0].str())  # fmt: skip
+        self._unchecked = left
+
+    def _count(self, records: Sequence[Record]) -> None:
+        ended = sum(1 for r in records if r.value is None)
+        if ended:
+            self.metrics.store_records.labels(kind="tombstone").inc(ended)
+        if len(records) > ended:
+            self.metrics.store_records.labels(kind="version").inc(len(records) - ended)
