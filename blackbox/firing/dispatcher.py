@@ -40,6 +40,7 @@ from blackbox.firing.servers import Servers
 from blackbox.firing.settling import Settler
 from blackbox.firing.shares import Share
 from blackbox.kafka.outbox import Outbox
+from blackbox.kafka.storetopic import StoreTopic
 from blackbox.metrics import Metrics
 from blackbox.storage.store import PROBED_DUE, PROBED_EMPTY, RedisStore
 
@@ -97,8 +98,10 @@ class Dispatcher:
         horizon_of: Horizon | None = None,
         floors: Callable[[], Mapping[int, int]] | None = None,
         rechecks: Rechecks | None = None,
+        keeper: StoreTopic | None = None,
     ) -> None:
-        """`floors` tells each shard's clock floor: nothing is claimed from a Redis whose
+        """`keeper` is told what ended and where series stand (the store topic, where one
+        is set). `floors` tells each shard's clock floor: nothing is claimed from a Redis whose
         clock went below it (clocks.py); None: no floor. `rechecks` holds the shards whose
         Redis changed lately: what Kafka shows delivered there is not delivered again.
         `horizon_of` None: a series' next occurrence is never refused."""
@@ -115,7 +118,7 @@ class Dispatcher:
         self._servers = None if rechecks is None else Servers(store, rechecks)
         self._preparing = Preparing(metrics, horizon_of, rechecks)
         self._flight = Flight(outbox, policy, metrics)
-        self._settler = Settler(store, outbox, policy, metrics, self.share)
+        self._settler = Settler(store, outbox, policy, metrics, self.share, keeper=keeper)
 
     def fire_due(
         self, stop: threading.Event, nudged: Nudged = lambda: None, *, sweep: bool = False

@@ -37,6 +37,7 @@ from blackbox.firing.shares import Share, sweep_after_ms
 from blackbox.firing.waker import Waker
 from blackbox.kafka import clients
 from blackbox.kafka.outbox import Outbox
+from blackbox.kafka.storetopic import StoreTopic
 from blackbox.metrics import Metrics
 from blackbox.role import Loop
 from blackbox.settings import REPORT_GRACE_SECONDS, Settings
@@ -103,9 +104,12 @@ class Firing:
         self.clocks = Clocks(store.client, store.layout, int(settings.redis_max_lag * 1000),
                              store.beat_all)  # fmt: skip
         rechecks = Rechecks(settings.kafka, int(settings.redis_max_lag * 1000))
+        keeper = None
+        if settings.store_topic:
+            keeper = StoreTopic(settings.store_topic, self.outbox, metrics)
         self.dispatcher = Dispatcher(store, self.outbox, retry_policy_of(settings), metrics, share,
                                      horizon_of=horizon_of, floors=self.clocks.floors,
-                                     rechecks=rechecks)  # fmt: skip
+                                     rechecks=rechecks, keeper=keeper)  # fmt: skip
         self.dispatcher.ahead_ms = settings.fire_ahead_ms
         self._on_held = on_held
         self.lost: str | None = None  # what Redis lost, while firing holds for it

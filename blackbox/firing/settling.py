@@ -30,6 +30,7 @@ from blackbox.kafka.clients import lasting_reason
 from blackbox.kafka.deadletter import DeadLetter
 from blackbox.kafka.events import Event, Outcome
 from blackbox.kafka.outbox import Outbox
+from blackbox.kafka.storetopic import StoreTopic
 from blackbox.metrics import Metrics, observe_all
 from blackbox.schedule import Schedule
 from blackbox.storage.store import Acks, Advance, Claim, RedisStore
@@ -53,10 +54,12 @@ class Verdict:
 class Settler:
     """Settles sent batches in Redis."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - its collaborators, each injected
         self, store: RedisStore, outbox: Outbox, policy: RetryPolicy, metrics: Metrics,
-        share: Share,
+        share: Share, *, keeper: StoreTopic | None = None,
     ) -> None:  # fmt: skip
+        """`keeper`: the store topic, where one is set (kafka/storetopic.py)."""
+        self.keeper = keeper
         self.store = store
         self.outbox = outbox
         self.policy = policy
@@ -74,12 +77,32 @@ class Settler:
         acked = self.store.ack_all(acks)
         for batch, verdict, count in zip(batches, verdicts, acked, strict=True):
             self._record(batch.claim, verdict, batch.advances, count)
+        if self.keeper is not None:
+            self._keep(self.keeper, batches, verdicts, acks)
+        for batch, verdict in zip(batches, verdicts, strict=True):
             if batch.advances:
                 self._answer(_series_events(batch, verdict), stop)
             if batch.later:
                 self.store.release(batch.later, batch.claim.token, batch.claim.shard)
                 self.share.nudged(batch.claim.shard, min(due for _, due in batch.later))
         return sum(verdict.delivered for verdict in verdicts)
+
+    def _keep(
+        self, keeper: StoreTopic, batches: Sequence[Batch], verdicts: Sequence[Verdict],
+        acks: Sequence[Acks],
+    ) -> None:  # fmt: skip
+        """Tell the store topic what ended and where each series stands: a tombstone for
+        each id acked that is not pending again (an update that came while it flew is),
+        a series' next occurrence, or its tombstone once it completed. Written behind:
+        a tombstone lost leaves a version the target topic shows delivered."""
+        acked = [i for a in acks for i in a.ids]
+        pending = self.store.pending_of(acked) if acked else []
+        latest: list[tuple[str, Schedule | None]] = [
+            (i, None) for i, still in zip(acked, pending, strict=True) if not still
+        ]
+        for batch, verdict in zip(batches, verdicts, strict=True):
+            latest += [(i, batch.advances[i].next) for i in verdict.done if i in batch.advances]
+        keeper.write_behind(keeper.records(latest))
 
     def _conclude(self, batch: Batch, stop: threading.Event) -> Verdict:
         """Judge one sent batch by its reports (waiting for the missing ones until its

@@ -69,20 +69,23 @@ class Keeping:
         earlier request of the same poll wrote, else from what Redis holds."""
         latest: dict[str, bytes | None] = {}
         held_ids = [w.id for w in writes if isinstance(w, Move | Holding)]
-        for schedule_id, raw in zip(held_ids, self.store.payloads(held_ids), strict=True):
-            latest.setdefault(schedule_id, raw)
+        for schedule_id, stored in zip(held_ids, self.store.payloads(held_ids), strict=True):
+            latest.setdefault(schedule_id, stored)
         records = []
         for write in writes:
+            raw: bytes | None
             if isinstance(write, Schedule):
-                raw: bytes | None = write.encode()
+                raw = write.encode()
             elif isinstance(write, Cancellation):
                 raw = None
             else:
                 before = latest.get(write.id)
                 if before is None:  # nothing pending: Redis answers how it ended
                     continue
-                raw = moved(before, write.due_ms) if isinstance(write, Move) else held(
-                    before, write.paused
+                raw = (
+                    moved(before, write.due_ms)
+                    if isinstance(write, Move)
+                    else held(before, write.paused)
                 )
                 if raw is None:  # nothing changes
                     continue

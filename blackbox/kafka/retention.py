@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 from confluent_kafka import KafkaException
@@ -33,7 +33,6 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 if TYPE_CHECKING:
-    from blackbox.intake.policy import CallerPolicy
     from blackbox.settings import Settings
 
 log = structlog.get_logger("blackbox.kafka.retention")
@@ -65,7 +64,14 @@ def needed_ms(longest_horizon_seconds: float, grace_seconds: int) -> int:
 STORE_WINDOW_SECONDS = 86_400
 
 
-def intake_needed_ms(settings: Settings, policy: CallerPolicy) -> int:
+class Horizons(Protocol):
+    """What the callers' policy tells of how far ahead they may schedule."""
+
+    @property
+    def longest_horizon_seconds(self) -> float: ...
+
+
+def intake_needed_ms(settings: Settings, policy: Horizons) -> int:
     """The retention `settings`' intake topics need: a day beside a store topic, else
     the longest horizon plus the grace (`needed_ms`)."""
     if settings.store_topic:

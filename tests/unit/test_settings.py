@@ -24,6 +24,7 @@ def test_defaults_from_an_empty_environment() -> None:
         group_id="blackbox",
         dlq_topic="blackbox.dlq",
         events_topic="blackbox.events",
+        store_topic="",
         policy_file="",
         poll_interval=1.0,
         batch_limit=1000,
