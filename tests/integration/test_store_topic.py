@@ -1,0 +1,136 @@
+"""The store topic (kafka/storetopic.py) on the real stack: after schedules, updates,
+cancels, moves, pauses, series and deliveries, the store's latest record of each id is
+exactly what Redis holds pending, byte for byte, and a tombstone for each id that ended."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from blackbox.envelope import CALLER_HEADER
+from blackbox.kafka import clients
+from blackbox.service import Service
+from tests.integration.conftest import ReaderFactory, ServiceFactory
+from tests.kafkatools import TopicReader, produce, unique, wait_until
+
+CALLER = "shop"
+
+
+def _send(env: dict[str, str], *documents: dict[str, Any]) -> None:
+    produce(
+        env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_INTAKE_TOPIC"],
+        [orjson.dumps(d) for d in documents], [(CALLER_HEADER, CALLER.encode())],
+    )  # fmt: skip
+
+
+def create_store(env: dict[str, str]) -> dict[str, str]:
+    """`env` with a store topic of its own, created compacted as `create-topics` does."""
+    topic = unique("store")
+    config = {"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}
+    clients.ensure_topics(config, [topic], topic_config={"cleanup.policy": "compact"})
+    return {**env, "BLACKBOX_STORE_TOPIC": topic}
+
+
+def store_latest(bootstrap: str, topic: str) -> dict[str, bytes | None]:
+    """The store topic read to its end: each id's latest value (None: a tombstone)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("read"),
+                         "enable.auto.commit": False, "enable.partition.eof": True})  # fmt: skip
+    try:
+        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+        partitions = [TopicPartition(topic, p, 0) for p in metadata.partitions]
+        ends = {p.partition: consumer.get_watermark_offsets(p, timeout=10)[1] for p in partitions}
+        consumer.assign(partitions)
+        latest: dict[str, bytes | None] = {}
+        left = {p for p, end in ends.items() if end > 0}
+        while left:
+            message = consumer.poll(5)
+            assert message is not None, f"the store topic ended early: {left} left"
+            if message.error() is not None:
+                left.discard(message.partition() or 0)
+                continue
+            latest[(message.key() or b"").decode()] = message.value()
+            if (message.offset() or 0) + 1 >= ends[message.partition() or 0]:
+                left.discard(message.partition() or 0)
+        return latest
+    finally:
+        consumer.close()
+
+
+def redis_pending(service: Service) -> dict[str, bytes]:
+    """Every pending id (due or in flight) of the service's namespace, with its payload."""
+    client, layout = service.store.client, service.store.layout
+    ids = [i.decode() for shard in layout.shards for key in (shard.due, shard.in_flight)
+           for i in client.zrange(key, 0, -1)]  # type: ignore[union-attr]  # fmt: skip
+    payloads = service.store.payloads(ids)
+    return {i: p for i, p in zip(ids, payloads, strict=True) if p is not None}
+
+
+def assert_store_matches(service: Service, env: dict[str, str]) -> dict[str, bytes | None]:
+    """The store's live records are exactly Redis's pending payloads; what it returns."""
+    latest = store_latest(env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_STORE_TOPIC"])
+    live = {k: v for k, v in latest.items() if v is not None}
+    assert live == redis_pending(service)
+    return latest
+
+
+@pytest.fixture
+def store_env(env: dict[str, str]) -> dict[str, str]:
+    return create_store(env)
+
+
+def test_the_store_holds_what_redis_holds_pending_and_a_tombstone_for_what_ended(
+    start_service: ServiceFactory, reader: ReaderFactory, store_env: dict[str, str]
+) -> None:
+    """Fired one-offs, cancels, updates, moves, a pause and a completed series: each id's
+    latest store record is its Redis payload byte for byte, or a tombstone once it ended."""
+    env = store_env
+    service = start_service(**{k: v for k, v in env.items() if k == "BLACKBOX_STORE_TOPIC"})
+    target, events = reader(unique("target")), reader(env["BLACKBOX_EVENTS_TOPIC"])
+    t = target.topic
+    _send(env, *[{"topic": t, "message": f"now-{n}", "countdown": 0} for n in range(20)])
+    _send(env, *[{"id": f"later-{n}", "topic": t, "message": "x", "countdown": 3600}
+                 for n in range(10)])  # fmt: skip
+    _send(env, {"id": "tick", "topic": t, "message": "t", "every": 1, "limit": 2},
+          {"id": "daily", "topic": t, "message": "d", "every": 86400})  # fmt: skip
+    _send(env, *[{"id": f"later-{n}", "cancel": True} for n in range(3)])
+    _send(env, {"id": "later-3", "topic": t, "message": "updated", "countdown": 7200},
+          {"id": "later-4", "reschedule": True, "countdown": 9000},
+          {"id": "later-5", "reschedule": True, "countdown": 1},
+          {"id": "daily", "pause": True}, {"id": "missing", "cancel": True})  # fmt: skip
+    target.wait_count(23, timeout=30)  # 20 now, 2 ticks, later-5 moved to 1 s
+    _wait_answers(events, 20 + 10 + 2 + 3 + 5 + 3)
+
+    latest = _when_settled(service, env)
+    assert sum(1 for k, v in latest.items() if v is None and not k.startswith("@")) == 20
+    # A cancel of an id never pending leaves a tombstone too (compaction drops it a day on).
+    ended = {f"@{CALLER}/{name}" for name in ("later-0", "later-1", "later-2", "later-5",
+                                              "tick", "missing")}  # fmt: skip
+    assert {k for k, v in latest.items() if v is None and k.startswith("@")} == ended
+    pending = redis_pending(service)
+    assert b"updated" in pending[f"@{CALLER}/later-3"]
+    assert len(pending) == 7  # later-3, later-4, later-6 to later-9, daily
+    daily = pending[f"@{CALLER}/daily"]
+    assert daily[9] & 64, "the paused flag is in the store's version too"
+
+
+def _wait_answers(events: TopicReader, count: int) -> None:
+    events.wait_for(lambda _: len(events.records) >= count, timeout=30)
+
+
+def _when_settled(service: Service, env: dict[str, str]) -> dict[str, bytes | None]:
+    """The store once it matches Redis (firing writes its tombstones behind its acks)."""
+    found: dict[str, bytes | None] = {}
+
+    def matches() -> bool:
+        nonlocal found
+        try:
+            found = assert_store_matches(service, env)
+        except AssertionError:
+            return False
+        return True
+
+    wait_until(matches, 20, "the store matches Redis")
+    return found
