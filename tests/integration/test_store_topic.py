@@ -62,8 +62,11 @@ def store_latest(bootstrap: str, topic: str) -> dict[str, bytes | None]:
 def redis_pending(service: Service) -> dict[str, bytes]:
     """Every pending id (due or in flight) of the service's namespace, with its payload."""
     client, layout = service.store.client, service.store.layout
-    ids = [i.decode() for shard in layout.shards for key in (shard.due, shard.in_flight)
-           for i in client.zrange(key, 0, -1)]  # type: ignore[union-attr]  # fmt: skip
+    ids: list[str] = []
+    for shard in layout.shards:
+        for key in (shard.due, shard.in_flight):
+            members: list[bytes] = client.zrange(key, 0, -1)  # type: ignore[assignment]
+            ids += [member.decode() for member in members]
     payloads = service.store.payloads(ids)
     return {i: p for i, p in zip(ids, payloads, strict=True) if p is not None}
 
