@@ -146,7 +146,14 @@ def _counted(schedule: Schedule, series: Series, known: Known) -> Delivered | No
     oldest kept record counts as delivered (its record may be gone): never more than the
     limit, at the risk of fewer. None when those are too many to count."""
     found = known.deliveries.versions.get((schedule.topic, schedule.id, schedule.version))
-    found = Delivered(set(found.occurrences), found.delivered_ms) if found else Delivered()
+    # Those before the occurrence stored are in its count already (a store topic's version
+    # of a series that fired; a request's first occurrence has none before it).
+    since = series.occurrence_ms
+    found = (
+        Delivered({o for o in found.occurrences if o is None or o >= since}, found.delivered_ms)
+        if found
+        else Delivered()
+    )
     kept_from = known.deliveries.kept_from_ms.get(schedule.topic)
     limit = series.rule.limit
     if kept_from is None or limit is None:

@@ -52,7 +52,7 @@ from confluent_kafka.admin import AdminClient
 
 from blackbox.clock import now_ms
 from blackbox.envelope import Header, Request
-from blackbox.errors import BlackboxError, InvalidEnvelope
+from blackbox.errors import BlackboxError, CorruptSchedule, InvalidEnvelope
 from blackbox.intake import passover, targets
 from blackbox.intake.batch import Batch
 from blackbox.intake.crashguard import CrashGuard
@@ -62,12 +62,12 @@ from blackbox.intake.loop import Intake, IntakeConfig, record_ms
 from blackbox.intake.nonces import Nonces
 from blackbox.intake.passover import Known, Reason
 from blackbox.intake.runner import answers_outbox, caller_policy_of, intake_config_of
-from blackbox.kafka import clients, deliveries, letters, readback
+from blackbox.kafka import clients, deliveries, letters, readback, storetopic
 from blackbox.kafka.deadletter import DeadLetter
 from blackbox.kafka.letters import Letters
 from blackbox.kafka.readback import Extent
 from blackbox.metrics import Metrics
-from blackbox.schedule import SCOPED_PREFIX
+from blackbox.schedule import SCOPED_PREFIX, Schedule
 from blackbox.settings import Settings
 from blackbox.signing import Parts
 from blackbox.storage import clocks, rebuilding, shardcount, watermarks
@@ -79,6 +79,8 @@ from blackbox.storage.store import RedisStore
 log = structlog.get_logger("blackbox.intake.rebuild")
 
 POLL_SECONDS = 1.0
+# Store versions written back per round (each its script calls, see applying.py).
+RESTORE_PART = 5000
 _STORED = {Applied.SCHEDULED, Applied.UPDATED}
 ACCEPT_FLAG = "--accept-aged-out"
 
@@ -102,6 +104,7 @@ class Counts:
     refused_before: int = 0  # dead-lettered when first read: not taken
     skipped: int = 0  # delivered records or letters with headers out of bounds
     aged_out_records: int = 0  # intake records retention removed (accepted as lost)
+    stored: int = 0  # versions read from the store topic
     targets: set[str] = field(default_factory=set)
 
     @property
@@ -176,6 +179,12 @@ class Replaying(Intake):
                         "count: not written back, so it cannot run past its limit")  # fmt: skip
         return kept
 
+    def restored(self, schedule: Schedule, written_ms: int) -> Write | None:
+        """What to write back of a version the store topic kept (written at `written_ms`):
+        judged as a replayed request is, passed over where Kafka shows it ended."""
+        self._accepted_ms = written_ms
+        return self._rewritten(schedule)
+
     def _refuse(
         self, batch: Batch, message: Message, where: tuple[str, int, int], *,
         error: InvalidEnvelope, **_: Any,
@@ -193,6 +202,75 @@ class Replaying(Intake):
         offsets: list[TopicPartition],
     ) -> None:  # fmt: skip
         self.counts.written += sum(1 for code in codes if code in _STORED)
+
+
+def ranges_past_commits(
+    committed: Mapping[tuple[str, int], int | None], kept: Mapping[tuple[str, int], Extent]
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """With a store topic, which holds every version up to the committed offsets: the
+    partitions the group committed on, each from its committed offset (or its oldest kept
+    record, if retention went past it) to its end when the rebuild began."""
+    found = {}
+    for where, offset in committed.items():
+        if not offset or where not in kept:
+            continue
+        start = max(offset, kept[where].low)
+        if kept[where].high > start:
+            found[where] = (start, kept[where].high)
+    return found
+
+
+def refuse_aged_out_past_commits(
+    committed: Mapping[tuple[str, int], int | None], kept: Mapping[tuple[str, int], Extent],
+    accept: bool,
+) -> int:  # fmt: skip
+    """As `refuse_aged_out`, beside a store topic: only records past a committed offset
+    are not in the store, so only those count as lost."""
+    lost = {w: max(0, kept[w].low - (c or 0)) for w, c in committed.items() if w in kept and c}
+    if sum(lost.values()) and not accept:
+        named = ", ".join(f"{t}:{p}" for (t, p), n in sorted(lost.items()) if n)
+        raise AgedOut(
+            f"the intake topic no longer holds {sum(lost.values())} records of {named} past "
+            "the group's committed offsets (its retention removed them before the service "
+            f"read them): what they asked for is lost. Nothing was deleted. Run again with "
+            f"{ACCEPT_FLAG} to rebuild without them."
+        )
+    return sum(lost.values())
+
+
+def restore(intake: Replaying, store: RedisStore, config: Mapping[str, Any], topic: str) -> None:
+    """Write back each version the store topic keeps, judged by `intake` (passed over
+    where Kafka shows it ended), before the intake records past the commits are replayed."""
+    kept = storetopic.read(config, topic)
+    intake.counts.stored = len(kept)
+    fields = set()
+    for start in range(0, len(kept), RESTORE_PART):
+        slices = _stored_slices(intake, topic, kept[start : start + RESTORE_PART])
+        codes = store.apply(slices, now_ms())
+        intake.counts.written += sum(1 for code in codes if code in _STORED)
+        fields |= {part.field for part in slices}
+    watermarks.forget(store.client, store.layout, fields)  # the store's are no intake's
+
+
+def _stored_slices(
+    intake: Replaying, topic: str, kept: Sequence[storetopic.Kept]
+) -> list[IntakeSlice]:
+    """The versions of `kept` to write back, as intake slices by store partition."""
+    items: dict[int, list[tuple[int, Write]]] = {}
+    last: dict[int, int] = {}
+    for version in kept:
+        last[version.partition] = version.offset
+        try:
+            schedule = Schedule.decode(version.id, version.value)
+        except CorruptSchedule as e:
+            intake.counts.skipped += 1
+            log.warning("rebuild_store_record_unreadable", id=version.id, error=str(e),
+                        partition=version.partition, offset=version.offset)  # fmt: skip
+            continue
+        write = intake.restored(schedule, version.written_ms)
+        if write is not None:
+            items.setdefault(version.partition, []).append((version.offset, write))
+    return [IntakeSlice(topic, p, end, items.get(p, ())) for p, end in last.items()]
 
 
 def ranges(
@@ -385,9 +463,13 @@ def planned(settings: Settings, accept_aged_out: bool) -> Plan:
     config = intake_config_of(settings, caller_policy_of(settings))
     committed = clients.committed_offsets(settings)(_partitions(settings, config.topics))
     kept = readback.extents_of(settings.kafka, config.topics)
-    aged = refuse_aged_out(committed, kept, accept_aged_out)
+    if settings.store_topic:  # the store holds what the records up to the commits asked for
+        aged = refuse_aged_out_past_commits(committed, kept, accept_aged_out)
+        spans = ranges_past_commits(committed, kept)
+    else:
+        aged = refuse_aged_out(committed, kept, accept_aged_out)
+        spans = ranges(committed, kept)
     refused = letters.read(settings.kafka, settings.dlq_topic)
-    spans = ranges(committed, kept)
     unreadable = targets.unreadable(settings.kafka, targets.named(settings.kafka, spans))
     for topic, error in unreadable.items():
         log.warning("rebuild_target_unreadable", topic=topic, error=error,
@@ -403,6 +485,8 @@ def _replay_all(settings: Settings, store: RedisStore, plan: Plan) -> Replaying:
     try:
         intake = _replaying(settings, store, consumer, plan)
         intake.counts.aged_out_records = plan.aged_out
+        if settings.store_topic:
+            restore(intake, store, settings.kafka, settings.store_topic)
         replay(intake, consumer, plan.spans)
     finally:
         consumer.close()

@@ -20,11 +20,14 @@ The value is the schedule's stored encoding (schedule.py), byte for byte what Re
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
 from blackbox.errors import BlackboxError
+from blackbox.kafka import readback
 from blackbox.kafka.outbox import Outbox, Record, Reports
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule
@@ -52,6 +55,33 @@ def schedule_of(key: bytes | None, value: bytes | None) -> Schedule | None:
     if key is None or value is None:
         return None
     return Schedule.decode(key.decode("utf-8"), value)
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """A schedule's latest version in the store topic, and where it lies there."""
+
+    id: str
+    value: bytes
+    partition: int
+    offset: int
+    written_ms: int  # the record's timestamp
+
+
+def read(config: Mapping[str, Any], topic: str) -> list[Kept]:
+    """The store topic read to its end: each id's latest version (none after its
+    tombstone), by partition and offset."""
+    latest: dict[bytes, Kept | None] = {}
+    for message, _ in readback.records(config, readback.extents_of(config, [topic])):
+        key, value = message.key(), message.value()
+        if key is None:
+            continue
+        latest[key] = None if value is None else Kept(
+            key.decode("utf-8", "replace"), value, message.partition() or 0,
+            message.offset() or 0, message.timestamp()[1],
+        )  # fmt: skip
+    kept = [k for k in latest.values() if k is not None]
+    return sorted(kept, key=lambda k: (k.partition, k.offset))
 
 
 class StoreTopic:

@@ -134,3 +134,14 @@ def raise_to(client: RedisClient, layout: Layout, field: str, mark: int) -> None
         if shard_mark is None or shard_mark < mark:
             pipe.hset(keys.intake_marks, field, str(mark))
     pipe.execute()
+
+
+def forget(client: RedisClient, layout: Layout, fields: Iterable[str]) -> None:
+    """Drop `fields` from every shard's marks (a partition no intake reads)."""
+    names = sorted(fields)
+    if not names:
+        return
+    pipe = client.pipeline(transaction=False)
+    for keys in layout.shards:
+        pipe.hdel(keys.intake_marks, *names)
+    pipe.execute()

@@ -8,13 +8,16 @@ from typing import Any
 
 import orjson
 import pytest
+import redis
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from blackbox.envelope import CALLER_HEADER
+from blackbox.intake import rebuild
 from blackbox.kafka import clients
 from blackbox.service import Service
-from tests.integration.conftest import ReaderFactory, ServiceFactory
-from tests.kafkatools import TopicReader, produce, unique, wait_until
+from tests.integration.conftest import ReaderFactory, ServiceFactory, wipe_namespace
+from tests.kafkatools import TopicReader, end_offset, produce, unique, wait_until
 
 CALLER = "shop"
 
@@ -137,3 +140,59 @@ def _when_settled(service: Service, env: dict[str, str]) -> dict[str, bytes | No
 
     wait_until(matches, 20, "the store matches Redis")
     return found
+
+
+def _forget_all(bootstrap: str, topic: str) -> None:
+    """What a day's retention does to an intake topic: every record read is deleted."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    end = end_offset(bootstrap, topic)
+    for future in admin.delete_records([TopicPartition(topic, 0, end)]).values():
+        future.result(30)
+
+
+def test_a_flush_is_rebuilt_from_the_store_alone_series_included(
+    start_service: ServiceFactory, reader: ReaderFactory, store_env: dict[str, str],
+    redis_client: redis.Redis,
+) -> None:  # fmt: skip
+    """With the intake topic emptied by retention, `blackbox rebuild` writes back every
+    pending schedule from the store topic, byte for byte (a series where it stood), passes
+    over what ended, and the service goes on: the series fires on, nothing fires twice."""
+    env = store_env
+    overrides = {"BLACKBOX_STORE_TOPIC": env["BLACKBOX_STORE_TOPIC"]}
+    service = start_service(**overrides)
+    target, events = reader(unique("target")), reader(env["BLACKBOX_EVENTS_TOPIC"])
+    t = target.topic
+    _send(env, *[{"topic": t, "message": f"now-{n}", "countdown": 0} for n in range(5)])
+    _send(env, *[{"topic": t, "message": f"derived-{n}", "countdown": 3600} for n in range(5)])
+    _send(env, *[{"id": f"later-{n}", "topic": t, "message": "x", "countdown": 3600}
+                 for n in range(5)])  # fmt: skip
+    _send(env, {"id": "tick", "topic": t, "message": "t", "every": 2, "limit": 4})
+    _send(env, {"id": "later-0", "cancel": True}, {"id": "later-1", "reschedule": True,
+                                                  "countdown": 5000})  # fmt: skip
+    target.wait_count(6, timeout=30)  # the five now, the series' first
+    _wait_answers(events, 5 + 5 + 5 + 1 + 2)
+    _when_settled(service, env)
+    service.stop()  # its offsets committed: the intake topic may now lose its records
+    _forget_all(env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_INTAKE_TOPIC"])
+    before = redis_pending(service)  # as it stopped (the series may have fired once more)
+    wipe_namespace(redis_client, service.settings.namespace)
+
+    counts = rebuild.rebuild(service.settings)
+
+    assert counts.stored == len(before) == 5 + 4 + 1  # derived, later-1..4, the series
+    assert redis_pending(service) == before
+    again = start_service(**overrides)
+    target.wait_count(4 + 5, timeout=30)  # the series' four occurrences in all
+    settle_series(again, f"@{CALLER}/tick")
+    records = target.read_to_end()
+    assert len(records) == 4 + 5
+    occurrences = [r.header("blackbox-occurrence-ms") for r in records if r.value == b"t"]
+    assert len(occurrences) == len(set(occurrences)) == 4, "no occurrence twice"
+    assert sorted(r.value or b"" for r in records if r.value != b"t") == [
+        f"now-{n}".encode() for n in range(5)
+    ]
+
+
+def settle_series(service: Service, series_id: str) -> None:
+    """Wait until the series is no longer pending."""
+    wait_until(lambda: series_id not in redis_pending(service), 30, f"{series_id} completed")
