@@ -75,6 +75,9 @@ def local_stack(appendfsync: str | None = None, **overrides: str) -> Iterator[St
         **overrides,
     }
     settings = Settings.from_env(env)
+    if settings.store_topic:  # compacted, as create-topics makes it
+        clients.ensure_topics(settings.kafka, [settings.store_topic],
+                              topic_config={"cleanup.policy": "compact"})  # fmt: skip
     clients.ensure_topics(settings.kafka, settings.own_topics)
     try:
         yield Stack(redis, broker, env, settings, work)

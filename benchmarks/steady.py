@@ -14,7 +14,8 @@ Subjects, alternated run by run so the machine's drift falls on all alike:
 - `service`: `blackbox run` of this checkout, on the defaults;
 - `relay`: the floor, a plain Kafka relay that consumes the intake topic and produces each
   record's message to its target at once, no Redis, with the service's client settings;
-- `against`: `blackbox run` of the checkout `--against` names (a previous release).
+- `against`: `blackbox run` of the checkout `--against` names (a previous release);
+- `store`: `blackbox run` of this checkout with a store topic (BLACKBOX_STORE_TOPIC).
 
 Figures per run, from the first record sent to the last delivered: CPU per message of the
 subject, of the broker and of Redis, each net of what it spends idle over the same span
@@ -52,6 +53,8 @@ Result = dict[str, Any]
 IDLE_SECONDS = 3.0
 COUNTDOWNS_S = (2.0, 10.0)
 RELAY_GROUP = "bench-relay"
+# The settings each subject adds to the defaults.
+SUBJECT_SETTINGS = {"store": {"BLACKBOX_STORE_TOPIC": "blackbox.store"}}
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,8 @@ def subject_process(stack: Stack, subject: str, against: Path | None) -> Iterato
 def one_run(subject: str, rate: int, seconds: int, against: Path | None) -> Result:
     count = rate * seconds
     rng = random.Random(rate)
-    with local_stack() as stack, subject_process(stack, subject, against) as pid:
+    overrides = SUBJECT_SETTINGS.get(subject, {})
+    with local_stack(**overrides) as stack, subject_process(stack, subject, against) as pid:
         client = redis.Redis.from_url(stack.redis.url)
         target = f"steady-{uuid.uuid4().hex[:8]}"
         clients.ensure_topics(stack.settings.kafka, [target])
@@ -177,7 +181,8 @@ def _per_message(before: dict[str, float], after: dict[str, float], count: int) 
 def burst_run(subject: str, count: int, against: Path | None, ahead_s: float = 10.0) -> Result:
     """`count` messages due at one instant `ahead_s` from the first send (as S1): how long
     after it the last arrived, and the CPU from the due instant to the last delivery."""
-    with local_stack() as stack, subject_process(stack, subject, against) as pid:
+    overrides = SUBJECT_SETTINGS.get(subject, {})
+    with local_stack(**overrides) as stack, subject_process(stack, subject, against) as pid:
         client = redis.Redis.from_url(stack.redis.url)
         target = f"burst-{uuid.uuid4().hex[:8]}"
         clients.ensure_topics(stack.settings.kafka, [target])
@@ -275,7 +280,7 @@ def main() -> int:
         "--subjects",
         nargs="+",
         default=["service", "relay"],
-        choices=["service", "relay", "against"],
+        choices=["service", "relay", "against", "store"],
     )
     parser.add_argument("--against", type=Path, help="another checkout's tree (subject 'against')")
     parser.add_argument("--relay", nargs=2, metavar=("BOOTSTRAP", "TOPIC"), help=argparse.SUPPRESS)

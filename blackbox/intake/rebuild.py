@@ -209,14 +209,13 @@ def ranges_past_commits(
 ) -> dict[tuple[str, int], tuple[int, int]]:
     """With a store topic, which holds every version up to the committed offsets: the
     partitions the group committed on, each from its committed offset (or its oldest kept
-    record, if retention went past it) to its end when the rebuild began."""
+    record, if retention went past it) to its end when the rebuild began; one with nothing
+    past its commit is empty, its watermark still set at its end (`finish_marks`)."""
     found = {}
     for where, offset in committed.items():
         if not offset or where not in kept:
             continue
-        start = max(offset, kept[where].low)
-        if kept[where].high > start:
-            found[where] = (start, kept[where].high)
+        found[where] = (min(max(offset, kept[where].low), kept[where].high), kept[where].high)
     return found
 
 
@@ -336,7 +335,9 @@ def replay(
     intake: Replaying, consumer: Consumer, spans: Mapping[tuple[str, int], tuple[int, int]]
 ) -> None:
     """Read every partition of `spans` from its start to its end through `intake`, but
-    the records the dead-letter topic shows refused when first read."""
+    the records the dead-letter topic shows refused when first read (an empty span is
+    not read)."""
+    spans = {where: span for where, span in spans.items() if span[1] > span[0]}
     left = {where: end for where, (_, end) in spans.items()}
     consumer.assign([TopicPartition(t, p, start) for (t, p), (start, _) in spans.items()])
     stop = threading.Event()

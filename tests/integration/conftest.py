@@ -15,6 +15,7 @@ from fastapi.dependencies import models as fastapi_models
 
 from blackbox.dev.cluster import RedisCluster
 from blackbox.dev.servers import KafkaBroker, RedisServer, free_port
+from blackbox.kafka import clients
 from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.settings import Settings
@@ -98,9 +99,36 @@ def broker_bootstrap(broker: KafkaBroker) -> str:
     return broker.bootstrap
 
 
+# The storage modes a test marked `both_store_modes` runs in: without a store topic (the
+# default), and with one (kafka/storetopic.py), created compacted as create-topics makes it.
+STORE_MODES = ("no-store", "store")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.get_closest_marker("both_store_modes") and (
+        "env" in metafunc.fixturenames
+    ):
+        metafunc.parametrize("store_mode", STORE_MODES)
+
+
 @pytest.fixture
-def env(redis_server: RedisServer, broker: KafkaBroker) -> dict[str, str]:
-    return service_env(redis_server.url, broker.bootstrap)
+def store_mode() -> str:
+    """The storage mode of a test not marked `both_store_modes`: no store topic."""
+    return "no-store"
+
+
+def with_store_topic(env: dict[str, str]) -> dict[str, str]:
+    """`env` with a store topic of its own, created compacted as `create-topics` does."""
+    topic = unique("store")
+    config = {"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}
+    clients.ensure_topics(config, [topic], topic_config={"cleanup.policy": "compact"})
+    return {**env, "BLACKBOX_STORE_TOPIC": topic}
+
+
+@pytest.fixture
+def env(redis_server: RedisServer, broker: KafkaBroker, store_mode: str) -> dict[str, str]:
+    env = service_env(redis_server.url, broker.bootstrap)
+    return with_store_topic(env) if store_mode == "store" else env
 
 
 @pytest.fixture
@@ -125,8 +153,6 @@ def start_service(env: dict[str, str]) -> Iterator[ServiceFactory]:
 
     def start(role: Role = Role.ALL, **overrides: str) -> Service:
         settings = Settings.from_env({**env, **overrides})
-        from blackbox.kafka import clients  # noqa: PLC0415
-
         clients.ensure_topics(settings.kafka, settings.own_topics)
         service = Service(settings, role=role)
         service.start()

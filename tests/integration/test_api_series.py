@@ -12,12 +12,15 @@ from zoneinfo import ZoneInfo
 
 import httpx
 import orjson
+import pytest
 
 from blackbox.clock import now_ms
 from tests.integration.conftest import ReaderFactory, ServiceFactory, cli_of
 from tests.integration.test_api import AUTH, TOKEN, api
 from tests.integration.test_api_callers import BILLING, READER, SHOP, _auth, _tokens_file
 from tests.kafkatools import TopicReader, unique, wait_until
+
+pytestmark = pytest.mark.both_store_modes  # the storage-touching tests: both modes
 
 BERLIN = ZoneInfo("Europe/Berlin")
 

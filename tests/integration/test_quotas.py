@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -18,6 +19,8 @@ from blackbox.errors import DeadLetterReason
 from blackbox.signing import Parts, Signer, public_text
 from tests.integration.conftest import ReaderFactory, ServiceFactory
 from tests.kafkatools import Received, produce, unique
+
+pytestmark = pytest.mark.both_store_modes  # the storage-touching tests: both modes
 
 POLICY = """
 default:

@@ -28,6 +28,8 @@ from tests.integration.conftest import ReaderFactory, ServiceFactory, wipe_names
 from tests.kafkatools import Received, produce, unique, wait_until
 from tests.process import BlackboxProcess
 
+pytestmark = pytest.mark.both_store_modes  # the storage-touching tests: both modes
+
 CALLER = [("CALLER_SERVICE", b"billing")]
 LATER = 40  # seconds: due after the flush and the rebuild
 PLAIN = 20_000  # plain schedules pending at the flush: the size

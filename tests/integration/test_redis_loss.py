@@ -26,6 +26,8 @@ from blackbox.signing import Signer, public_text
 from tests.integration.conftest import ReaderFactory, ServiceFactory, wipe_namespace
 from tests.kafkatools import envelope, produce, unique, wait_until
 
+pytestmark = pytest.mark.both_store_modes  # the storage-touching tests: both modes
+
 
 def _schedule(service: Service, target: str, count: int, countdown: float, bad: int = 0) -> None:
     bootstrap = service.settings.kafka["bootstrap.servers"]

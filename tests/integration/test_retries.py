@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+import pytest
 import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
@@ -26,6 +27,8 @@ from blackbox.kafka import clients
 from blackbox.service import Service
 from tests.integration.conftest import ReaderFactory, ServiceFactory, wipe_namespace
 from tests.kafkatools import END_MARKER_KEY, Received, produce, produce_to, unique, wait_until
+
+pytestmark = pytest.mark.both_store_modes  # the storage-touching tests: both modes
 
 Seen = tuple[str, int]  # a record's name and the attempt it came as
 KEY_END = "@@bb-key@@"

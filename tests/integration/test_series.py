@@ -9,10 +9,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
+import pytest
 
 from blackbox.envelope import CALLER_HEADER
 from tests.integration.conftest import ReaderFactory, ServiceFactory, settle
 from tests.kafkatools import Received, TopicReader, now_ms, produce, unique, wait_until
+
+pytestmark = pytest.mark.both_store_modes  # the storage-touching tests: both modes
 
 CALLER = "billing"
 

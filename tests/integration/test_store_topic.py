@@ -14,9 +14,13 @@ from confluent_kafka.admin import AdminClient
 
 from blackbox.envelope import CALLER_HEADER
 from blackbox.intake import rebuild
-from blackbox.kafka import clients
 from blackbox.service import Service
-from tests.integration.conftest import ReaderFactory, ServiceFactory, wipe_namespace
+from tests.integration.conftest import (
+    ReaderFactory,
+    ServiceFactory,
+    wipe_namespace,
+    with_store_topic,
+)
 from tests.kafkatools import TopicReader, end_offset, produce, unique, wait_until
 
 CALLER = "shop"
@@ -27,14 +31,6 @@ def _send(env: dict[str, str], *documents: dict[str, Any]) -> None:
         env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_INTAKE_TOPIC"],
         [orjson.dumps(d) for d in documents], [(CALLER_HEADER, CALLER.encode())],
     )  # fmt: skip
-
-
-def create_store(env: dict[str, str]) -> dict[str, str]:
-    """`env` with a store topic of its own, created compacted as `create-topics` does."""
-    topic = unique("store")
-    config = {"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}
-    clients.ensure_topics(config, [topic], topic_config={"cleanup.policy": "compact"})
-    return {**env, "BLACKBOX_STORE_TOPIC": topic}
 
 
 def store_latest(bootstrap: str, topic: str) -> dict[str, bytes | None]:
@@ -84,7 +80,7 @@ def assert_store_matches(service: Service, env: dict[str, str]) -> dict[str, byt
 
 @pytest.fixture
 def store_env(env: dict[str, str]) -> dict[str, str]:
-    return create_store(env)
+    return with_store_topic(env)
 
 
 def test_the_store_holds_what_redis_holds_pending_and_a_tombstone_for_what_ended(
