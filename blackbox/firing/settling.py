@@ -25,7 +25,7 @@ from blackbox.errors import DeadLetterReason
 from blackbox.firing.batch import Batch
 from blackbox.firing.retry import RetryPolicy
 from blackbox.firing.shares import Share
-from blackbox.kafka import deadletter
+from blackbox.kafka import deadletter, storetopic
 from blackbox.kafka.clients import lasting_reason
 from blackbox.kafka.deadletter import DeadLetter
 from blackbox.kafka.events import Event, Outcome
@@ -102,7 +102,7 @@ class Settler:
         ]
         for batch, verdict in zip(batches, verdicts, strict=True):
             latest += [(i, batch.advances[i].next) for i in verdict.done if i in batch.advances]
-        keeper.write_behind(keeper.records(latest))
+        keeper.write_behind(keeper.records(latest, storetopic.FIRED))
 
     def _conclude(self, batch: Batch, stop: threading.Event) -> Verdict:
         """Judge one sent batch by its reports (waiting for the missing ones until its

@@ -14,11 +14,13 @@ import threading
 from collections.abc import Iterable, Sequence
 
 from blackbox.kafka.outbox import Record
-from blackbox.kafka.storetopic import StoreTopic
+from blackbox.kafka.storetopic import CANCELLED, FIRED, StoreTopic, tombstone
 from blackbox.schedule import Schedule
 from blackbox.storage.applying import Applied, Cancellation, Holding, Move, Write
 from blackbox.storage.store import RedisStore
 
+# How an id ended, by its marker in Redis (intake.lua): what its tombstone tells.
+_ENDED = {b"f": FIRED, b"c": CANCELLED}
 _DUE = struct.Struct(">q")  # a stored encoding's due time, bytes 1 to 9
 _FLAGS_AT, _SERIES, _PAUSED = 9, 32, 64
 # What applying each kind of request answers when Redis holds what the store was told.
@@ -77,7 +79,9 @@ class Keeping:
             if isinstance(write, Schedule):
                 raw = write.encode()
             elif isinstance(write, Cancellation):
-                raw = None
+                latest[write.id] = None
+                records.append(tombstone(write.id, self.topic.topic, CANCELLED))
+                continue
             else:
                 before = latest.get(write.id)
                 if before is None:  # nothing pending: Redis answers how it ended
@@ -100,7 +104,13 @@ class Keeping:
         if not stale:
             return
         payloads = self.store.payloads(stale)
-        records = [self._record(i, raw) for i, raw in zip(stale, payloads, strict=True)]
+        ended = [i for i, raw in zip(stale, payloads, strict=True) if raw is None]
+        how = dict(zip(ended, self.store.ended_markers(ended), strict=True))
+        records = [
+            self._record(i, raw) if raw is not None else tombstone(i, self.topic.topic,
+                                                                   _ENDED.get(how[i] or b""))
+            for i, raw in zip(stale, payloads, strict=True)
+        ]  # fmt: skip
         self.topic.write(records, stop)
 
     def _record(self, schedule_id: str, raw: bytes | None) -> Record:

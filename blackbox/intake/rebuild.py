@@ -240,8 +240,10 @@ def refuse_aged_out_past_commits(
 def restore(intake: Replaying, store: RedisStore, config: Mapping[str, Any], topic: str) -> None:
     """Write back each version the store topic keeps, judged by `intake` (passed over
     where Kafka shows it ended), before the intake records past the commits are replayed."""
-    kept = storetopic.read(config, topic)
+    kept, ended = storetopic.read(config, topic)
     intake.counts.stored = len(kept)
+    for tombstone in ended:  # their ended markers come back (`mark_ended`)
+        intake.passing.end(tombstone.id, tombstone.written_ms, cancel=tombstone.cancelled)
     fields = set()
     for start in range(0, len(kept), RESTORE_PART):
         slices = _stored_slices(intake, topic, kept[start : start + RESTORE_PART])

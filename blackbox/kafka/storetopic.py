@@ -15,6 +15,9 @@ version of an id is written by the intake's producer, then by firing's: both kee
 one partition (the key's), in the order Redis saw it.
 
 The value is the schedule's stored encoding (schedule.py), byte for byte what Redis holds.
+A tombstone says how its schedule ended in its `blackbox-ended` header (`fired`, which
+dead-lettered counts as, or `cancelled`), so a rebuild gives a caller's id its ended
+marker back while the tombstone is kept (`delete.retention.ms`, a day by default).
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ from blackbox.schedule import Schedule
 log = structlog.get_logger("blackbox.kafka.storetopic")
 
 
+ENDED_HEADER = "blackbox-ended"
+FIRED, CANCELLED = b"fired", b"cancelled"
+
+
 class StoreUnavailable(BlackboxError):
     """The store topic did not acknowledge a batch's versions: the batch must be retried."""
 
@@ -44,9 +51,11 @@ def version(schedule: Schedule, topic: str) -> Record:
     return Record(topic, schedule.encode(), schedule.id.encode("utf-8"))
 
 
-def tombstone(schedule_id: str, topic: str) -> Record:
-    """The store record of an ended schedule: its id, no value."""
-    return Record(topic, None, schedule_id.encode("utf-8"))
+def tombstone(schedule_id: str, topic: str, how: bytes | None = None) -> Record:
+    """The store record of an ended schedule: its id, no value, and how it ended (`FIRED`,
+    `CANCELLED`, or None: not told)."""
+    headers = [(ENDED_HEADER, how)] if how is not None else []
+    return Record(topic, None, schedule_id.encode("utf-8"), headers)
 
 
 def schedule_of(key: bytes | None, value: bytes | None) -> Schedule | None:
@@ -55,6 +64,16 @@ def schedule_of(key: bytes | None, value: bytes | None) -> Schedule | None:
     if key is None or value is None:
         return None
     return Schedule.decode(key.decode("utf-8"), value)
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A schedule's tombstone in the store topic: when it was written, and whether a
+    cancel ended it."""
+
+    id: str
+    written_ms: int
+    cancelled: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,20 +87,25 @@ class Kept:
     written_ms: int  # the record's timestamp
 
 
-def read(config: Mapping[str, Any], topic: str) -> list[Kept]:
-    """The store topic read to its end: each id's latest version (none after its
-    tombstone), by partition and offset."""
-    latest: dict[bytes, Kept | None] = {}
+def read(config: Mapping[str, Any], topic: str) -> tuple[list[Kept], list[Ended]]:
+    """The store topic read to its end: each id's latest version, by partition and offset,
+    and the ids whose latest record is a tombstone that tells how it ended."""
+    latest: dict[bytes, Kept | Ended | None] = {}
     for message, _ in readback.records(config, readback.extents_of(config, [topic])):
         key, value = message.key(), message.value()
         if key is None:
             continue
-        latest[key] = None if value is None else Kept(
-            key.decode("utf-8", "replace"), value, message.partition() or 0,
-            message.offset() or 0, message.timestamp()[1],
-        )  # fmt: skip
-    kept = [k for k in latest.values() if k is not None]
-    return sorted(kept, key=lambda k: (k.partition, k.offset))
+        schedule_id, stamp = key.decode("utf-8", "replace"), message.timestamp()[1]
+        if value is not None:
+            latest[key] = Kept(schedule_id, value, message.partition() or 0,
+                               message.offset() or 0, stamp)  # fmt: skip
+            continue
+        how = dict(message.headers() or []).get(ENDED_HEADER)
+        known = how in (FIRED, CANCELLED)
+        latest[key] = Ended(schedule_id, stamp, how == CANCELLED) if known else None
+    kept = [k for k in latest.values() if isinstance(k, Kept)]
+    ended = [e for e in latest.values() if isinstance(e, Ended)]
+    return sorted(kept, key=lambda k: (k.partition, k.offset)), ended
 
 
 class StoreTopic:
@@ -94,10 +118,13 @@ class StoreTopic:
         self._unchecked: list[tuple[Reports, int]] = []
         self._lock = threading.Lock()
 
-    def records(self, latest: Iterable[tuple[str, Schedule | None]]) -> list[Record]:
-        """A version for each (id, schedule), a tombstone where the schedule is None."""
+    def records(
+        self, latest: Iterable[tuple[str, Schedule | None]], how: bytes | None = None
+    ) -> list[Record]:
+        """A version for each (id, schedule), a tombstone (ended `how`) where the schedule
+        is None."""
         return [
-            tombstone(schedule_id, self.topic) if s is None else version(s, self.topic)
+            tombstone(schedule_id, self.topic, how) if s is None else version(s, self.topic)
             for schedule_id, s in latest
         ]
 

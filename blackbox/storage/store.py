@@ -497,6 +497,13 @@ class RedisStore:
             pipe.get(self.layout.keys_of(schedule_id).payload(schedule_id))
         return list(pipe.execute()) if ids else []
 
+    def ended_markers(self, ids: Sequence[str]) -> list[bytes | None]:
+        """Each caller's id's ended marker ("f" fired, "c" cancelled), None where none."""
+        pipe = self.client.pipeline(transaction=False)
+        for schedule_id in ids:
+            pipe.get(self.layout.keys_of(schedule_id).ended(schedule_id))
+        return list(pipe.execute()) if ids else []
+
     def cancel(self, schedule_id: str) -> Applied:
         """Cancel one id as an intake cancel record would (the same Lua function):
         CANCELLED, ALREADY_FIRED or NOT_FOUND."""

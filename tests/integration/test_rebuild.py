@@ -229,10 +229,12 @@ def _forget_before(bootstrap: str, topic: str, offset: int) -> None:
 
 
 def test_a_delivery_the_target_topic_no_longer_keeps_is_not_delivered_again(
-    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
-) -> None:
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis,
+    store_mode: str,
+) -> None:  # fmt: skip
     """C1: the target topic's retention removed the deliveries: one-offs due before its
-    oldest kept record are passed over (counted), those due after are written back."""
+    oldest kept record are passed over (counted), those due after are written back. (With a
+    store topic, the delivered ones are tombstones there: never read back at all.)"""
     first = start_service()
     target = unique("aged-target")
     _send(first, *({"topic": target, "message": f"gone-{n}", "countdown": 0} for n in range(3)),
@@ -243,12 +245,13 @@ def test_a_delivery_the_target_topic_no_longer_keeps_is_not_delivered_again(
     _forget_before(bootstrap, target, 3)
     counts = _flush_and_rebuild(redis_client, first)
     assert set(_stored_ids(redis_client, first)) == {"pending"}
-    assert counts.aged_out == 3
+    assert (counts.aged_out, counts.stored) == ((3, 0) if store_mode == "no-store" else (0, 1))
 
 
 def test_a_schedule_dead_lettered_when_it_fired_is_not_delivered_again(
-    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
-) -> None:
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis,
+    store_mode: str,
+) -> None:  # fmt: skip
     """C2: a schedule whose delivery failed for good sits in the dead-letter topic: ended."""
     first = start_service(BLACKBOX_MAX_ATTEMPTS="1")
     target = unique("small-target")
@@ -263,7 +266,8 @@ def test_a_schedule_dead_lettered_when_it_fired_is_not_delivered_again(
     dead.wait_count(2, timeout=60)
     counts = _flush_and_rebuild(redis_client, first)
     assert set(_stored_ids(redis_client, first)) == {"pending"}
-    assert counts.dead_lettered == 2
+    expected = (2, 0) if store_mode == "no-store" else (0, 1)  # tombstones in the store
+    assert (counts.dead_lettered, counts.stored) == expected
 
 
 def test_a_forged_blackbox_id_on_another_topic_hides_no_schedule(
@@ -336,10 +340,11 @@ def test_a_target_partition_emptied_by_retention_ends_its_read(
 
 
 def test_intake_records_aged_out_stop_the_rebuild_unless_accepted(
-    start_service: ServiceFactory, redis_client: redis.Redis
+    start_service: ServiceFactory, redis_client: redis.Redis, store_mode: str
 ) -> None:
     """G: the intake topic no longer holds its first records (a series' creation may be
-    among them): the rebuild refuses, deleting nothing, unless the loss is accepted."""
+    among them): the rebuild refuses, deleting nothing, unless the loss is accepted. With
+    a store topic, which holds what they created, nothing is lost: no refusal."""
     first = start_service()
     target = unique("aged-intake")
     _send(first, *({"topic": target, "message": f"m-{n}", "countdown": 600} for n in range(3)),
@@ -347,6 +352,10 @@ def test_intake_records_aged_out_stop_the_rebuild_unless_accepted(
     wait_until(lambda: len(_pending(redis_client, first)) == 3, what="stored")
     first.stop()
     _forget_before(first.settings.kafka["bootstrap.servers"], first.settings.intake_topic, 1)
+    if store_mode == "store":
+        assert rebuild.rebuild(first.settings).stored == 3
+        assert set(_stored_ids(redis_client, first)) == {"m-0", "m-1", "m-2"}
+        return
     with pytest.raises(rebuild.AgedOut, match="--accept-aged-out"):
         rebuild.rebuild(first.settings)
     assert len(_pending(redis_client, first)) == 3
@@ -372,7 +381,7 @@ def test_a_rebuild_in_progress_keeps_intake_stopped_and_the_replica_unready(
 
 
 def test_a_signed_copy_refused_for_its_age_is_not_taken_by_the_rebuild(
-    start_service: ServiceFactory, redis_client: redis.Redis, tmp_path: Path
+    start_service: ServiceFactory, redis_client: redis.Redis, tmp_path: Path, store_mode: str
 ) -> None:
     """M: a signed record sent again long after it was signed (its create time kept) was
     refused for its age; the rebuild, which judges no age, does not take it either."""
@@ -393,7 +402,9 @@ def test_a_signed_copy_refused_for_its_age_is_not_taken_by_the_rebuild(
     wait_until(lambda: "pending" in _stored_ids(redis_client, first), what="stored")
     counts = _flush_and_rebuild(redis_client, first)
     assert set(_stored_ids(redis_client, first)) == {"pending"}
-    assert counts.refused_before == 1
+    # With a store topic, records below the commit are not read again: it never held it.
+    expected = (1, 0) if store_mode == "no-store" else (0, 1)
+    assert (counts.refused_before, counts.stored) == expected
 
 
 # A second attack review's findings.
@@ -413,8 +424,9 @@ def _commit_back(service: Service, offset: int) -> None:
 
 
 def test_records_handled_past_the_committed_offset_are_not_delivered_again(
-    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
-) -> None:
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis,
+    store_mode: str,
+) -> None:  # fmt: skip
     """U: a replica killed after it fired records it had not committed yet; Redis is lost.
     The rebuild replays each intake partition to its end, so the service, reading again
     from the committed offset, skips them as re-reads: nothing is delivered twice, and what
@@ -433,7 +445,10 @@ def test_records_handled_past_the_committed_offset_are_not_delivered_again(
     _commit_back(first, 3)
     counts = _flush_and_rebuild(redis_client, first)
     assert set(_stored_ids(redis_client, first)) == {"pending"}
-    assert counts.passed_over[passover.Reason.DELIVERED] == 6
+    # With a store topic only the records past the commit are replayed (the rest are
+    # tombstones in the store): the three delivered there are passed over.
+    delivered_again = 6 if store_mode == "no-store" else 3
+    assert counts.passed_over[passover.Reason.DELIVERED] == delivered_again
     after = start_service()
     _send(after, {"topic": target, "message": "last", "countdown": 0}, caller=False)
     delivered.wait_for(lambda records: _bodies(records)["last"] == 1)
@@ -558,8 +573,9 @@ def test_a_rebuild_warns_when_the_dead_letter_topic_lost_its_first_letters(
 
 
 def test_an_if_absent_id_reused_after_its_ended_marker_expired_is_rebuilt(
-    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis
-) -> None:
+    start_service: ServiceFactory, reader: ReaderFactory, redis_client: redis.Redis,
+    store_mode: str,
+) -> None:  # fmt: skip
     """I: the ended marker of an id delivered, or cancelled, expires after
     BLACKBOX_FIRED_RETENTION (counted from the delivery or the cancel); the service then
     takes an if_absent create of the id again. The rebuild judges it the same way, and a
@@ -582,6 +598,8 @@ def test_an_if_absent_id_reused_after_its_ended_marker_expired_is_rebuilt(
           {"id": "late", "cancel": True})  # fmt: skip
     cancelled_by_ms = time.time() * 1000
     wait_until(lambda: set(_stored_ids(redis_client, first)) == {"rep 2", "can 2"}, what="stored")
+    if store_mode == "store":  # its tombstone's time: when the service applied the cancel
+        cancelled_by_ms = time.time() * 1000
     _flush_and_rebuild(redis_client, first)
     assert set(_stored_ids(redis_client, first)) == {"rep 2", "can 2"}
     late = layout.keys_of("@billing/late").ended("@billing/late")
