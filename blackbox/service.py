@@ -32,6 +32,7 @@ from blackbox.firing import shares
 from blackbox.firing.nudges import Publisher
 from blackbox.firing.runner import Firing
 from blackbox.health import Health, Probe
+from blackbox.intake import filling
 from blackbox.intake.policy import CallerPolicy
 from blackbox.intake.runner import Receiving, caller_policy_of
 from blackbox.kafka import clients
@@ -226,6 +227,8 @@ class Service:
     def _read_policy(self) -> None:
         memory.check_eviction(self._probe_client, self.settings.accept_eviction)
         self._check_adopted()
+        if not filling.check(self.settings, self._probe_client, self.store.layout):
+            return
         self.guard.settle(now_ms(), clients.committed_offsets(self.settings))
         if self._rebuild_under_way():
             return

@@ -22,6 +22,7 @@ from blackbox import logs
 from blackbox.backoff import Backoff
 from blackbox.cli import api_commands, dev, keypair, sending, topics
 from blackbox.cli.sending import error
+from blackbox.clock import now_ms
 from blackbox.errors import (
     RedisUnreachable,
     SettingsError,
@@ -29,12 +30,16 @@ from blackbox.errors import (
     StackError,
 )
 from blackbox.exits import EXIT_OK, EXIT_USAGE
-from blackbox.intake import rebuild
+from blackbox.intake import filling, rebuild
 from blackbox.kafka import readback
 from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.settings import Settings, describe, service_links
 from blackbox.spark import command as spark_command
+from blackbox.storage import shardcount
+from blackbox.storage.connections import redis_client
+from blackbox.storage.keys import Layout
+from blackbox.storage.store import RedisStore
 from blackbox.version import version
 
 REBUILD_DESCRIPTION = """\
@@ -93,6 +98,13 @@ def _parser() -> argparse.ArgumentParser:
                             help="rebuild although the intake topic's retention removed its "
                                  "first records (what they created is lost)")  # fmt: skip
     rebuilding.set_defaults(command=cmd_rebuild)
+    filling_store = commands.add_parser(
+        "fill-store", help="write every pending schedule to the store topic, once, before "
+        "the service keeps it (BLACKBOX_STORE_TOPIC set on a namespace with schedules)",
+    )  # fmt: skip
+    filling_store.add_argument("--yes", action="store_true",
+                               help="every replica is stopped: write them")  # fmt: skip
+    filling_store.set_defaults(command=cmd_fill_store)
     sending.add_send(commands)
     sending.add_by_id(commands, "cancel", "cancel a pending schedule (or series) by its id",
                       sending.cmd_cancel)  # fmt: skip
@@ -125,7 +137,8 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_USAGE
     try:
         counts = rebuild.rebuild(settings, accept_aged_out=args.accept_aged_out)
-    except (rebuild.ReplicasRunning, rebuild.AgedOut, readback.Unreadable) as e:
+    except (rebuild.ReplicasRunning, rebuild.AgedOut, rebuild.StoreNeverFilled,
+            readback.Unreadable) as e:  # fmt: skip
         error(str(e))
         return EXIT_USAGE
     done = log.warning if counts.refused else log.info  # refused now: lost, say so loudly
@@ -133,4 +146,27 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
              passed_over=dict(counts.passed_over), refused=counts.refused,
              refused_before=counts.refused_before, skipped=counts.skipped,
              aged_out_records=counts.aged_out_records, targets=sorted(counts.targets))  # fmt: skip
+    return EXIT_OK
+
+
+def cmd_fill_store(args: argparse.Namespace, settings: Settings) -> int:
+    if not settings.store_topic:
+        error("fill-store writes to the store topic: set BLACKBOX_STORE_TOPIC")
+        return EXIT_USAGE
+    if not args.yes:
+        error(f"fill-store writes every schedule pending in namespace {settings.namespace!r} "
+              f"to {settings.store_topic}: stop every replica, then run it with --yes")  # fmt: skip
+        return EXIT_USAGE
+    client = redis_client(settings.redis_url)
+    layout = Layout(
+        settings.namespace, settings.shards or shardcount.adopt(client, settings.namespace)
+    )
+    try:
+        rebuild.refuse_if_running(client, layout, now_ms())
+    except rebuild.ReplicasRunning as e:
+        error(str(e))
+        return EXIT_USAGE
+    store = RedisStore(client, layout, settings.grace_seconds, settings.fired_retention)
+    written = filling.fill(settings, store)
+    log.info("fill_store_done", topic=settings.store_topic, written=written)
     return EXIT_OK

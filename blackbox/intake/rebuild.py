@@ -237,12 +237,30 @@ def refuse_aged_out_past_commits(
     return sum(lost.values())
 
 
-def restore(intake: Replaying, store: RedisStore, config: Mapping[str, Any], topic: str) -> None:
+class StoreNeverFilled(BlackboxError):
+    """The store topic was never filled: it may lack schedules pending before it was set."""
+
+
+def read_store(config: Mapping[str, Any], topic: str) -> storetopic.Contents:
+    """The store topic's contents; StoreNeverFilled for one never filled (filling.py)."""
+    contents = storetopic.read(config, topic)
+    if not contents.filled:
+        raise StoreNeverFilled(
+            f"the store topic {topic!r} was never filled (`blackbox fill-store`): it may lack "
+            "schedules pending before it was set. Nothing was deleted. Rebuild from the "
+            "intake topic instead: run again with BLACKBOX_STORE_TOPIC unset."
+        )
+    return contents
+
+
+def restore(
+    intake: Replaying, store: RedisStore, contents: storetopic.Contents, topic: str
+) -> None:
     """Write back each version the store topic keeps, judged by `intake` (passed over
     where Kafka shows it ended), before the intake records past the commits are replayed."""
-    kept, ended = storetopic.read(config, topic)
+    kept = contents.kept
     intake.counts.stored = len(kept)
-    for tombstone in ended:  # their ended markers come back (`mark_ended`)
+    for tombstone in contents.ended:  # their ended markers come back (`mark_ended`)
         intake.passing.end(tombstone.id, tombstone.written_ms, cancel=tombstone.cancelled)
     fields = set()
     for start in range(0, len(kept), RESTORE_PART):
@@ -251,6 +269,7 @@ def restore(intake: Replaying, store: RedisStore, config: Mapping[str, Any], top
         intake.counts.written += sum(1 for code in codes if code in _STORED)
         fields |= {part.field for part in slices}
     watermarks.forget(store.client, store.layout, fields)  # the store's are no intake's
+    store.client.set(store.layout.store_filled, topic)  # Redis holds what the store does
 
 
 def _stored_slices(
@@ -423,6 +442,7 @@ class Plan:
     refused: Letters
     aged_out: int
     unreadable: frozenset[str] = frozenset()  # target topics blackbox may not describe
+    stored: storetopic.Contents | None = None  # the store topic's, where one is set
 
 
 def rebuild(settings: Settings, *, accept_aged_out: bool = False) -> Counts:
@@ -472,13 +492,14 @@ def planned(settings: Settings, accept_aged_out: bool) -> Plan:
     else:
         aged = refuse_aged_out(committed, kept, accept_aged_out)
         spans = ranges(committed, kept)
+    stored = read_store(settings.kafka, settings.store_topic) if settings.store_topic else None
     refused = letters.read(settings.kafka, settings.dlq_topic)
     unreadable = targets.unreadable(settings.kafka, targets.named(settings.kafka, spans))
     for topic, error in unreadable.items():
         log.warning("rebuild_target_unreadable", topic=topic, error=error,
                     action="its schedules are passed over (target_unreadable): grant "
                     "blackbox Describe and Read on it and rebuild again to keep them")  # fmt: skip
-    return Plan(config, committed, spans, refused, aged, frozenset(unreadable))
+    return Plan(config, committed, spans, refused, aged, frozenset(unreadable), stored)
 
 
 def _replay_all(settings: Settings, store: RedisStore, plan: Plan) -> Replaying:
@@ -488,8 +509,8 @@ def _replay_all(settings: Settings, store: RedisStore, plan: Plan) -> Replaying:
     try:
         intake = _replaying(settings, store, consumer, plan)
         intake.counts.aged_out_records = plan.aged_out
-        if settings.store_topic:
-            restore(intake, store, settings.kafka, settings.store_topic)
+        if plan.stored is not None:
+            restore(intake, store, plan.stored, settings.store_topic)
         replay(intake, consumer, plan.spans)
     finally:
         consumer.close()

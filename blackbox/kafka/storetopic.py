@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import structlog
 
 from blackbox.errors import BlackboxError
@@ -38,6 +39,9 @@ from blackbox.schedule import Schedule
 log = structlog.get_logger("blackbox.kafka.storetopic")
 
 
+# The key of the record saying the store holds every schedule pending when it was written
+# and every version since (intake/filling.py): no schedule id starts with a NUL.
+FILLED_KEY = b"\x00blackbox/filled"
 ENDED_HEADER = "blackbox-ended"
 FIRED, CANCELLED = b"fired", b"cancelled"
 
@@ -87,12 +91,31 @@ class Kept:
     written_ms: int  # the record's timestamp
 
 
-def read(config: Mapping[str, Any], topic: str) -> tuple[list[Kept], list[Ended]]:
-    """The store topic read to its end: each id's latest version, by partition and offset,
-    and the ids whose latest record is a tombstone that tells how it ended."""
+@dataclass(frozen=True, slots=True)
+class Contents:
+    """What a store topic holds: each id's latest version, by partition and offset; the ids
+    whose latest record is a tombstone telling how it ended; whether it was filled."""
+
+    kept: list[Kept]
+    ended: list[Ended]
+    filled: bool
+
+
+def filled_record(topic: str, namespace: str, at_ms: int) -> Record:
+    """The record saying the store holds every schedule of `namespace` (FILLED_KEY)."""
+    value = orjson.dumps({"namespace": namespace, "filled_ms": at_ms})
+    return Record(topic, value, FILLED_KEY)
+
+
+def read(config: Mapping[str, Any], topic: str) -> Contents:
+    """The store topic read to its end."""
     latest: dict[bytes, Kept | Ended | None] = {}
+    filled = False
     for message, _ in readback.records(config, readback.extents_of(config, [topic])):
         key, value = message.key(), message.value()
+        if key == FILLED_KEY:
+            filled = filled or value is not None
+            continue
         if key is None:
             continue
         schedule_id, stamp = key.decode("utf-8", "replace"), message.timestamp()[1]
@@ -105,7 +128,7 @@ def read(config: Mapping[str, Any], topic: str) -> tuple[list[Kept], list[Ended]
         latest[key] = Ended(schedule_id, stamp, how == CANCELLED) if known else None
     kept = [k for k in latest.values() if isinstance(k, Kept)]
     ended = [e for e in latest.values() if isinstance(e, Ended)]
-    return sorted(kept, key=lambda k: (k.partition, k.offset)), ended
+    return Contents(sorted(kept, key=lambda k: (k.partition, k.offset)), ended, filled)
 
 
 class StoreTopic:

@@ -171,6 +171,12 @@ class Layout:
         return f"{self.tag}:inmarks"
 
     @property
+    def store_filled(self) -> str:
+        """String: the store topic that holds every schedule pending in this namespace
+        (filled once, then kept by intake and firing: intake/filling.py)."""
+        return f"{self.tag}:stored"
+
+    @property
     def partition_counts(self) -> str:
         """Hash: intake topic -> every partition count its intake has seen ("3,4"): a signed
         keyed record sits on its key's partition under one of them (placement.py)."""

@@ -4,6 +4,7 @@ exactly what Redis holds pending, byte for byte, and a tombstone for each id tha
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -14,7 +15,9 @@ from confluent_kafka.admin import AdminClient
 
 from blackbox.envelope import CALLER_HEADER
 from blackbox.intake import rebuild
+from blackbox.kafka.storetopic import FILLED_KEY
 from blackbox.service import Service
+from blackbox.settings import Settings
 from tests.integration.conftest import (
     ReaderFactory,
     ServiceFactory,
@@ -22,6 +25,7 @@ from tests.integration.conftest import (
     with_store_topic,
 )
 from tests.kafkatools import TopicReader, end_offset, produce, unique, wait_until
+from tests.process import BlackboxProcess
 
 CALLER = "shop"
 
@@ -50,7 +54,8 @@ def store_latest(bootstrap: str, topic: str) -> dict[str, bytes | None]:
             if message.error() is not None:
                 left.discard(message.partition() or 0)
                 continue
-            latest[(message.key() or b"").decode()] = message.value()
+            if message.key() != FILLED_KEY:  # the mark that it holds every schedule
+                latest[(message.key() or b"").decode()] = message.value()
             if (message.offset() or 0) + 1 >= ends[message.partition() or 0]:
                 left.discard(message.partition() or 0)
         return latest
@@ -192,3 +197,36 @@ def test_a_flush_is_rebuilt_from_the_store_alone_series_included(
 def settle_series(service: Service, series_id: str) -> None:
     """Wait until the series is no longer pending."""
     wait_until(lambda: series_id not in redis_pending(service), 30, f"{series_id} completed")
+
+
+def test_a_store_set_on_a_namespace_with_schedules_is_filled_once_before_the_service_starts(
+    start_service: ServiceFactory, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Turning the store on where schedules are pending: the service refuses to start (the
+    store lacks them, a rebuild from it would lose them), a rebuild from it refuses too,
+    deleting nothing; `blackbox fill-store --yes` writes each, and the service then starts
+    with the store holding exactly what Redis does."""
+    before = start_service()
+    target = unique("target")
+    _send(env, *[{"id": f"old-{n}", "topic": target, "message": f"old-{n}", "countdown": 3600}
+                 for n in range(5)])  # fmt: skip
+    wait_until(lambda: len(redis_pending(before)) == 5, what="stored")
+    before.stop()
+    stored = with_store_topic(env)
+    overrides = {"BLACKBOX_STORE_TOPIC": stored["BLACKBOX_STORE_TOPIC"]}
+
+    refused = BlackboxProcess(stored, tmp_path / "refused.log", "run")
+    assert refused.wait(60) == 2
+    assert "blackbox fill-store --yes" in refused.output()
+    with pytest.raises(rebuild.StoreNeverFilled, match="BLACKBOX_STORE_TOPIC unset"):
+        rebuild.rebuild(Settings.from_env(stored))
+    assert len(redis_pending(before)) == 5  # nothing deleted
+    unconfirmed = BlackboxProcess(stored, tmp_path / "unconfirmed.log", "fill-store")
+    assert unconfirmed.wait(60) == 2
+    assert "--yes" in unconfirmed.output()
+    fill = BlackboxProcess(stored, tmp_path / "fill.log", "fill-store", "--yes")
+    assert fill.wait(60) == 0, fill.output()
+
+    after = start_service(**overrides)
+    latest = assert_store_matches(after, stored)
+    assert len(latest) == 5
