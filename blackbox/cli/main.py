@@ -53,6 +53,10 @@ dead-lettered again. It refuses, deleting nothing, when the intake topic no long
 its first records, unless given --accept-aged-out. While it runs (or if it stops
 half-way) a service started keeps its intake stopped. Start the service afterwards: it
 goes on from the committed offsets.
+
+With BLACKBOX_STORE_TOPIC set, it writes back what the store topic keeps instead, and
+reads only the intake records past the committed offsets; it refuses a store never filled
+(blackbox fill-store) and intake records lost past a committed offset.
 """
 log = structlog.get_logger("blackbox.cli.main")
 
