@@ -29,7 +29,7 @@ from blackbox.kafka import deadletter, storetopic
 from blackbox.kafka.clients import lasting_reason
 from blackbox.kafka.deadletter import DeadLetter
 from blackbox.kafka.events import Event, Outcome
-from blackbox.kafka.outbox import Outbox
+from blackbox.kafka.outbox import Outbox, Record
 from blackbox.kafka.storetopic import StoreTopic
 from blackbox.metrics import Metrics, observe_all
 from blackbox.schedule import Schedule
@@ -97,12 +97,26 @@ class Settler:
         a tombstone lost leaves a version the target topic shows delivered."""
         acked = [i for a in acks for i in a.ids]
         pending = self.store.pending_of(acked) if acked else []
-        latest: list[tuple[str, Schedule | None]] = [
-            (i, None) for i, still in zip(acked, pending, strict=True) if not still
-        ]
-        for batch, verdict in zip(batches, verdicts, strict=True):
-            latest += [(i, batch.advances[i].next) for i in verdict.done if i in batch.advances]
-        keeper.write_behind(keeper.records(latest, storetopic.FIRED))
+        ended = [i for i, still in zip(acked, pending, strict=True) if not still]
+        # A series' next version as Redis stored it (advance.lua keeps a pause or resume
+        # that came while it flew, an update stays, a cancel ends it), not as prepared.
+        series = [i for b, v in zip(batches, verdicts, strict=True) for i in v.done
+                  if i in b.advances]  # fmt: skip
+        held = self.store.payloads(series) if series else []
+        flying = self.store.pending_of(series) if series else []
+        versions = []
+        for i, raw, still in zip(series, held, flying, strict=True):
+            if raw is not None and still:
+                versions.append(Record(keeper.topic, raw, i.encode("utf-8")))
+            else:
+                ended.append(i)
+        markers = self.store.ended_markers(ended) if ended else []
+        records = [
+            storetopic.tombstone(i, keeper.topic,
+                                 storetopic.CANCELLED if m == b"c" else storetopic.FIRED)
+            for i, m in zip(ended, markers, strict=True)
+        ]  # fmt: skip
+        keeper.write_behind(records + versions)
 
     def _conclude(self, batch: Batch, stop: threading.Event) -> Verdict:
         """Judge one sent batch by its reports (waiting for the missing ones until its
