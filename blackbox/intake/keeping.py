@@ -26,7 +26,9 @@ _FLAGS_AT, _SERIES, _PAUSED = 9, 32, 64
 # What applying each kind of request answers when Redis holds what the store was told.
 _AS_WRITTEN: dict[type, frozenset[Applied]] = {
     Schedule: frozenset({Applied.SCHEDULED, Applied.UPDATED}),
-    Cancellation: frozenset({Applied.CANCELLED, Applied.ALREADY_FIRED, Applied.NOT_FOUND}),
+    # A cancel of an id that had ended already (or never was) leaves its marker as it was
+    # (none, or "f"): its tombstone must tell that, not "cancelled" (rebuild's markers).
+    Cancellation: frozenset({Applied.CANCELLED}),
     Move: frozenset({Applied.UPDATED}),
     Holding: frozenset({Applied.PAUSED, Applied.RESUMED}),
 }
@@ -100,10 +102,15 @@ class Keeping:
     def after(self, applied: Iterable[tuple[Write, Applied | None]], stop: threading.Event) -> None:
         """Write what Redis holds of each id whose request did not do what was written
         ahead (StoreUnavailable if the broker does not acknowledge them)."""
+        applied = list(applied)
         stale = sorted({w.id for w, code in applied if code not in _AS_WRITTEN[type(w)]})
         if not stale:
             return
-        payloads = self.store.payloads(stale)
+        # An id whose last request was a cancel is not pending, whatever still flies: a
+        # version being delivered is tombstoned by firing once acknowledged.
+        last = {w.id: w for w, _ in applied}
+        payloads = [None if isinstance(last[i], Cancellation) else raw
+                    for i, raw in zip(stale, self.store.payloads(stale), strict=True)]  # fmt: skip
         ended = [i for i, raw in zip(stale, payloads, strict=True) if raw is None]
         how = dict(zip(ended, self.store.ended_markers(ended), strict=True))
         records = [

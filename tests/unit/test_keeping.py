@@ -116,8 +116,9 @@ def test_after_writes_what_redis_holds_only_where_it_did_otherwise() -> None:
         (Holding("@c/h", None, paused=True), Applied.NOT_RECURRING),
     ], threading.Event())  # fmt: skip
     assert sorted((r.key, r.value) for r in topic.written) == [
-        (b"@c/fired", None), (b"@c/h", None), (b"@c/pending", b"\x01held"),
+        (b"@c/fired", None), (b"@c/gone", None), (b"@c/h", None), (b"@c/pending", b"\x01held"),
     ]  # fmt: skip
     told = {r.key: list(r.headers) for r in topic.written}
     assert told[b"@c/fired"] == [(ENDED_HEADER, FIRED)]  # its marker: the rebuild's too
     assert told[b"@c/h"] == []  # no marker: not told
+    assert told[b"@c/gone"] == []  # a cancel of an id never pending: Redis keeps no marker
