@@ -440,7 +440,8 @@ class Settings:
             )
         if len(set(self.own_topics)) < len(self.own_topics):
             raise SettingsError(
-                "BLACKBOX_INTAKE_TOPIC, BLACKBOX_DLQ_TOPIC and BLACKBOX_EVENTS_TOPIC must differ"
+                "BLACKBOX_INTAKE_TOPIC, BLACKBOX_DLQ_TOPIC, BLACKBOX_EVENTS_TOPIC and "
+                "BLACKBOX_STORE_TOPIC (where set) must differ"
             )
 
     def __repr__(self) -> str:
