@@ -25,7 +25,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.store_attack_tools import CALLER, send, settled_differences, sid
 from tests.integration.test_store_topic import redis_pending
-from tests.kafkatools import produce, unique, wait_until
+from tests.kafkatools import end_offset, produce, unique, wait_until
 
 NAMES = ("now-a", "later-a", "later-b", "later-c", "later-d", "once-x", "tick", "daily",
          "daily2", "never", "fresh")  # fmt: skip
@@ -41,8 +41,6 @@ def _kcat(bootstrap: str, topic: str, key: bytes, value: bytes | None) -> None:
 def _empty_intake(bootstrap: str, topic: str) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     partitions = admin.list_topics(topic, timeout=10).topics[topic].partitions
-    from tests.kafkatools import end_offset
-
     wanted = [TopicPartition(topic, p, end_offset(bootstrap, topic, p)) for p in partitions]
     for future in admin.delete_records(wanted).values():
         future.result(30)
@@ -68,7 +66,8 @@ def test_a_mixed_sequence_keeps_the_store_and_a_rebuild_gives_back_redis_as_it_w
          {"topic": t, "message": "derived-later", "countdown": 3600},
          {"topic": t, "message": "derived-now", "countdown": 0},
          {"id": "tick", "topic": t, "message": "tick", "every": 1, "limit": 3},
-         {"id": "daily", "topic": t, "message": "daily", "every": 86400, "start": time.time() + 600},
+         {"id": "daily", "topic": t, "message": "daily", "every": 86400,
+          "start": time.time() + 600},
          {"id": "daily2", "topic": t, "message": "daily2", "every": 86400,
           "start": time.time() + 600})  # fmt: skip
     target.wait_for(lambda r: sum(1 for x in r if x.value == b"tick") == 3, timeout=30)
@@ -110,4 +109,4 @@ def test_a_mixed_sequence_keeps_the_store_and_a_rebuild_gives_back_redis_as_it_w
     wait_until(lambda: sid("fresh") in redis_pending(again), 20, "fresh stored")
     assert sid("never") in redis_pending(again)
     time.sleep(1.5)
-    assert target.read_to_end()[len(delivered):] == [], "nothing delivered again"
+    assert target.read_to_end()[len(delivered) :] == [], "nothing delivered again"
