@@ -80,6 +80,12 @@ class ShardsChanged(SettingsError):
     written with: the ids would be looked for in the wrong shards."""
 
 
+class StoreTopicRefused(SettingsError):
+    """BLACKBOX_STORE_TOPIC names a topic that does not exist or is not compacted alone
+    (`cleanup.policy=compact`): with `delete` in its policy, a schedule pending longer than
+    its retention.ms loses the only version the store holds of it."""
+
+
 class RedisUnreachable(BlackboxError):
     """No node of the Redis Cluster named by REDIS_URL answered: the cluster client cannot
     learn the slot map it needs to be built."""

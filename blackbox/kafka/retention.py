@@ -14,6 +14,12 @@ partition's oldest segments go once it holds more) and `cleanup.policy` with `co
 creation record go). Both may be an operator's deliberate choice (a disk budget, a topic
 shared on purpose), so neither is changed here: the service and `blackbox create-topics`
 name them in a warning.
+
+The store topic (kafka/storetopic.py) is the other way round: it holds the only version
+of a schedule pending longer than the intake topics keep requests, so it must be compacted
+and only compacted (`cleanup.policy=compact`; with `delete` in it, retention.ms deletes a
+long-pending schedule's version). `blackbox create-topics` creates it so, and it and the
+service refuse one found otherwise (`check_store`): changing it is the operator's act.
 """
 
 from __future__ import annotations
@@ -24,13 +30,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
 )
+
+from blackbox.errors import StoreTopicRefused
 
 if TYPE_CHECKING:
     from blackbox.settings import Settings
@@ -40,6 +48,7 @@ log = structlog.get_logger("blackbox.kafka.retention")
 RETENTION = "retention.ms"
 SIZE = "retention.bytes"
 CLEANUP = "cleanup.policy"
+COMPACT = "compact"  # the store topic's cleanup.policy, alone
 FOREVER = -1  # Kafka's retention.ms for "never delete"
 UNLIMITED = -1  # Kafka's retention.bytes for "no size cap"
 
@@ -126,8 +135,11 @@ def size_capped(found: Kept) -> bool:
 
 def compacted(found: Kept) -> bool:
     """Whether the topic keeps only the newest record of each key (cleanup.policy)."""
-    policy = found.cleanup_policy or ""
-    return "compact" in (part.strip() for part in policy.split(","))
+    return COMPACT in _policies(found)
+
+
+def _policies(found: Kept) -> list[str]:
+    return [part.strip() for part in (found.cleanup_policy or "").split(",") if part.strip()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,16 +156,12 @@ class Shortfall:
 DELETED = "what Redis loses is read again or rebuilt from the intake topic; records deleted "
 
 
-def shortfalls(found: Kept, needed: int) -> list[Shortfall]:
+def shortfalls(found: Kept, needed: int, store_topic: str = "") -> list[Shortfall]:
     """How a topic keeping records as `found` deletes requests that may still be pending,
-    where each must be kept `needed` ms."""
+    where each must be kept `needed` ms (beside the store topic `store_topic`, if set)."""
     result = []
     if found.retention_ms is not None and short(found.retention_ms, needed):
-        result.append(Shortfall(
-            "intake_retention_short", {"retention_ms": found.retention_ms, "needed_ms": needed},
-            DELETED + "before their schedules fire cannot be",
-            "blackbox create-topics raises it (or set retention.ms yourself)",
-        ))  # fmt: skip
+        result.append(_short(found.retention_ms, needed, store_topic))
     if size_capped(found):
         result.append(Shortfall(
             "intake_retention_size_capped", {"retention_bytes": found.retention_bytes},
@@ -169,6 +177,64 @@ def shortfalls(found: Kept, needed: int) -> list[Shortfall]:
             "set cleanup.policy=delete on the topic",
         ))  # fmt: skip
     return result
+
+
+def _short(retention_ms: int, needed: int, store_topic: str) -> Shortfall:
+    action = "blackbox create-topics raises it (or set retention.ms yourself)"
+    found = {"retention_ms": retention_ms, "needed_ms": needed}
+    if not store_topic:
+        return Shortfall("intake_retention_short", found,
+                         DELETED + "before their schedules fire cannot be", action)  # fmt: skip
+    why = (f"beside the store topic {store_topic!r} (which holds what is pending) the intake "
+           f"topics must keep the one-day window ({STORE_WINDOW_SECONDS} s) a re-read or a "
+           "rebuild reads past the committed offsets; records deleted sooner cannot be read "
+           "again")  # fmt: skip
+    return Shortfall("intake_retention_short", {**found, "store_topic": store_topic}, why, action)
+
+
+def store_refusal(topic: str, found: Kept | None, bootstrap: str) -> str | None:
+    """Why the store topic `topic`, kept as `found` (None: it does not exist), cannot hold
+    the pending schedules; None where it can (`cleanup.policy=compact` alone), or where the
+    broker does not tell its cleanup.policy. `bootstrap` goes into the command to fix it."""
+    if found is None:
+        return (f"BLACKBOX_STORE_TOPIC={topic}: the topic does not exist. Run `blackbox "
+                "create-topics`, which creates it with cleanup.policy=compact (a topic the "
+                "broker creates at a first write would have cleanup.policy=delete)")  # fmt: skip
+    if found.cleanup_policy is None or _policies(found) == [COMPACT]:
+        return None
+    kept_for = "" if found.retention_ms is None else f" (retention.ms={found.retention_ms})"
+    return (f"BLACKBOX_STORE_TOPIC={topic}: the topic has cleanup.policy="
+            f"{found.cleanup_policy}, not compact alone: a schedule pending longer than its "
+            f"retention{kept_for} would lose the only version the store holds of it. "
+            "blackbox create-topics leaves an existing topic's policy as it is; fix it with: "
+            f"kafka-configs.sh --bootstrap-server {bootstrap} --alter --entity-type topics "
+            f"--entity-name {topic} --add-config cleanup.policy={COMPACT}")  # fmt: skip
+
+
+def check_store(config: Mapping[str, Any], topic: str, timeout: float = 10.0) -> None:
+    """Raise StoreTopicRefused where the store topic `topic` does not exist or is not
+    compacted alone (`store_refusal`), in one describe call; KafkaException if the broker
+    cannot be asked."""
+    try:
+        found: Kept | None = kept(config, [topic], timeout).get(topic)
+    except KafkaException as e:
+        if not _unknown_topic(e):
+            raise
+        found = None
+    except TimeoutError as e:  # the wait ran out before the request's own timeout fired
+        no_answer = KafkaError(KafkaError._TIMED_OUT, f"no answer in {timeout:g} s")
+        raise KafkaException(no_answer) from e
+    bootstrap = str(config.get("bootstrap.servers", "BROKER"))
+    refusal = store_refusal(topic, found, bootstrap)
+    if refusal is not None:
+        raise StoreTopicRefused(refusal)
+    if found is not None and found.cleanup_policy is None:
+        log.info("store_topic_policy_unknown", topic=topic)  # a broker that does not tell
+
+
+def _unknown_topic(error: KafkaException) -> bool:
+    cause = error.args[0] if error.args else None
+    return isinstance(cause, KafkaError) and cause.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
 
 
 def raise_to(
@@ -219,10 +285,13 @@ def _until_told(config: Mapping[str, Any], topics: list[str], needed: int, timeo
                          f"tell it after {timeout:g} s")  # fmt: skip
 
 
-def warn_if_short(config: Mapping[str, Any], topics: Iterable[str], needed: int) -> list[str]:
+def warn_if_short(
+    config: Mapping[str, Any], topics: Iterable[str], needed: int, store_topic: str = ""
+) -> list[str]:
     """Log each way an intake topic deletes requests before they can fire (a retention.ms
-    under `needed` ms, a size cap, compaction); the topics named. A broker that cannot tell
-    is logged and passed over."""
+    under `needed` ms, a size cap, compaction); the topics named. Beside a store topic
+    (`store_topic`) the retention warning names the window the intake topics keep. A broker
+    that cannot tell is logged and passed over."""
     try:
         found = kept(config, topics)
     except Exception as e:  # noqa: BLE001 - a warning at start must never stop intake
@@ -230,7 +299,7 @@ def warn_if_short(config: Mapping[str, Any], topics: Iterable[str], needed: int)
         return []
     named = []
     for topic, limits in sorted(found.items()):
-        found_short = shortfalls(limits, needed)
+        found_short = shortfalls(limits, needed, store_topic)
         for shortfall in found_short:
             _warn(topic, shortfall)
         if found_short:

@@ -38,3 +38,43 @@ def test_a_size_cap_and_compaction_are_shortfalls_whatever_retention_ms_says() -
 
 def events(kept: retention.Kept) -> list[str]:
     return [s.event for s in retention.shortfalls(kept, 1000)]
+
+
+def test_a_store_topic_must_exist_and_be_compacted_alone() -> None:
+    """Guarantee 1: the store topic holds the only version of a schedule pending longer
+    than the intake topics keep requests: `delete` in its cleanup.policy (alone or with
+    compact) would delete it after retention.ms, and a missing topic would be created so
+    by a first write. Compact alone passes; a broker that does not tell is passed over."""
+    broker = "kafka-1:9092"
+    assert retention.store_refusal("bb.store", retention.Kept(-1, -1, "compact"), broker) is None
+    assert retention.store_refusal("bb.store", retention.Kept(), broker) is None  # Tansu
+    missing = retention.store_refusal("bb.store", None, broker)
+    assert missing is not None
+    assert "BLACKBOX_STORE_TOPIC=bb.store" in missing
+    assert "does not exist" in missing
+    assert "blackbox create-topics" in missing
+    fix = ("kafka-configs.sh --bootstrap-server kafka-1:9092 --alter --entity-type topics "
+           "--entity-name bb.store --add-config cleanup.policy=compact")  # fmt: skip
+    for policy in ("delete", "compact,delete", "delete,compact"):
+        refusal = retention.store_refusal("bb.store", retention.Kept(3600, -1, policy), broker)
+        assert refusal is not None, policy
+        assert "BLACKBOX_STORE_TOPIC=bb.store" in refusal
+        assert f"cleanup.policy={policy}," in refusal
+        assert "retention.ms=3600" in refusal
+        assert refusal.endswith(fix)
+
+
+def test_beside_a_store_the_intake_retention_warning_names_the_one_day_window() -> None:
+    """With a store topic, an intake topic keeping less than the day a re-read or rebuild
+    reads past the committed offsets is named with that window and the store topic; without
+    one, the warning speaks of schedules firing (the horizon), as before."""
+    day = retention.STORE_WINDOW_SECONDS * 1000
+    assert day == 86_400_000
+    (beside,) = retention.shortfalls(retention.Kept(3_600_000, -1, "delete"), day, "bb.store")
+    assert beside.event == "intake_retention_short"
+    assert beside.found == {"retention_ms": 3_600_000, "needed_ms": day, "store_topic": "bb.store"}
+    assert "one-day window (86400 s)" in beside.why
+    assert "'bb.store'" in beside.why
+    (alone,) = retention.shortfalls(retention.Kept(3_600_000, -1, "delete"), day)
+    assert alone.found == {"retention_ms": 3_600_000, "needed_ms": day}
+    assert "before their schedules fire" in alone.why
