@@ -1,7 +1,8 @@
 """`blackbox create-topics`, and the topics `blackbox dev` prepares the same way: the intake,
-dead-letter and events topics (and the intake topics the policy binds) created, and the
-intake and dead-letter topics kept as long as the service's start check asks
-(kafka/retention.py), so a first start warns of nothing that is not wrong."""
+dead-letter and events topics (and the intake topics the policy binds) created, the store
+topic too where one is set (compacted), and the intake and dead-letter topics kept as long
+as the service's start check asks (kafka/retention.py), so a first start warns of nothing
+that is not wrong. A store topic found not compacted alone is refused, never changed."""
 
 from __future__ import annotations
 
@@ -24,18 +25,21 @@ MAX_COUNT = 2**31 - 1
 
 def prepare(settings: Settings, partitions: int, copies: Plan | None = None) -> list[str]:
     """Create the topics blackbox reads and writes where missing (with `partitions`, and
-    replicated as `copies` says, else as the cluster allows: replication.py), raise the
-    retention of the intake and dead-letter topics to what the policy's longest horizon
-    needs (never lowering one); the names of the topics."""
+    replicated as `copies` says, else as the cluster allows: replication.py), the store
+    topic compacted (StoreTopicRefused if it exists otherwise), raise the retention of the
+    intake and dead-letter topics to what they need (the policy's longest horizon, or a day
+    beside a store topic; never lowering one); the names of the topics."""
     policy = caller_policy_of(settings)
     names = [*settings.own_topics, *sorted(policy.bound_topics)]
     copies = copies or replication.plan(settings.kafka)
-    clients.ensure_topics(settings.kafka, names, partitions=partitions,
-                          replication_factor=copies.replication_factor,
-                          topic_config=copies.topic_config)  # fmt: skip
+    _create(settings, [n for n in names if n != settings.store_topic], partitions, copies)
+    if settings.store_topic:
+        _create(settings, [settings.store_topic], partitions, copies,
+                {retention.CLEANUP: retention.COMPACT})  # fmt: skip
+        retention.check_store(settings.kafka, settings.store_topic)
     replication.warn_if_weak(settings.kafka, names, copies)  # those that existed before
     intake = [settings.intake_topic, *sorted(policy.bound_topics)]
-    needed = retention.needed_ms(policy.longest_horizon_seconds, settings.grace_seconds)
+    needed = retention.intake_needed_ms(settings, policy)
     # The dead-letter topic too: a rebuild reads there what was refused and what failed.
     raised = retention.raise_to(settings.kafka, [*intake, settings.dlq_topic], needed)
     for topic, before in raised.items():
@@ -48,9 +52,20 @@ def prepare(settings: Settings, partitions: int, copies: Plan | None = None) -> 
     return names
 
 
+def _create(
+    settings: Settings, names: list[str], partitions: int, copies: Plan,
+    config: dict[str, str] | None = None,
+) -> None:  # fmt: skip
+    """Create those of `names` that are missing, replicated as `copies` says, with `config`."""
+    clients.ensure_topics(settings.kafka, names, partitions=partitions,
+                          replication_factor=copies.replication_factor,
+                          topic_config={**copies.topic_config, **(config or {})})  # fmt: skip
+
+
 def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     topics = commands.add_parser(
-        "create-topics", help="create the intake, dead-letter and events topics"
+        "create-topics",
+        help="create the intake, dead-letter and events topics (and the store topic, compacted)",
     )
     topics.add_argument("--partitions", type=count, default=1,
                         help="partitions of each topic it creates")  # fmt: skip
