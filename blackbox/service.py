@@ -18,7 +18,7 @@ from types import FrameType
 
 import redis
 import structlog
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from blackbox import tracing
 from blackbox.api import app
@@ -26,7 +26,7 @@ from blackbox.api.backend import backend_of
 from blackbox.api.connections import Limits
 from blackbox.api.server import PROBE_LIMITS, PROBE_PATHS, Endpoints
 from blackbox.clock import now_ms
-from blackbox.errors import RedisFull, SettingsError, ShardsChanged
+from blackbox.errors import RedisFull, SettingsError, ShardsChanged, StoreTopicRefused
 from blackbox.exits import EXIT_FAILED, EXIT_SETTINGS
 from blackbox.firing import shares
 from blackbox.firing.nudges import Publisher
@@ -35,7 +35,7 @@ from blackbox.health import Health, Probe
 from blackbox.intake import filling
 from blackbox.intake.policy import CallerPolicy
 from blackbox.intake.runner import Receiving, caller_policy_of
-from blackbox.kafka import clients
+from blackbox.kafka import clients, retention
 from blackbox.metrics import Metrics
 from blackbox.role import Loop, Role
 from blackbox.settings import Settings
@@ -49,6 +49,9 @@ log = structlog.get_logger("blackbox.service")
 STOP_TIMEOUT_SECONDS = 8.0
 # How often the main thread looks for a signal received (or a crash).
 SIGNAL_POLL_SECONDS = 0.2
+# How long the start check waits for the broker to describe the store topic; a broker away
+# is asked again at each probe.
+STORE_CHECK_SECONDS = 5.0
 
 
 class Service:
@@ -81,7 +84,8 @@ class Service:
             self.redis, sharding, settings.grace_seconds, settings.fired_retention
         )
         self.room = memory.Room(self._probe_client, sharding, self.metrics)
-        self._redis_checked = threading.Event()  # eviction policy and shard count found right
+        # Eviction policy, shard count and the store topic found right: intake waits for it.
+        self._redis_checked = threading.Event()
         self._publisher = Publisher(self.redis, self.store.layout.wake_channel)
         self.firing = self._firing(caller_policy) if role.fires else None
         self.receiving = (
@@ -203,8 +207,9 @@ class Service:
                 raise
 
     def start(self) -> None:
-        """Start serving; a SettingsError if Redis may evict schedules (EvictingRedis) or holds
-        messages pending under another shard count (ShardsChanged)."""
+        """Start serving; a SettingsError if Redis may evict schedules (EvictingRedis), holds
+        messages pending under another shard count (ShardsChanged), or the store topic is
+        missing or not compacted alone (StoreTopicRefused)."""
         log.info("service_starting", role=self.role.value, settings=repr(self.settings))
         self._tracing = tracing.configure(self._environ)
         self._check_eviction()
@@ -230,7 +235,7 @@ class Service:
         if not filling.check(self.settings, self._probe_client, self.store.layout):
             return
         self.guard.settle(now_ms(), clients.committed_offsets(self.settings))
-        if self._rebuild_under_way():
+        if self._rebuild_under_way() or not self._store_checked():
             return
         self._redis_checked.set()
 
@@ -244,6 +249,23 @@ class Service:
         reason = "a rebuild from Kafka is under way or stopped half-way" if under_way else None
         self.health.hold("rebuild", reason)
         return under_way
+
+    def _store_checked(self) -> bool:
+        """The store topic, where one is set, exists and is compacted alone (one describe
+        call; StoreTopicRefused if not). While the broker cannot tell, intake waits and the
+        replica is not ready: each probe asks again."""
+        topic = self.settings.store_topic
+        if not topic:
+            return True
+        try:
+            retention.check_store(self.settings.kafka, topic, STORE_CHECK_SECONDS)
+        except KafkaException as e:
+            error = e.args[0].str() if e.args and hasattr(e.args[0], "str") else str(e)
+            log.warning("store_topic_unchecked", topic=topic, error=error, retry="at each probe")
+            self.health.hold("store", f"the store topic {topic} could not be checked: {error}")
+            return False
+        self.health.hold("store", None)
+        return True
 
     def _check_adopted(self) -> None:
         """BLACKBOX_SHARDS unset and Redis away at start: the count taken meanwhile must be
@@ -267,8 +289,9 @@ class Service:
                 self.guard.verify(now_ms())
             else:
                 self._read_policy()
-        except SettingsError as e:  # an evicting Redis, or a shard count changed under data
-            log.error("redis_refused", error=str(e))
+        except SettingsError as e:  # an evicting Redis, a shard count changed under data, a store
+            event = "store_topic_refused" if isinstance(e, StoreTopicRefused) else "redis_refused"
+            log.error(event, error=str(e))
             self.exit_code = EXIT_SETTINGS
             self.stopping.set()
             raise

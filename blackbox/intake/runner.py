@@ -101,6 +101,7 @@ class Receiving:
         self.stopping = stopping
         self.redis_checked = redis_checked
         self.kafka = settings.kafka
+        self.store_topic = settings.store_topic
         self.retention_needed = retention.intake_needed_ms(settings, caller_policy)
         self.outbox = answers_outbox(settings)
         keeping = None
@@ -127,7 +128,7 @@ class Receiving:
                 self.intake.consumer.close()
                 return
         kept = [*self.intake.config.topics, self.intake.config.dlq_topic]  # a rebuild reads both
-        retention.warn_if_short(self.kafka, kept, self.retention_needed)
+        retention.warn_if_short(self.kafka, kept, self.retention_needed, self.store_topic)
         if not self.stopping.is_set():  # each check may wait on Kafka for seconds
             replication.warn_if_weak(self.kafka, [*kept, self.intake.config.events_topic])
         self.intake.run(self.stopping)

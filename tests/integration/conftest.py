@@ -148,12 +148,18 @@ ServiceFactory = Callable[..., Service]
 
 @pytest.fixture
 def start_service(env: dict[str, str]) -> Iterator[ServiceFactory]:
-    """Start in-process services (the topics created first); stop them all at the end."""
+    """Start in-process services (the topics created first, a store topic compacted); stop
+    them all at the end."""
     started: list[Service] = []
 
     def start(role: Role = Role.ALL, **overrides: str) -> Service:
         settings = Settings.from_env({**env, **overrides})
-        clients.ensure_topics(settings.kafka, settings.own_topics)
+        store = settings.store_topic  # compacted, or the service refuses it at start
+        clients.ensure_topics(settings.kafka, [t for t in settings.own_topics if t != store])
+        if store:
+            clients.ensure_topics(
+                settings.kafka, [store], topic_config={"cleanup.policy": "compact"}
+            )
         service = Service(settings, role=role)
         service.start()
         started.append(service)

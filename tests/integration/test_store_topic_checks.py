@@ -1,11 +1,14 @@
 """The store topic's own settings (kafka/retention.py `check_store`): `blackbox create-topics`
-creates it compacted and keeps the intake topics a day beside it; it refuses a store topic
-whose cleanup.policy has `delete` in it (a schedule pending longer than retention.ms would
-lose the only version the store holds of it), and does not change one."""
+creates it compacted and keeps the intake topics a day beside it; it and the service refuse
+a store topic that is missing or whose cleanup.policy has `delete` in it (a schedule pending
+longer than retention.ms would lose the only version the store holds of it), and neither
+changes one."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import signal
+from collections.abc import Iterator, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +19,15 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ConfigSource,
     NewTopic,
 )
+from structlog.testing import capture_logs
 
-from blackbox.kafka import retention
+from blackbox.dev.servers import KafkaBroker, RedisServer, free_port
+from blackbox.exits import EXIT_SETTINGS
+from blackbox.kafka import clients, retention
+from blackbox.service import Service
 from blackbox.settings import Settings
-from tests.kafkatools import unique
+from tests.integration.conftest import ServiceFactory, service_env
+from tests.kafkatools import unique, wait_until
 from tests.process import BlackboxProcess
 
 HOUR_MS = 3_600_000
@@ -137,3 +145,104 @@ def test_create_topics_refuses_a_store_topic_that_deletes_and_leaves_it(
             ) in output  # fmt: skip
     assert "Traceback" not in output
     assert retention.kept(_bootstrap(env), [store])[store].cleanup_policy == policy
+
+
+@pytest.mark.parametrize("policy", [None, *DELETING])
+def test_the_service_refuses_to_start_beside_a_store_topic_missing_or_deleting(
+    policy: str | None, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Guarantee 1: `blackbox run` with a store topic that does not exist, or whose
+    cleanup.policy has `delete`, stops at start with exit code 2 and says what it found and
+    how to fix it; nothing creates or changes the topic."""
+    run_env = _with_store(env)
+    store = run_env["BLACKBOX_STORE_TOPIC"]
+    clients.ensure_topics(_bootstrap(env), [env["BLACKBOX_INTAKE_TOPIC"]])
+    if policy is not None:
+        _create(env, [NewTopic(store, 1, config={retention.CLEANUP: policy})])
+    process = BlackboxProcess(run_env, tmp_path / "run.log", "run")
+    try:
+        code = process.wait(timeout=60)
+    finally:
+        if process.process.poll() is None:  # it did not stop: end it, the test fails
+            process.kill()
+
+    output = process.output()
+    assert code == EXIT_SETTINGS == 2, output
+    assert "Traceback" not in output
+    if policy is None:
+        assert f"BLACKBOX_STORE_TOPIC={store}: the topic does not exist" in output
+        assert "Run `blackbox create-topics`" in output
+        assert store not in AdminClient(_bootstrap(env)).list_topics(timeout=15).topics
+    else:
+        assert f"the topic has cleanup.policy={policy}," in output
+        assert f"--entity-name {store} --add-config cleanup.policy=compact" in output
+        assert retention.kept(_bootstrap(env), [store])[store].cleanup_policy == policy
+
+
+def test_beside_a_compacted_store_the_start_check_names_the_one_day_window(
+    start_service: ServiceFactory, env: dict[str, str]
+) -> None:
+    """A compacted store topic starts the service, is not warned of as compacted (the
+    intake topics' compaction warning is not for it), and an intake topic keeping less
+    than a day is named with the one-day window the store leaves it."""
+    run_env = _with_store(env)
+    store, intake = run_env["BLACKBOX_STORE_TOPIC"], env["BLACKBOX_INTAKE_TOPIC"]
+    _create(env, [NewTopic(intake, 1, config={retention.RETENTION: str(HOUR_MS)})])
+    with capture_logs() as logs:
+        service = start_service(BLACKBOX_STORE_TOPIC=store)
+        wait_until(lambda: any(e["event"] == "intake_retention_short" for e in list(logs)),
+                   what="the intake topic named")  # fmt: skip
+
+    (short,) = [e for e in logs if e["event"] == "intake_retention_short"]
+    assert (short["topic"], short["store_topic"], short["needed_ms"]) == (intake, store, DAY_MS)
+    assert "one-day window" in short["why"]
+    assert [e for e in logs if e.get("topic") == store and e["log_level"] != "info"] == []
+    assert service.health.holds == {}
+    assert not service.failed
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
+    server = KafkaBroker(free_port(), tmp_path / "kafka")
+    server.start()
+    yield server
+    _signal(server, signal.SIGCONT)
+    server.stop()
+
+
+def _signal(server: KafkaBroker, signum: signal.Signals) -> None:
+    if server.process is not None and server.process.poll() is None:
+        os.kill(server.process.pid, signum)
+
+
+def test_a_broker_away_at_start_holds_intake_and_a_store_found_deleting_then_stops_it(
+    own_broker: KafkaBroker, redis_server: RedisServer
+) -> None:
+    """Guarantee 5 and 1: a broker that cannot describe the store topic at start does not
+    stop the service: intake waits and the replica is not ready, naming why; each probe
+    asks again, and once the broker tells a cleanup.policy with `delete` the service stops
+    with exit code 2."""
+    env = _with_store(service_env(redis_server.url, own_broker.bootstrap))
+    store = env["BLACKBOX_STORE_TOPIC"]
+    settings = Settings.from_env(env)
+    clients.ensure_topics(settings.kafka, [t for t in settings.own_topics if t != store])
+    _create(env, [NewTopic(store, 1, config={retention.CLEANUP: "delete"})])
+    _signal(own_broker, signal.SIGSTOP)  # it keeps its port but answers nothing
+    service = Service(settings)
+    with capture_logs() as logs:
+        service.start()  # a broker that does not answer is no reason to stop
+        try:
+            assert not service.failed
+            assert "could not be checked" in service.health.holds["store"]
+            assert "store_topic_unchecked" in _events(logs)
+            _signal(own_broker, signal.SIGCONT)
+            wait_until(service.stopping.is_set, 90, "the service stopped")
+            assert service.exit_code == EXIT_SETTINGS
+            assert "store_topic_refused" in _events(logs)
+            assert not service._redis_checked.is_set()  # intake never began
+        finally:
+            service.stop()
+
+
+def _events(logs: list[MutableMapping[str, Any]]) -> list[str]:
+    return [e["event"] for e in list(logs)]
