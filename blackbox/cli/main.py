@@ -2,11 +2,11 @@
 
 Exit codes: 0 success; 1 the service, a send or a Spark job failed at run time (or no
 answer came, or the request was dead-lettered); 2 bad usage or settings, a Redis that may
-evict keys (its maxmemory-policy is not noeviction), or `blackbox spark ...` without PySpark
-installed; 3 done, with something to act on: `cancel`, `pause`, `resume` or `reschedule`
-answered but changed nothing (not_found, already_fired, not_recurring, recurring,
-cancelled), `show` found no such schedule (not_found), or `blackbox spark audit` found
-messages lost, or late beyond --max-late.
+evict keys (its maxmemory-policy is not noeviction), a store topic missing or not compacted
+alone, or `blackbox spark ...` without PySpark installed; 3 done, with something to act
+on: `cancel`, `pause`, `resume` or `reschedule` answered but changed nothing (not_found,
+already_fired, not_recurring, recurring, cancelled), `show` found no such schedule
+(not_found), or `blackbox spark audit` found messages lost, or late beyond --max-late.
 """
 
 from __future__ import annotations
