@@ -232,10 +232,14 @@ class Service:
     def _read_policy(self) -> None:
         memory.check_eviction(self._probe_client, self.settings.accept_eviction)
         self._check_adopted()
+        # The store checked before anything writes to it (a missing topic would be created
+        # by the first write, with cleanup.policy=delete).
+        if not self._store_checked():
+            return
         if not filling.check(self.settings, self._probe_client, self.store.layout):
             return
         self.guard.settle(now_ms(), clients.committed_offsets(self.settings))
-        if self._rebuild_under_way() or not self._store_checked():
+        if self._rebuild_under_way():
             return
         self._redis_checked.set()
 
