@@ -31,7 +31,7 @@ from blackbox.errors import (
 )
 from blackbox.exits import EXIT_OK, EXIT_USAGE
 from blackbox.intake import filling, rebuild
-from blackbox.kafka import readback
+from blackbox.kafka import readback, retention
 from blackbox.role import Role
 from blackbox.service import Service
 from blackbox.settings import Settings, describe, service_links
@@ -161,6 +161,8 @@ def cmd_fill_store(args: argparse.Namespace, settings: Settings) -> int:
         error(f"fill-store writes every schedule pending in namespace {settings.namespace!r} "
               f"to {settings.store_topic}: stop every replica, then run it with --yes")  # fmt: skip
         return EXIT_USAGE
+    # Checked first: a write to a missing topic would have the broker create it, not compacted.
+    retention.check_store(settings.kafka, settings.store_topic)  # StoreTopicRefused: exit 2
     client = redis_client(settings.redis_url)
     layout = Layout(
         settings.namespace, settings.shards or shardcount.adopt(client, settings.namespace)
