@@ -74,11 +74,12 @@ class Settler:
         verdicts = [self._conclude(batch, stop) for batch in batches]
         acks = [Acks([i for i in v.done if i not in b.advances], b.claim.token, b.claim.shard)
                 for b, v in zip(batches, verdicts, strict=True)]  # fmt: skip
-        acked = self.store.ack_all(acks)
+        ended: list[tuple[str, bool]] | None = None if self.keeper is None else []
+        acked = self.store.ack_all(acks, ended)
         for batch, verdict, count in zip(batches, verdicts, acked, strict=True):
             self._record(batch.claim, verdict, batch.advances, count)
-        if self.keeper is not None:
-            self._keep(self.keeper, batches, verdicts, acks)
+        if self.keeper is not None and ended is not None:
+            self._keep(self.keeper, batches, verdicts, ended)
         for batch, verdict in zip(batches, verdicts, strict=True):
             if batch.advances:
                 self._answer(_series_events(batch, verdict), stop)
@@ -89,34 +90,37 @@ class Settler:
 
     def _keep(
         self, keeper: StoreTopic, batches: Sequence[Batch], verdicts: Sequence[Verdict],
-        acks: Sequence[Acks],
+        ended: list[tuple[str, bool]],
     ) -> None:  # fmt: skip
         """Tell the store topic what ended and where each series stands: a tombstone for
-        each id acked that is not pending again (an update that came while it flew is),
-        a series' next occurrence, or its tombstone once it completed. Written behind:
-        a tombstone lost leaves a version the target topic shows delivered."""
-        acked = [i for a in acks for i in a.ids]
-        pending = self.store.pending_of(acked) if acked else []
-        ended = [i for i, still in zip(acked, pending, strict=True) if not still]
+        each id the acks ended (`ended`: not an update that came while it flew, which is
+        due again), telling whether a cancel did; a series' next occurrence, or its
+        tombstone once it completed. Written behind: a tombstone lost leaves a version
+        the target topic shows delivered."""
+        how = {True: storetopic.CANCELLED, False: storetopic.FIRED}
+        records = [storetopic.tombstone(i, keeper.topic, how[cancelled]) for i, cancelled in ended]
         # A series' next version as Redis stored it (advance.lua keeps a pause or resume
         # that came while it flew, an update stays, a cancel ends it), not as prepared.
         series = [i for b, v in zip(batches, verdicts, strict=True) for i in v.done
                   if i in b.advances]  # fmt: skip
-        held = self.store.payloads(series) if series else []
-        flying = self.store.pending_of(series) if series else []
-        versions = []
-        for i, raw, still in zip(series, held, flying, strict=True):
-            if raw is not None and still:
-                versions.append(Record(keeper.topic, raw, i.encode("utf-8")))
-            else:
-                ended.append(i)
-        markers = self.store.ended_markers(ended) if ended else []
-        records = [
+        if series:
+            records += self._series_records(keeper, series)
+        keeper.write_behind(records)
+
+    def _series_records(self, keeper: StoreTopic, series: list[str]) -> list[Record]:
+        """Each settled series' version as Redis holds it, or its tombstone (telling
+        whether a cancel ended it) where it ended."""
+        held = self.store.payloads(series)
+        flying = self.store.pending_of(series)
+        gone = [i for i, raw, still in zip(series, held, flying, strict=True)
+                if raw is None or not still]  # fmt: skip
+        markers = dict(zip(gone, self.store.ended_markers(gone), strict=True)) if gone else {}
+        return [
             storetopic.tombstone(i, keeper.topic,
-                                 storetopic.CANCELLED if m == b"c" else storetopic.FIRED)
-            for i, m in zip(ended, markers, strict=True)
+                                 storetopic.CANCELLED if markers[i] == b"c" else storetopic.FIRED)
+            if i in markers else Record(keeper.topic, raw, i.encode("utf-8"))
+            for i, raw in zip(series, held, strict=True)
         ]  # fmt: skip
-        keeper.write_behind(records + versions)
 
     def _conclude(self, batch: Batch, stop: threading.Event) -> Verdict:
         """Judge one sent batch by its reports (waiting for the missing ones until its

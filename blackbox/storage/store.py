@@ -339,26 +339,36 @@ class RedisStore:
         still ours."""
         return self.ack_all([Acks(ids, token, shard)])[0]
 
-    def ack_all(self, batches: Sequence[Acks]) -> list[int]:
+    def ack_all(
+        self, batches: Sequence[Acks], ended: list[tuple[str, bool]] | None = None
+    ) -> list[int]:
         """`ack` of each batch (of any shards), in one round trip per Redis node; how many
-        of each were still ours."""
+        of each were still ours. `ended`, where given, gets each id that ended here (not due
+        again after an update that came while it flew) and whether a cancel ended it."""
         calls, of_batch = [], []
+        report = "1" if ended is not None else "0"
         for n, batch in enumerate(batches):
             keys_of = self.layout.shards[batch.shard]
             for chunk in chunked(batch.ids):
                 keys = [keys_of.in_flight, keys_of.due, keys_of.attempts]
                 for i in chunk:
                     keys += [keys_of.payload(i), keys_of.ended(i)]
-                args = [batch.token, self.ended_retention_seconds, *chunk]
+                args = [batch.token, self.ended_retention_seconds, report, *chunk]
                 calls.append(ScriptCall(self._ack, batch.shard, keys, args))
                 of_batch.append(n)
         acked = [0] * len(batches)  # a batch with nothing to ack (series advances) has 0
         if len(calls) == 1:  # no pipeline needed
             _, _, keys, args = calls[0]
-            acked[of_batch[0]] = int(self._ack(keys=keys, args=args))
-            return acked
-        for n, answer in zip(of_batch, self._run_all(calls), strict=True):
-            acked[n] += int(answer)
+            answers = [self._ack(keys=keys, args=args)]
+        else:
+            answers = self._run_all(calls)
+        for n, answer in zip(of_batch, answers, strict=True):
+            if ended is None:
+                acked[n] += int(answer)
+                continue
+            acked[n] += int(answer[0])
+            pairs = zip(answer[1::2], answer[2::2], strict=True)
+            ended += [(i.decode("utf-8"), how == b"c") for i, how in pairs]
         return acked
 
     def advance(self, items: Sequence[Advance], token: float, now_ms: int, shard: int = 0) -> int:

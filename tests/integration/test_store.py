@@ -13,7 +13,7 @@ from blackbox.dev.servers import RedisServer
 from blackbox.schedule import Schedule, scoped_id
 from blackbox.storage.applying import SCRIPT_CHUNK, Applied, Cancellation, IntakeSlice, Write
 from blackbox.storage.keys import Layout
-from blackbox.storage.store import RedisStore
+from blackbox.storage.store import Acks, RedisStore
 from tests.kafkatools import unique, wait_until
 
 ID = scoped_id(b"svc", "order-1")
@@ -454,3 +454,27 @@ def test_a_new_id_whose_key_holds_a_stray_value_is_refused_not_taken_for_applied
     assert intake.send(new) is Applied.REPLAYED
     store.client.delete(keys.payload(new.id))
     assert intake.send(new) is Applied.SCHEDULED
+
+
+def test_an_ack_tells_which_ids_ended_and_whether_a_cancel_did(store: RedisStore) -> None:
+    """The store topic's tombstones come from the ack (ack.lua): an id delivered ends
+    ("fired"), one cancelled while it flew ends as cancelled, one updated while it flew is
+    due again and does not end, one whose lease was lost is another's to tell."""
+    intake, now = Intake(store), now_ms()
+    ids = ["@svc/done", "@svc/cancelled", "@svc/updated", "in:0:9"]
+    for schedule_id in ids:
+        assert intake.send(Schedule(schedule_id, "t", b"v1", now - 1, b"svc")) is Applied.SCHEDULED
+    claim = store.claim_due(now_ms(), 10, 30_000)
+    assert sorted(claim.ids) == sorted(ids)
+    # A cancel of a one-off in flight is answered already_fired (it is being delivered);
+    # one the dispatcher found cancelled before it produced it left its "c" marker.
+    assert intake.send(Cancellation("@svc/done")) is Applied.ALREADY_FIRED
+    keys = store.layout.shards[0]
+    store.client.set(keys.ended("@svc/cancelled"), "c")
+    assert intake.send(Schedule("@svc/updated", "t", b"v2", now + 60_000, b"svc")) is not None
+    ended: list[tuple[str, bool]] = []
+    assert store.ack_all([Acks(claim.ids, claim.token, 0)], ended) == [4]
+    assert sorted(ended) == [("@svc/cancelled", True), ("@svc/done", False), ("in:0:9", False)]
+    again: list[tuple[str, bool]] = []
+    assert store.ack_all([Acks(["@svc/done"], claim.token, 0)], again) == [0]
+    assert again == []  # no longer in flight under that lease: nothing to tell
