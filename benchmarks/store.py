@@ -97,6 +97,33 @@ def _rebuild(stack: Stack, store: bool) -> dict[str, float]:
     return {"seconds": round(elapsed, 2), "pending_after": due + flying}
 
 
+def _fire_and_compact(
+    stack: Stack, target: str, args: argparse.Namespace
+) -> tuple[redis.Redis, tuple[int, dict[str, object], float]]:
+    """Send, wait for the fired ones, then for compaction: Redis's memory when only the
+    pending were left, the store before compaction, and how long compaction took."""
+    client = redis.Redis.from_url(stack.redis.url)
+    _send(stack, target, args.fired, args.pending, args.bytes)
+    wait_for(lambda: _delivered(stack, target) >= args.fired, 600, "the fired delivered")
+    wait_for(lambda: sum(pending_counts(client, stack.layout)) == args.pending, 60,
+             "only the pending left")  # fmt: skip
+    settled = time.perf_counter()
+    memory = int(client.info("memory")["used_memory"])
+    before: dict[str, object] = {"store": _disk_bytes(stack, STORE),
+                                 "records": _store_records(stack)}  # fmt: skip
+
+    def compacted() -> bool:  # only the pending ids' versions left (and the mark)
+        _roll(stack)
+        return bool(_store_records(stack)["versions"] <= args.pending + 1)
+
+    wait_for(compacted, 600, "the store compacted", every=5.0)
+    compacted_s = round(time.perf_counter() - settled, 1)
+    time.sleep(30)  # tombstones go at a later cleaning, delete.retention.ms after the first
+    _roll(stack)
+    time.sleep(20)
+    return client, (memory, before, compacted_s)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -112,26 +139,12 @@ def main() -> None:
         target = "store-bench-target"
         clients.ensure_topics(stack.settings.kafka, [target])
         service = start_service(stack)
-        client = redis.Redis.from_url(stack.redis.url)
-        _send(stack, target, args.fired, args.pending, args.bytes)
-        wait_for(lambda: _delivered(stack, target) >= args.fired, 600, "the fired delivered")
-        wait_for(lambda: sum(pending_counts(client, stack.layout)) == args.pending, 60,
-                 "only the pending left")  # fmt: skip
-        settled = time.perf_counter()
-        memory = client.info("memory")["used_memory"]
-        before = {"store": _disk_bytes(stack, STORE), "records": _store_records(stack)}
-
-        def compacted() -> bool:  # only the pending ids' versions left (and the mark)
-            _roll(stack)
-            return bool(_store_records(stack)["versions"] <= args.pending + 1)
-
-        wait_for(compacted, 600, "the store compacted", every=5.0)
-        compacted_s = round(time.perf_counter() - settled, 1)
-        time.sleep(30)  # tombstones go at a later cleaning, delete.retention.ms after the first
-        _roll(stack)
-        time.sleep(20)
-        service.terminate()
-        service.wait(30)
+        try:
+            client, measured = _fire_and_compact(stack, target, args)
+        finally:  # a benchmark stopped half-way leaves no service behind
+            service.terminate()
+            service.wait(30)
+        memory, before, compacted_s = measured
         figures = {
             "fired": args.fired,
             "pending": args.pending,
