@@ -58,6 +58,14 @@ With BLACKBOX_STORE_TOPIC set, it writes back what the store topic keeps instead
 reads only the intake records past the committed offsets; it refuses a store never filled
 (blackbox fill-store) and intake records lost past a committed offset.
 """
+FILL_DESCRIPTION = """\
+Write every schedule pending in the namespace to the store topic (BLACKBOX_STORE_TOPIC),
+then a record and a Redis mark saying the store holds them all: the step that moves a
+namespace with schedules to a store topic (docs/upgrading.md). Every replica must be
+stopped (it refuses while a heartbeat is live); the store topic must exist compacted
+(blackbox create-topics). Until it ran, a replica refuses to start on that store, and a
+rebuild refuses to read it.
+"""
 log = structlog.get_logger("blackbox.cli.main")
 
 
@@ -105,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     filling_store = commands.add_parser(
         "fill-store", help="write every pending schedule to the store topic, once, before "
         "the service keeps it (BLACKBOX_STORE_TOPIC set on a namespace with schedules)",
+        description=FILL_DESCRIPTION, formatter_class=raw,
     )  # fmt: skip
     filling_store.add_argument("--yes", action="store_true",
                                help="every replica is stopped: write them")  # fmt: skip
