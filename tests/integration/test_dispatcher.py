@@ -250,8 +250,9 @@ def test_batches_reported_together_are_acked_in_one_round_trip(
     assert fired.delivered == 16
     assert counted.counts() == (1, 0)
     # One claim, then acks grouped as the broker's reports come in: one or two on a quiet
-    # machine, a few more when the reports straggle; one per shard would make 17.
-    assert _CountingConnection.sends - before <= 9
+    # machine, a few more when the reports straggle (past 9 once, in a loaded CI run);
+    # one per shard would make 17.
+    assert _CountingConnection.sends - before <= 12
     producer.flush(10)
 
 
