@@ -48,4 +48,4 @@ def settled_differences(
         found = differences(service, env)
         if not found or time.monotonic() > deadline:
             return found
-        time.sleep(0.3)
+        time.sleep(0.3)  # the poll of a wait with a deadline
