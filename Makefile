@@ -4,6 +4,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
+# `make test` runs the suite in two worker processes, each test file whole in one (its
+# module fixtures started once): most of the suite waits on brokers and Redis rather than
+# the CPU. `make test PYTEST_PARALLEL=` runs it in one process.
+PYTEST_PARALLEL ?= -n 2 --dist loadfile
 # apt-get's -q keeps a line per package fetched and set up: the progress of a first install.
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -q
 # Each step says what it does before it does it: a first `make run` takes minutes (apt, PyPI,
@@ -90,7 +94,7 @@ deploy: setup
 	$(BIN)/pytest tests/deploy
 
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_PARALLEL) --durations=25
 
 bench: setup
 	$(BIN)/python -m benchmarks.lateness
