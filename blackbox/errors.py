@@ -39,6 +39,8 @@ class DeadLetterReason(enum.StrEnum):
     UNKNOWN_TIMEZONE = "unknown_timezone"  # not an IANA time zone this machine knows
     OVER_QUOTA = "over_quota"  # its caller has as many schedules pending as its policy allows
     INVALID_RETRY = "invalid_retry"  # a retry whose source, attempt or backoff cannot be read
+    # Index mode: its store record was not where Redis's reference said when it fell due.
+    STORE_RECORD_MISSING = "store_record_missing"
 
 
 class BlackboxError(Exception):

@@ -99,6 +99,19 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.store_reads = Counter(
+            "blackbox_store_reads",
+            "Store records index mode read back by place: from this process's cache, or "
+            "from the store topic.",
+            ["source"],
+            registry=self.registry,
+        )
+        self.store_missing = Counter(
+            "blackbox_store_records_missing",
+            "Schedules whose store record was not where Redis's reference said when they "
+            "fell due (index mode): dead-lettered as store_record_missing.",
+            registry=self.registry,
+        )
         self.store_failures = Counter(
             "blackbox_store_write_failures",
             "Tombstones and versions firing wrote to the store topic that it refused; "

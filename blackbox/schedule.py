@@ -38,6 +38,7 @@ from urllib.parse import quote, unquote
 
 import orjson
 
+from blackbox import reference
 from blackbox.envelope import MAX_CALLER_CHARS, Envelope, Header
 from blackbox.errors import CorruptSchedule, DeadLetterReason, InvalidEnvelope
 from blackbox.recurrence import InvalidRecurrence, Recurrence
@@ -119,6 +120,9 @@ class Schedule:
     retry: Retry | None = None
     # The target partition, when one is asked for (else the producer's partitioner).
     partition: int | None = None
+    # Intake only, never stored as such: what Redis keeps in place of the encoding (index
+    # mode's reference to its store record, storage/reference.py); None: the encoding.
+    stored: bytes | None = None
 
     @classmethod
     def from_envelope(
@@ -235,6 +239,8 @@ def caller_from_prefix(raw: bytes) -> bytes | None:
             if not raw[_V2_TOPIC_AT - 2] & _CALLER:  # the flags byte
                 return None
             return _caller_at(raw, _V2_TOPIC_AT + raw[_V2_TOPIC_AT - 1], absent=None)
+        if raw[:1] == reference.VERSION:  # index mode's reference (storage/reference.py)
+            return _caller_at(raw, reference.CALLER_AT, absent=_NO_CALLER)
         raise ValueError(f"unknown encoding version {raw[:1]!r}")
     except (struct.error, ValueError, IndexError) as e:
         raise CorruptSchedule(f"a schedule's caller cannot be read: {e}") from e

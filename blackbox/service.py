@@ -36,6 +36,7 @@ from blackbox.intake import filling
 from blackbox.intake.policy import CallerPolicy
 from blackbox.intake.runner import Receiving, caller_policy_of
 from blackbox.kafka import clients, retention
+from blackbox.kafka.storereader import StoreReader
 from blackbox.metrics import Metrics
 from blackbox.role import Loop, Role
 from blackbox.settings import Settings
@@ -83,6 +84,10 @@ class Service:
         self.store = RedisStore(
             self.redis, sharding, settings.grace_seconds, settings.fired_retention
         )
+        if settings.store_topic:  # references (index mode, now or before) are read back
+            cache = settings.store_cache_mb << 20
+            self.store.reader = StoreReader(settings.kafka, settings.store_topic, cache,
+                                            self.metrics)  # fmt: skip
         self.room = memory.Room(self._probe_client, sharding, self.metrics)
         # Eviction policy, shard count and the store topic found right: intake waits for it.
         self._redis_checked = threading.Event()
@@ -346,6 +351,8 @@ class Service:
                 endpoints.stop()
         self.redis.close()
         self._probe_client.close()
+        if self.store.reader is not None:
+            self.store.reader.close()
         if self._tracing:
             tracing.shutdown()
         log.info("service_stopped", role=self.role.value, unflushed=unflushed)

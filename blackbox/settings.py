@@ -217,6 +217,13 @@ VARIABLES: tuple[Var, ...] = (
         "tombstone when it ends), so a rebuild reads what is pending rather than every "
         "request, and the intake topic need keep only a day; empty: off (see The store "
         "topic)"),
+    Var("BLACKBOX_STORAGE_MODE", "storage_mode", _choice("inline", "index"), "inline",
+        "inline: Redis keeps each pending schedule whole; index (needs BLACKBOX_STORE_TOPIC): "
+        "Redis keeps a one-off schedule's due time, caller and place in the store topic, "
+        "and firing reads its record back from there (see The store topic)"),
+    Var("BLACKBOX_STORE_CACHE_MB", "store_cache_mb", _positive_int, "64",
+        "index mode: megabytes of store records a process keeps after writing or reading "
+        "them, so firing what intake stored lately reads nothing back"),
     Var("BLACKBOX_POLICY_FILE", "policy_file", str, "",
         "YAML or JSON per-caller policy; empty: any caller may target any topic, within the "
         "limits"),
@@ -347,6 +354,8 @@ class Settings:
     dlq_topic: str
     events_topic: str
     store_topic: str
+    storage_mode: str
+    store_cache_mb: int
     policy_file: str
     poll_interval: float
     batch_limit: int
@@ -442,6 +451,11 @@ class Settings:
             raise SettingsError(
                 "BLACKBOX_INTAKE_TOPIC, BLACKBOX_DLQ_TOPIC, BLACKBOX_EVENTS_TOPIC and "
                 "BLACKBOX_STORE_TOPIC (where set) must differ"
+            )
+        if self.storage_mode == "index" and not self.store_topic:
+            raise SettingsError(
+                "BLACKBOX_STORAGE_MODE=index needs BLACKBOX_STORE_TOPIC: firing reads each "
+                "schedule back from the store topic"
             )
 
     def __repr__(self) -> str:

@@ -40,6 +40,7 @@ from blackbox.api.cursors import Cursors, Position, key_name, redis_key
 from blackbox.api.views import Bucket, Detail, Item, Kind, Page, State, Stats, detail_of, item_of
 from blackbox.clock import now_ms
 from blackbox.errors import CorruptSchedule
+from blackbox.reference import is_reference
 from blackbox.schedule import CALLER_WITHIN, Schedule, caller_from_prefix, split_scoped
 from blackbox.storage import listing
 from blackbox.storage.keys import Keys
@@ -139,6 +140,11 @@ class Pending:
         if raw is None or (due is None and flying is None):
             return None
         state = State.IN_FLIGHT if flying is not None else State.PENDING
+        if is_reference(raw) and self.store.reader is not None:  # index mode: read back
+            raw = self.store.reader.resolve([schedule_id], [raw])[0]
+            if raw is None:
+                log.warning("store_record_missing", blackbox_id=schedule_id)
+                return None
         return detail_of(Schedule.decode(schedule_id, raw), state, int(attempt or 0))
 
     def owner(self, schedule_id: str) -> tuple[bool, bytes | None]:
@@ -272,7 +278,18 @@ class Pending:
             pipe.strlen(key)
 
     def _read_heads(self, ids: Sequence[str], replies: Sequence[Any]) -> list[Head | None]:
-        return [self._head(i, replies[2 * n], int(replies[2 * n + 1])) for n, i in enumerate(ids)]
+        heads = [(replies[2 * n], int(replies[2 * n + 1])) for n in range(len(ids))]
+        reader = self.store.reader
+        if reader is not None and any(is_reference(raw) for raw, _ in heads):
+            # Index mode: the page's references read back at once (a reference is whole
+            # within a head); one whose record is missing is left out.
+            found = reader.resolve(ids, [raw or None for raw, _ in heads])
+            heads = [
+                (whole, len(whole)) if is_reference(raw) and whole is not None
+                else (b"" if is_reference(raw) else raw, size)
+                for (raw, size), whole in zip(heads, found, strict=True)
+            ]  # fmt: skip
+        return [self._head(i, raw, size) for i, (raw, size) in zip(ids, heads, strict=True)]
 
     def _head(self, schedule_id: str, raw: bytes, stored: int) -> Head | None:
         if not raw:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import structlog
+
 from blackbox import recurrence
 from blackbox.clock import now_ms
 from blackbox.errors import CorruptSchedule, DeadLetterReason
@@ -18,9 +20,13 @@ from blackbox.firing.rechecks import Rechecks
 from blackbox.kafka import deadletter
 from blackbox.kafka.deadletter import DeadLetter
 from blackbox.kafka.outbox import Reports
+from blackbox.kafka.storetopic import StoreUnavailable
 from blackbox.metrics import Metrics
+from blackbox.reference import Reference, is_reference
 from blackbox.schedule import Schedule, Series
-from blackbox.storage.store import Advance, Claim, Loaded
+from blackbox.storage.store import Advance, Claim, Loaded, StoreReader
+
+log = structlog.get_logger("blackbox.firing.batch")
 
 # How far ahead a caller's next occurrence may be stored, ms (its policy's horizon).
 Horizon = Callable[[bytes | None], int]
@@ -73,20 +79,27 @@ class Preparing:
     """Makes a Batch of a claim."""
 
     def __init__(
-        self, metrics: Metrics, horizon_of: Horizon | None, rechecks: Rechecks | None
-    ) -> None:
+        self, metrics: Metrics, horizon_of: Horizon | None, rechecks: Rechecks | None,
+        reader: StoreReader | None = None,
+    ) -> None:  # fmt: skip
         """`horizon_of` None: a series' next occurrence is never refused. `rechecks`: what
-        Kafka shows delivered in a shard whose Redis changed lately is not produced."""
+        Kafka shows delivered in a shard whose Redis changed lately is not produced.
+        `reader` (index mode) reads back the store records references name."""
         self.metrics = metrics
         self.horizon_of = horizon_of
         self.rechecks = rechecks
+        self.reader = reader
 
     def prepare(self, claim: Claim) -> Batch:
         """Judge each id a claim took (deliver, dead-letter, skip), the deliveries in due
         order; nothing is produced yet."""
         batch = Batch(claim=claim, payload_bytes=sum(len(i.payload or b"") for i in claim.loaded))
+        missing = self._read_back(claim, batch)
         for item in claim.loaded:
-            self._classify(item, batch)
+            if item.id in missing:
+                self._missing(item, batch)
+            else:
+                self._classify(item, batch)
         claim.loaded.clear()  # the raw payloads are not kept till settled
         batch.schedules.sort(key=lambda pair: pair[0].due_ms)
         if self.rechecks is not None and self.rechecks.windows:
@@ -94,6 +107,38 @@ class Preparing:
             batch.shown = self.rechecks.delivered(claim.shard, schedules, now_ms())
             self.metrics.redeliveries_passed_over.inc(len(batch.shown))
         return batch
+
+    def _read_back(self, claim: Claim, batch: Batch) -> set[str]:
+        """Index mode: each reference the claim took replaced by the encoding its store
+        record holds (claim.loaded rewritten); the ids whose record is missing. Where the
+        store cannot be read, the referenced ids go back to due, unproduced."""
+        wanted = [
+            (i.id, Reference.decode(i.payload))
+            for i in claim.loaded
+            if i.ended != b"c" and i.payload is not None and is_reference(i.payload)
+        ]
+        if not wanted or self.reader is None:
+            return set()
+        try:
+            found = self.reader.values(wanted)
+        except StoreUnavailable as e:
+            log.warning("store_read_failed", error=str(e), ids=len(wanted))
+            batch.later += [(schedule_id, ref.due_ms) for schedule_id, ref in wanted]
+            referenced = {schedule_id for schedule_id, _ in wanted}
+            claim.loaded[:] = [i for i in claim.loaded if i.id not in referenced]
+            return set()
+        claim.loaded[:] = [
+            replace(i, payload=found[i.id]) if i.id in found else i for i in claim.loaded
+        ]
+        return {schedule_id for schedule_id, _ in wanted if schedule_id not in found}
+
+    def _missing(self, item: Loaded, batch: Batch) -> None:
+        """A reference whose store record is not there: dead-lettered, counted, logged."""
+        self.metrics.store_missing.inc()
+        log.error("store_record_missing", blackbox_id=item.id)
+        detail = "its record was not in the store topic where Redis's reference said"
+        reason = DeadLetterReason.STORE_RECORD_MISSING
+        batch.dead.append(deadletter.from_schedule(item.id, None, None, reason, detail))
 
     def _classify(self, item: Loaded, batch: Batch) -> None:
         """Deliver, dead-letter, or skip a claimed id (cancelled while a failed attempt held

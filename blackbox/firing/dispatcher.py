@@ -116,7 +116,7 @@ class Dispatcher:
         self._window_end_ms = 0  # the claims of the current window take what is due by then
         self._settled_at = 0.0  # time.monotonic() of the last settling by _settle_ready
         self._servers = None if rechecks is None else Servers(store, rechecks)
-        self._preparing = Preparing(metrics, horizon_of, rechecks)
+        self._preparing = Preparing(metrics, horizon_of, rechecks, store.reader)
         self._flight = Flight(outbox, policy, metrics)
         self._settler = Settler(store, outbox, policy, metrics, self.share, keeper=keeper)
 

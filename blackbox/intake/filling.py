@@ -21,6 +21,7 @@ from blackbox.kafka import clients
 from blackbox.kafka.outbox import Outbox, Record
 from blackbox.kafka.storetopic import StoreTopic, StoreUnavailable, filled_record
 from blackbox.metrics import Metrics
+from blackbox.reference import is_reference
 from blackbox.settings import Settings
 from blackbox.storage.connections import RedisClient
 from blackbox.storage.keys import Layout
@@ -71,8 +72,12 @@ def fill(settings: Settings, store: RedisStore) -> int:
     try:
         for ids in _pending_ids(store):
             pairs = zip(ids, store.payloads(ids), strict=True)
-            records = [Record(topic.topic, raw, i.encode("utf-8"))
-                       for i, raw in pairs if raw is not None]  # fmt: skip
+            # A reference (index mode) names a record the store holds already.
+            records = [
+                Record(topic.topic, raw, i.encode("utf-8"))
+                for i, raw in pairs
+                if raw is not None and not is_reference(raw)
+            ]
             topic.write(records)
             written += len(records)
         topic.write([filled_record(topic.topic, settings.namespace, now_ms())])

@@ -9,13 +9,17 @@ of an id not pending), what Redis now holds. See kafka/storetopic.py.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import threading
 from collections.abc import Iterable, Sequence
 
+from blackbox import reference
 from blackbox.kafka.outbox import Record
+from blackbox.kafka.storereader import Place
 from blackbox.kafka.storetopic import CANCELLED, FIRED, StoreTopic, tombstone
-from blackbox.schedule import Schedule
+from blackbox.reference import is_reference
+from blackbox.schedule import Schedule, caller_from_prefix
 from blackbox.storage.applying import Applied, Cancellation, Holding, Move, Write
 from blackbox.storage.store import RedisStore
 
@@ -57,32 +61,67 @@ def held(raw: bytes, paused: bool) -> bytes | None:
 
 
 class Keeping:
-    """Writes one intake's requests to the store topic (module docstring)."""
+    """Writes one intake's requests to the store topic (module docstring).
 
-    def __init__(self, topic: StoreTopic, store: RedisStore) -> None:
+    `indexing` (index mode): Redis keeps a reference to each one-off version's store
+    record in place of its encoding (storage/reference.py): `ahead` answers the writes
+    carrying it, and `after` points Redis at what it wrote again. Either way, where Redis
+    holds a reference (index mode now or before) it is read back through `store.reader`,
+    and a reference whose record is written again is replaced: by the new reference, or
+    in inline mode by the encoding (compaction drops the record it named)."""
+
+    def __init__(self, topic: StoreTopic, store: RedisStore, *, indexing: bool = False) -> None:
         self.topic = topic
         self.store = store
+        self.indexing = indexing
 
-    def ahead(self, writes: Sequence[Write], stop: threading.Event) -> None:
+    def ahead(self, writes: Sequence[Write], stop: threading.Event) -> list[Write]:
         """Write what `writes` will leave in Redis, in order, and wait for the broker
-        (StoreUnavailable if it does not acknowledge them all)."""
-        self.topic.write(self.ahead_records(writes), stop)
+        (StoreUnavailable if it does not acknowledge them all). Returns `writes`, each one
+        whose Redis copy changes carrying it (`stored`, see the class)."""
+        records, sources, referenced = self.ahead_records(writes)
+        places = self._write(records, stop)
+        kept = list(writes)
+        for n, (record, source) in enumerate(zip(records, sources, strict=True)):
+            if source is None or record.value is None or is_series(record.value):
+                continue
+            write = writes[source]
+            if not isinstance(write, Schedule | Move):
+                continue
+            if places is not None:
+                stored = reference.of(record.value, *places[n], caller_from_prefix(record.value))
+            elif isinstance(write, Move) and source in referenced:
+                stored = record.value
+            else:
+                continue
+            kept[source] = dataclasses.replace(write, stored=stored)
+        return kept
 
-    def ahead_records(self, writes: Sequence[Write]) -> list[Record]:
-        """The store records of `writes`, in order: a move or a pause starts from what an
-        earlier request of the same poll wrote, else from what Redis holds."""
+    def ahead_records(
+        self, writes: Sequence[Write]
+    ) -> tuple[list[Record], list[int | None], set[int]]:
+        """The store records of `writes`, in order; which write each one is (None for a
+        cancel's tombstone); and the moves of what Redis holds as a reference. A move or a
+        pause starts from what an earlier request of the same poll wrote, else from what
+        Redis holds."""
         latest: dict[str, bytes | None] = {}
         held_ids = [w.id for w in writes if isinstance(w, Move | Holding)]
-        for schedule_id, stored in zip(held_ids, self.store.payloads(held_ids), strict=True):
+        raws = self.store.payloads(held_ids)
+        references = {i for i, raw in zip(held_ids, raws, strict=True) if is_reference(raw)}
+        for schedule_id, stored in zip(held_ids, self._resolved(held_ids, raws), strict=True):
             latest.setdefault(schedule_id, stored)
-        records = []
-        for write in writes:
+        records: list[Record] = []
+        sources: list[int | None] = []
+        referenced: set[int] = set()
+        for index, write in enumerate(writes):
             raw: bytes | None
             if isinstance(write, Schedule):
                 raw = write.encode()
             elif isinstance(write, Cancellation):
                 latest[write.id] = None
+                references.discard(write.id)
                 records.append(tombstone(write.id, self.topic.topic, CANCELLED))
+                sources.append(None)
                 continue
             else:
                 before = latest.get(write.id)
@@ -95,9 +134,13 @@ class Keeping:
                 )
                 if raw is None:  # nothing changes
                     continue
+                if isinstance(write, Move) and write.id in references:
+                    referenced.add(index)
             latest[write.id] = raw
+            references.discard(write.id)
             records.append(self._record(write.id, raw))
-        return records
+            sources.append(index if isinstance(write, Schedule | Move) else None)
+        return records, sources, referenced
 
     def after(self, applied: Iterable[tuple[Write, Applied | None]], stop: threading.Event) -> None:
         """Write what Redis holds of each id whose request did not do what was written
@@ -109,16 +152,46 @@ class Keeping:
         # An id whose last request was a cancel is not pending, whatever still flies: a
         # version being delivered is tombstoned by firing once acknowledged.
         last = {w.id: w for w, _ in applied}
-        payloads = [None if isinstance(last[i], Cancellation) else raw
-                    for i, raw in zip(stale, self.store.payloads(stale), strict=True)]  # fmt: skip
-        ended = [i for i, raw in zip(stale, payloads, strict=True) if raw is None]
+        held = [None if isinstance(last[i], Cancellation) else raw
+                for i, raw in zip(stale, self.store.payloads(stale), strict=True)]  # fmt: skip
+        payloads = self._resolved(stale, held)
+        # A reference whose record is missing stays as it is: firing dead-letters it.
+        kept = [(i, h, raw) for i, h, raw in zip(stale, held, payloads, strict=True)
+                if h is None or raw is not None]  # fmt: skip
+        ended = [i for i, h, _ in kept if h is None]
         how = dict(zip(ended, self.store.ended_markers(ended), strict=True))
         records = [
             self._record(i, raw) if raw is not None else tombstone(i, self.topic.topic,
                                                                    _ENDED.get(how[i] or b""))
-            for i, raw in zip(stale, payloads, strict=True)
+            for i, _, raw in kept
         ]  # fmt: skip
-        self.topic.write(records, stop)
+        places = self._write(records, stop)
+        moves = []
+        for n, (schedule_id, was, raw) in enumerate(kept):
+            if was is None or raw is None or not is_reference(was):
+                continue
+            now = raw if places is None else reference.of(raw, *places[n], caller_from_prefix(raw))
+            moves.append((schedule_id, was, now))
+        if moves:
+            self.store.repoint(moves)
+
+    def _write(self, records: Sequence[Record], stop: threading.Event) -> list[Place] | None:
+        """Write `records` and wait; in index mode, where each landed (kept in the
+        reader's cache too)."""
+        if not self.indexing:
+            self.topic.write(records, stop)
+            return None
+        places = self.topic.write_placed(records, stop)
+        if self.store.reader is not None:
+            for record, place in zip(records, places, strict=True):
+                if record.value is not None and record.key is not None:
+                    self.store.reader.remember(record.key, record.value, place)
+        return places
+
+    def _resolved(self, ids: Sequence[str], held: Sequence[bytes | None]) -> list[bytes | None]:
+        """`held` (what Redis holds of each id) with each reference read back."""
+        reader = self.store.reader
+        return list(held) if reader is None else reader.resolve(ids, held)
 
     def _record(self, schedule_id: str, raw: bytes | None) -> Record:
         return Record(self.topic.topic, raw, schedule_id.encode("utf-8"))

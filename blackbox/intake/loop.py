@@ -292,7 +292,9 @@ class Intake:
         """Write the part's requests to the store topic before Redis applies them."""
         if self.keeping is not None:
             writes = [write for items in batch.unsent.values() for _, write in items]
-            self.keeping.ahead(writes, stop)
+            kept = iter(self.keeping.ahead(writes, stop))
+            for items in batch.unsent.values():  # index mode: each carries its reference
+                items[:] = [(offset, next(kept)) for offset, _ in items]
 
     def _keep_after(self, batch: Batch, codes: Sequence[Applied], stop: threading.Event) -> None:
         """Write what Redis holds where it did not apply a request as written ahead."""

@@ -67,6 +67,7 @@ from blackbox.kafka.deadletter import DeadLetter
 from blackbox.kafka.letters import Letters
 from blackbox.kafka.readback import Extent
 from blackbox.metrics import Metrics
+from blackbox.reference import Reference
 from blackbox.schedule import SCOPED_PREFIX, Schedule
 from blackbox.settings import Settings
 from blackbox.signing import Parts
@@ -254,17 +255,19 @@ def read_store(config: Mapping[str, Any], topic: str) -> storetopic.Contents:
 
 
 def restore(
-    intake: Replaying, store: RedisStore, contents: storetopic.Contents, topic: str
-) -> None:
+    intake: Replaying, store: RedisStore, contents: storetopic.Contents, topic: str,
+    *, indexing: bool = False,
+) -> None:  # fmt: skip
     """Write back each version the store topic keeps, judged by `intake` (passed over
-    where Kafka shows it ended), before the intake records past the commits are replayed."""
+    where Kafka shows it ended), before the intake records past the commits are replayed;
+    `indexing` (index mode): a one-off version as a reference to its record."""
     kept = contents.kept
     intake.counts.stored = len(kept)
     for tombstone in contents.ended:  # their ended markers come back (`mark_ended`)
         intake.passing.end(tombstone.id, tombstone.written_ms, cancel=tombstone.cancelled)
     fields = set()
     for start in range(0, len(kept), RESTORE_PART):
-        slices = _stored_slices(intake, topic, kept[start : start + RESTORE_PART])
+        slices = _stored_slices(intake, topic, kept[start : start + RESTORE_PART], indexing)
         codes = store.apply(slices, now_ms())
         intake.counts.written += sum(1 for code in codes if code in _STORED)
         fields |= {part.field for part in slices}
@@ -273,7 +276,7 @@ def restore(
 
 
 def _stored_slices(
-    intake: Replaying, topic: str, kept: Sequence[storetopic.Kept]
+    intake: Replaying, topic: str, kept: Sequence[storetopic.Kept], indexing: bool
 ) -> list[IntakeSlice]:
     """The versions of `kept` to write back, as intake slices by store partition."""
     items: dict[int, list[tuple[int, Write]]] = {}
@@ -288,6 +291,10 @@ def _stored_slices(
                         partition=version.partition, offset=version.offset)  # fmt: skip
             continue
         write = intake.restored(schedule, version.written_ms)
+        if indexing and isinstance(write, Schedule) and write.series is None:
+            place = Reference(write.due_ms, version.partition, version.offset,
+                              len(version.value), write.caller)  # fmt: skip
+            write.stored = place.encode()
         if write is not None:
             items.setdefault(version.partition, []).append((version.offset, write))
     return [IntakeSlice(topic, p, end, items.get(p, ())) for p, end in last.items()]
@@ -510,7 +517,8 @@ def _replay_all(settings: Settings, store: RedisStore, plan: Plan) -> Replaying:
         intake = _replaying(settings, store, consumer, plan)
         intake.counts.aged_out_records = plan.aged_out
         if plan.stored is not None:
-            restore(intake, store, plan.stored, settings.store_topic)
+            restore(intake, store, plan.stored, settings.store_topic,
+                    indexing=settings.storage_mode == "index")  # fmt: skip
         replay(intake, consumer, plan.spans)
     finally:
         consumer.close()

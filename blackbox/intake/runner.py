@@ -104,8 +104,18 @@ class Receiving:
         self.store_topic = settings.store_topic
         self.retention_needed = retention.intake_needed_ms(settings, caller_policy)
         self.outbox = answers_outbox(settings)
+        self.placing: Outbox | None = None  # index mode's store writes (keeping.py)
         keeping = None
-        if settings.store_topic:
+        if settings.store_topic and settings.storage_mode == "index":
+            # Index mode: the references name where each version landed, which only a
+            # producer reporting every record tells (the answers' reports only errors).
+            def renew() -> Producer:
+                return clients.new_producer(settings)
+
+            self.placing = Outbox(renew(), settings.delivery_timeout + 1.0, renew)
+            topic = StoreTopic(settings.store_topic, self.placing, metrics)
+            keeping = Keeping(topic, store, indexing=True)
+        elif settings.store_topic:
             keeping = Keeping(StoreTopic(settings.store_topic, self.outbox, metrics), store)
         self.topic_ids = clients.topic_id_lookup(settings.kafka)
         self.intake = Intake(
@@ -137,4 +147,6 @@ class Receiving:
         """After its thread ended (offsets committed): flush the answers and close the
         Kafka clients; how many answers could not be flushed."""
         self.topic_ids.close()
+        if self.placing is not None:
+            self.placing.close(1.0)  # what was written ahead was waited for already
         return self.outbox.close(1.0)

@@ -65,6 +65,19 @@ class Reports:
         self.pending = 0
 
 
+class Placed(Reports):
+    """Reports that keep where each acknowledged record landed: (partition, offset)."""
+
+    def __init__(self, size: int, producer: Producer | None = None) -> None:
+        super().__init__(size, producer)
+        self.places: list[tuple[int, int] | None] = [None] * size
+
+    def report(self, index: int, error: KafkaError | None, message: Message | None) -> None:
+        if error is None and message is not None:
+            self.places[index] = (message.partition() or 0, message.offset() or 0)
+        super().report(index, error, message)
+
+
 # Errors after which an idempotent producer can send nothing more: only a new one can.
 _FENCED = frozenset({
     KafkaError._FATAL, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
@@ -108,6 +121,16 @@ class Outbox:
     ) -> list[KafkaError | None]:
         """Produce all records, then wait for their reports (None means acknowledged)."""
         return self.wait(self.submit(records), stop)
+
+    def place(self, records: Sequence[Record], stop: threading.Event | None = None) -> Placed:
+        """Produce all records and wait for their reports, keeping where each landed (an
+        outbox that reports every record, not `only_errors`)."""
+        reports = Placed(len(records), self.producer)
+        for index, record in enumerate(records):
+            self.produce(record, reports, index)
+        self.producer.poll(0)
+        self.wait(reports, stop)
+        return reports
 
     def submit(self, records: Sequence[Record]) -> Reports:
         """Hand all records to the producer; their reports arrive while others work."""

@@ -163,6 +163,24 @@ class StoreTopic:
             )
         self._count(records)
 
+    def write_placed(
+        self, records: Sequence[Record], stop: threading.Event | None = None
+    ) -> list[tuple[int, int]]:
+        """As `write`, and where each record landed, (partition, offset), in order (an
+        outbox reporting every record: index mode's references name the place)."""
+        if not records:
+            return []
+        reports = self.outbox.place(records, stop)
+        errors = [e for e in reports.errors if e is not None]
+        if errors or any(p is None for p in reports.places):
+            shown = errors[0].str() if errors else "no place reported"
+            raise StoreUnavailable(
+                f"the store topic {self.topic!r} did not acknowledge {len(errors) or 1} of "
+                f"{len(records)} records: {shown}"
+            )
+        self._count(records)
+        return [p for p in reports.places if p is not None]
+
     def write_behind(self, records: Sequence[Record]) -> None:
         """Send `records` without waiting; refusals are counted and logged later."""
         if not records:

@@ -49,6 +49,9 @@ class Move:
     id: str
     caller: bytes | None
     due_ms: int
+    # Index mode: the reference to the moved version's store record, which Redis keeps in
+    # place of what it held (intake/keeping.py); empty: Redis rewrites the due time only.
+    stored: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,11 +206,12 @@ class IntakeScript:
         if isinstance(write, Holding):
             return (offset, PAUSE if write.paused else RESUME, 0, 0, b"")
         if isinstance(write, Move):
-            return (offset, MOVE, write.due_ms, self.ttl(write.due_ms, now_ms), b"")
+            return (offset, MOVE, write.due_ms, self.ttl(write.due_ms, now_ms), write.stored)
         op = UPSERT if write.id.startswith(SCOPED_PREFIX) else NEW
         if write.if_absent and op == UPSERT:
             op = ONCE
-        return (offset, op, write.due_ms, self.ttl(write.due_ms, now_ms), write.encode())
+        stored = write.encode() if write.stored is None else write.stored
+        return (offset, op, write.due_ms, self.ttl(write.due_ms, now_ms), stored)
 
 
 def watermark_field(topic: str, partition: int, incarnation: str = "") -> str:

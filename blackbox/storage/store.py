@@ -8,15 +8,17 @@ between them is one script call, so any number of replicas may share one Redis.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import redis
 from redis.exceptions import AskError, ClusterCrossSlotError, NoScriptError, TryAgainError
 
 from blackbox.errors import ConcurrentUpdate, CorruptSchedule
+from blackbox.reference import Reference, is_reference
 from blackbox.schedule import CALLER_WITHIN, Schedule, caller_from_prefix, owner_of
 from blackbox.storage import scripts
 from blackbox.storage.applying import Applied, Applying, IntakeScript, IntakeSlice, chunked
@@ -143,6 +145,22 @@ def _script(client: RedisClient, name: str, *, shared: bool = False) -> Any:
     return client.register_script(text)
 
 
+class StoreReader(Protocol):
+    """Reads back the store records index mode's references name (kafka/storereader.py)."""
+
+    def resolve(self, ids: Sequence[str], payloads: Sequence[bytes | None]) -> list[bytes | None]:
+        """Each payload as an encoding, a reference read back (None: its record missing)."""
+
+    def values(self, wanted: Sequence[tuple[str, Reference]]) -> dict[str, bytes]:
+        """The encoding each (id, reference) stands for, by id, the missing left out."""
+
+    def remember(self, key: bytes, value: bytes, place: tuple[int, int]) -> None:
+        """Keep a record written at `place` (partition, offset)."""
+
+    def close(self) -> None:
+        """Let go of its consumer."""
+
+
 class RedisStore:
     """The due and in-flight sets of every shard of one namespace, and the payloads they
     point to. Calls about one id go to its shard; claims name the shard they take from."""
@@ -156,6 +174,8 @@ class RedisStore:
     ) -> None:
         self.client = client
         self.layout = layout
+        # Index mode: reads back what references name (kafka/storereader.py); None: inline.
+        self.reader: StoreReader | None = None
         self.grace_seconds = grace_seconds
         self.ended_retention_seconds = ended_retention_seconds
         self.intake = IntakeScript(_script(client, "intake", shared=True), layout,
@@ -172,6 +192,7 @@ class RedisStore:
         self._reschedule = _script(client, "reschedule", shared=True)
         self._owned = _script(client, "owned")
         self._beat = _script(client, "beat")
+        self._repoint = _script(client, "repoint")
 
     def pool_of(self, shard: int) -> Any:
         """The connection pool of the Redis node serving `shard`."""
@@ -498,6 +519,8 @@ class RedisStore:
         """The stored schedule of a pending id (due or in flight), None when there is none."""
         key = self.layout.keys_of(schedule_id).payload(schedule_id)
         raw: bytes | None = self.client.get(key)  # type: ignore[assignment]
+        if raw is not None and is_reference(raw) and self.reader is not None:
+            raw = self.reader.resolve([schedule_id], [raw])[0]  # None: its record is missing
         return None if raw is None else Schedule.decode(schedule_id, raw)
 
     def payloads(self, ids: Sequence[str]) -> list[bytes | None]:
@@ -506,6 +529,17 @@ class RedisStore:
         for schedule_id in ids:
             pipe.get(self.layout.keys_of(schedule_id).payload(schedule_id))
         return list(pipe.execute()) if ids else []
+
+    def repoint(self, moves: Sequence[tuple[str, bytes, bytes]]) -> int:
+        """Index mode: each (id, reference read, reference to keep) applied where the id
+        still holds the first; how many changed."""
+        if not moves:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        for schedule_id, was, now in moves:
+            key = self.layout.keys_of(schedule_id).payload(schedule_id)
+            self._repoint(keys=[key], args=[was, now], client=pipe)
+        return sum(int(n) for n in pipe.execute())
 
     def ended_markers(self, ids: Sequence[str]) -> list[bytes | None]:
         """Each caller's id's ended marker ("f" fired, "c" cancelled), None where none."""
@@ -538,16 +572,27 @@ class RedisStore:
         ttl = self.ttl(due_ms, now_ms)
         for _ in range(RESCHEDULE_TRIES):
             raw: bytes = self.client.get(keys[2]) or b""  # type: ignore[assignment]
-            moved = Schedule.decode(schedule_id, raw) if raw else None
+            moved = self._decoded(schedule_id, raw)
             if moved is not None:
                 moved.due_ms = due_ms
             new = b"" if moved is None else moved.encode()
+            if moved is not None and is_reference(raw):  # the reference moves, not the record
+                new = raw[:1] + struct.pack(">q", due_ms) + raw[9:]
             code = int(self._reschedule(keys=keys, args=[schedule_id, due_ms, raw, new, ttl]))
             if code == Applied.UPDATED:
                 self._owned_now(schedule_id, raw, due_ms)
             if code != RESCHEDULE_CHANGED:
                 return Applied(code), moved if code == Applied.UPDATED else None
         raise ConcurrentUpdate(f"{schedule_id!r} changed {RESCHEDULE_TRIES} times while moved")
+
+    def _decoded(self, schedule_id: str, raw: bytes) -> Schedule | None:
+        """The schedule a payload holds (a reference read back); None for none."""
+        if raw and is_reference(raw):
+            found = None if self.reader is None else self.reader.resolve([schedule_id], [raw])[0]
+            if found is None:
+                raise CorruptSchedule(f"schedule {schedule_id!r}: its store record is missing")
+            raw = found
+        return Schedule.decode(schedule_id, raw) if raw else None
 
     def _owned_now(self, schedule_id: str, head: bytes, due_ms: int | None) -> None:
         """Keep the owned set (quotas.py) of an id cancelled (`due_ms` None) or moved by

@@ -64,6 +64,9 @@ REASONS: dict[DeadLetterReason, str] = {
     "policy its caller does not have",
     DeadLetterReason.OVER_QUOTA: "a new schedule of a caller that has its policy's "
     "`max_pending` schedules pending already (Quotas)",
+    DeadLetterReason.STORE_RECORD_MISSING: "index mode (The store topic): when it fell due, its "
+    "record was not where Redis's reference said in the store topic (the topic emptied, "
+    "recreated or compacted past it); alert `BlackboxStoreRecordMissing`",
     DeadLetterReason.EXPIRED: "the payload outlived its TTL (due + `BLACKBOX_GRACE_SECONDS`) "
     "before it could fire",
     DeadLetterReason.UNKNOWN_TOPIC: "delivery kept failing through `BLACKBOX_MAX_ATTEMPTS` "

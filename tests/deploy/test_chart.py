@@ -481,6 +481,7 @@ def test_alerts_use_metrics_the_service_exports() -> None:
         "BlackboxDispatcherStalled", "BlackboxDependencyDown", "BlackboxLatenessHigh",
         "BlackboxOverdueBacklogGrowing", "BlackboxDeadLettersRising", "BlackboxTargetDown",
         "BlackboxRedisMemoryHigh", "BlackboxRedisFull", "BlackboxRedisLostData",
+        "BlackboxStoreRecordMissing",
     }  # fmt: skip
     known = _metric_names()
     for rule in rules:

@@ -16,6 +16,7 @@ from confluent_kafka.admin import AdminClient
 from blackbox.envelope import CALLER_HEADER
 from blackbox.intake import rebuild
 from blackbox.kafka.storetopic import FILLED_KEY
+from blackbox.reference import Reference, is_reference, resolved
 from blackbox.service import Service
 from blackbox.settings import Settings
 from tests.integration.conftest import (
@@ -39,6 +40,14 @@ def _send(env: dict[str, str], *documents: dict[str, Any]) -> None:
 
 def store_latest(bootstrap: str, topic: str) -> dict[str, bytes | None]:
     """The store topic read to its end: each id's latest value (None: a tombstone)."""
+    return store_read(bootstrap, topic)[0]
+
+
+def store_read(
+    bootstrap: str, topic: str
+) -> tuple[dict[str, bytes | None], dict[str, tuple[int, int]]]:
+    """The store topic read to its end: each id's latest value (None: a tombstone), and
+    where that latest record lies (partition, offset)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("read"),
                          "enable.auto.commit": False, "enable.partition.eof": True})  # fmt: skip
     try:
@@ -47,6 +56,7 @@ def store_latest(bootstrap: str, topic: str) -> dict[str, bytes | None]:
         ends = {p.partition: consumer.get_watermark_offsets(p, timeout=10)[1] for p in partitions}
         consumer.assign(partitions)
         latest: dict[str, bytes | None] = {}
+        places: dict[str, tuple[int, int]] = {}
         left = {p for p, end in ends.items() if end > 0}
         while left:
             message = consumer.poll(5)
@@ -55,10 +65,12 @@ def store_latest(bootstrap: str, topic: str) -> dict[str, bytes | None]:
                 left.discard(message.partition() or 0)
                 continue
             if message.key() != FILLED_KEY:  # the mark that it holds every schedule
-                latest[(message.key() or b"").decode()] = message.value()
+                key = (message.key() or b"").decode()
+                latest[key] = message.value()
+                places[key] = (message.partition() or 0, message.offset() or 0)
             if (message.offset() or 0) + 1 >= ends[message.partition() or 0]:
                 left.discard(message.partition() or 0)
-        return latest
+        return latest, places
     finally:
         consumer.close()
 
@@ -76,16 +88,31 @@ def redis_pending(service: Service) -> dict[str, bytes]:
 
 
 def assert_store_matches(service: Service, env: dict[str, str]) -> dict[str, bytes | None]:
-    """The store's live records are exactly Redis's pending payloads; what it returns."""
-    latest = store_latest(env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_STORE_TOPIC"])
+    """The store's live records are exactly Redis's pending payloads; what it returns. In
+    index mode, where Redis keeps a reference, it names the id's latest record (its place
+    and size) and the due time that record holds."""
+    latest, places = store_read(env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_STORE_TOPIC"])
     live = {k: v for k, v in latest.items() if v is not None}
-    assert live == redis_pending(service)
+    pending = redis_pending(service)
+    for schedule_id, raw in pending.items():
+        if is_reference(raw) and schedule_id in live:
+            ref = Reference.decode(raw)
+            assert places[schedule_id] == (ref.partition, ref.offset), schedule_id
+            assert ref.size == len(live[schedule_id] or b""), schedule_id
+            pending[schedule_id] = resolved(ref, live[schedule_id] or b"")
+    assert live == pending
     return latest
 
 
-@pytest.fixture
-def store_env(env: dict[str, str]) -> dict[str, str]:
-    return with_store_topic(env)
+@pytest.fixture(params=["inline", "index"])
+def store_env(env: dict[str, str], request: pytest.FixtureRequest) -> dict[str, str]:
+    """A store topic, with Redis keeping schedules whole (inline) or references (index)."""
+    return {**with_store_topic(env), "BLACKBOX_STORAGE_MODE": request.param}
+
+
+def store_overrides(env: dict[str, str]) -> dict[str, str]:
+    """What `start_service` needs of `store_env` to run with its store and mode."""
+    return {k: v for k, v in env.items() if k in ("BLACKBOX_STORE_TOPIC", "BLACKBOX_STORAGE_MODE")}
 
 
 def test_the_store_holds_what_redis_holds_pending_and_a_tombstone_for_what_ended(
@@ -94,7 +121,7 @@ def test_the_store_holds_what_redis_holds_pending_and_a_tombstone_for_what_ended
     """Fired one-offs, cancels, updates, moves, a pause and a completed series: each id's
     latest store record is its Redis payload byte for byte, or a tombstone once it ended."""
     env = store_env
-    service = start_service(**{k: v for k, v in env.items() if k == "BLACKBOX_STORE_TOPIC"})
+    service = start_service(**store_overrides(env))
     target, events = reader(unique("target")), reader(env["BLACKBOX_EVENTS_TOPIC"])
     t = target.topic
     _send(env, *[{"topic": t, "message": f"now-{n}", "countdown": 0} for n in range(20)])
@@ -116,11 +143,18 @@ def test_the_store_holds_what_redis_holds_pending_and_a_tombstone_for_what_ended
     ended = {f"@{CALLER}/{name}" for name in ("later-0", "later-1", "later-2", "later-5",
                                               "tick", "missing")}  # fmt: skip
     assert {k for k, v in latest.items() if v is None and k.startswith("@")} == ended
-    pending = redis_pending(service)
+    pending = {k: v for k, v in latest.items() if v is not None}  # as Redis holds them
     assert b"updated" in pending[f"@{CALLER}/later-3"]
     assert len(pending) == 7  # later-3, later-4, later-6 to later-9, daily
     daily = pending[f"@{CALLER}/daily"]
     assert daily[9] & 64, "the paused flag is in the store's version too"
+    held = redis_pending(service)
+    indexed = env["BLACKBOX_STORAGE_MODE"] == "index"
+    # Index mode: Redis keeps each one-off as a reference (a moved and an updated one
+    # included), a series whole; inline mode: each whole.
+    assert {i for i, raw in held.items() if is_reference(raw)} == (
+        {i for i in held if i != f"@{CALLER}/daily"} if indexed else set()
+    )
 
 
 def _wait_answers(events: TopicReader, count: int) -> None:
@@ -159,7 +193,7 @@ def test_a_flush_is_rebuilt_from_the_store_alone_series_included(
     pending schedule from the store topic, byte for byte (a series where it stood), passes
     over what ended, and the service goes on: the series fires on, nothing fires twice."""
     env = store_env
-    overrides = {"BLACKBOX_STORE_TOPIC": env["BLACKBOX_STORE_TOPIC"]}
+    overrides = store_overrides(env)
     service = start_service(**overrides)
     target, events = reader(unique("target")), reader(env["BLACKBOX_EVENTS_TOPIC"])
     t = target.topic

@@ -32,6 +32,8 @@ class _Written(StoreTopic):
 class _Held:
     """What Redis holds, by id (RedisStore.payloads' answer)."""
 
+    reader = None  # inline mode: no reference to read back
+
     def __init__(self, payloads: dict[str, bytes], markers: dict[str, bytes]) -> None:
         self.held = payloads
         self.markers = markers
@@ -82,7 +84,7 @@ def test_a_pause_sets_the_paused_flag_of_a_series_and_a_resume_clears_it() -> No
 
 def test_ahead_writes_each_version_and_a_cancels_tombstone_in_order() -> None:
     keeping, _, redis_held = _keeping({})
-    records = keeping.ahead_records([_one_off("@c/a"), Cancellation("@c/b")])
+    records, _, _ = keeping.ahead_records([_one_off("@c/a"), Cancellation("@c/b")])
     assert [(r.key, r.value) for r in records] == [
         (b"@c/a", _one_off("@c/a").encode()), (b"@c/b", None),
     ]  # fmt: skip
@@ -93,7 +95,7 @@ def test_ahead_writes_each_version_and_a_cancels_tombstone_in_order() -> None:
 def test_ahead_moves_what_an_earlier_request_of_the_poll_wrote_else_what_redis_holds() -> None:
     stored = _one_off("@c/a", due_ms=1_000)
     keeping, _, _ = _keeping({"@c/a": stored.encode(), "@c/s": _series().encode()})
-    records = keeping.ahead_records([
+    records, _, _ = keeping.ahead_records([
         Move("@c/a", b"c", 2_000),  # from Redis's version
         _one_off("@c/x", due_ms=3_000), Move("@c/x", b"c", 4_000),  # from the poll's own
         Move("@c/s", b"c", 9_000),  # a series: unchanged, nothing written

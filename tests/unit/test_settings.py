@@ -25,6 +25,8 @@ def test_defaults_from_an_empty_environment() -> None:
         dlq_topic="blackbox.dlq",
         events_topic="blackbox.events",
         store_topic="",
+        storage_mode="inline",
+        store_cache_mb=64,
         policy_file="",
         poll_interval=1.0,
         batch_limit=1000,

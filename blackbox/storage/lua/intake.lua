@@ -79,13 +79,14 @@ local function gap(KEYS, ARGV)
 end
 
 -- A new id whose key is taken already: its own version, written by a call that failed
--- before its watermark moved, read again (an encoding of the same kind and due time: bytes
--- 1 to 9), or a stray value nothing of blackbox wrote there. That one refuses the call
+-- before its watermark moved, read again (an encoding or index mode's reference of the same
+-- due time: bytes 2 to 9), or a stray value nothing of blackbox wrote there. That one refuses the call
 -- (BLACKBOX_CORRUPT): taken for applied, the schedule would be answered and never due.
 local function written_before(payload_key, payload)
   local kind = redis.call('TYPE', payload_key)['ok']
   local held = kind == 'string' and redis.call('GET', payload_key)
-  if not held or string.sub(held, 1, 9) ~= string.sub(payload, 1, 9) then
+  if not held or string.sub(held, 2, 9) ~= string.sub(payload, 2, 9)
+      or not string.find('\1\2\3', string.sub(held, 1, 1), 1, true) then
     error({err = 'BLACKBOX_CORRUPT ' .. payload_key .. ' holds a ' .. kind ..
       ' that blackbox did not write: delete it, and intake goes on'})
   end
@@ -120,7 +121,9 @@ local function apply(KEYS, ARGV, mark)
   end
 
   -- As the API's reschedule: an id in flight is never moved (its firer owns it).
-  local function move(payload_key, marker_key, id, due, ttl)
+  -- `stored` (index mode): a reference to the moved version's store record, kept in
+  -- place of the payload; empty: the payload's due time is rewritten.
+  local function move(payload_key, marker_key, id, due, ttl, stored)
     if redis.call('ZSCORE', KEYS[2], id) then return 4 end
     local payload = redis.call('GET', payload_key)
     if not redis.call('ZSCORE', KEYS[1], id) or not payload then
@@ -128,7 +131,10 @@ local function apply(KEYS, ARGV, mark)
     end
     -- A series moves by its rule: sending it again changes that.
     if is_series(payload) then return 12 end
-    local moved = string.sub(payload, 1, 1) .. be64(tonumber(due)) .. string.sub(payload, 10)
+    local moved = stored
+    if moved == '' then
+      moved = string.sub(payload, 1, 1) .. be64(tonumber(due)) .. string.sub(payload, 10)
+    end
     redis.call('SET', payload_key, moved, 'EX', ttl)
     redis.call('ZADD', KEYS[1], 'XX', due, id)
     return 2
@@ -211,7 +217,7 @@ local function apply(KEYS, ARGV, mark)
           end
         end
       elseif op == 'm' then
-        code = move(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3])
+        code = move(payload_key, marker_key, id, ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
       elseif op == 'p' or op == 'r' then
         code = hold(payload_key, marker_key, id, op == 'p')
       else

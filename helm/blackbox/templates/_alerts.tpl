@@ -104,6 +104,14 @@ groups:
           summary: "blackbox dead-letters {{ "{{" }} $value | humanize {{ "}}" }} records a minute ({{ "{{" }} $labels.reason {{ "}}" }})"
           description: "Records go to the dead-letter topic with reason {{ "{{" }} $labels.reason {{ "}}" }}; its blackbox-dlq-detail header says why."
           runbook_url: "{{ $runbooks }}#blackboxdeadlettersrising"
+      - alert: BlackboxStoreRecordMissing
+        expr: sum by (job) (increase(blackbox_store_records_missing_total[10m])) > 0
+        labels:
+          severity: critical
+        annotations:
+          summary: "blackbox dead-lettered {{ "{{" }} $value | humanize {{ "}}" }} schedules whose store record was missing"
+          description: "In index mode Redis named a place in the store topic that did not hold the schedule (the topic emptied, recreated or compacted past it): each went to the dead-letter topic as store_record_missing, undelivered."
+          runbook_url: "{{ $runbooks }}#blackboxstorerecordmissing"
       - alert: BlackboxTargetDown
         expr: up{job="{{ $job }}"} == 0
         for: {{ $a.targetDownFor }}

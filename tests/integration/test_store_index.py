@@ -1,0 +1,109 @@
+"""Index mode on the real stack (BLACKBOX_STORAGE_MODE=index): Redis keeps a reference of
+a few dozen bytes per one-off schedule, whatever its message; what fires is the store's
+record, byte for byte, read back by a process that never wrote it; the API shows the whole
+message; a reference whose record is missing is dead-lettered with a reason of its own,
+counted, never skipped in silence."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import httpx
+import orjson
+
+from blackbox.envelope import CALLER_HEADER
+from blackbox.reference import Reference, is_reference
+from blackbox.service import Service
+from tests.integration.conftest import ReaderFactory, ServiceFactory, with_store_topic
+from tests.integration.test_store_topic import redis_pending
+from tests.kafkatools import produce, unique, wait_until
+
+CALLER = "shop"
+TOKEN = "index-token-0123456789abcdef"  # noqa: S105 - a test token
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _index_env(env: dict[str, str]) -> dict[str, str]:
+    return {**with_store_topic(env), "BLACKBOX_STORAGE_MODE": "index",
+            "BLACKBOX_API_TOKEN": TOKEN}  # fmt: skip
+
+
+def _start(start_service: ServiceFactory, env: dict[str, str]) -> Service:
+    return start_service(**{k: v for k, v in env.items() if k.startswith("BLACKBOX_")})
+
+
+def _send(env: dict[str, str], *documents: dict[str, Any]) -> None:
+    produce(
+        env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_INTAKE_TOPIC"],
+        [orjson.dumps(d) for d in documents], [(CALLER_HEADER, CALLER.encode())],
+    )  # fmt: skip
+
+
+def test_a_reference_fires_the_stores_record_byte_for_byte_from_another_process(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str]
+) -> None:
+    """4 KB binary messages with keys and headers are kept in Redis as references of the
+    same small size whatever the message; the API shows each whole; after a restart (an
+    empty cache: each record read back from the store topic) each is delivered exactly as
+    sent, one of them moved first."""
+    env = _index_env(env)
+    service = _start(start_service, env)
+    target = reader(unique("target"))
+    messages = {f"m-{n}": bytes([n]) * 2048 + bytes(range(256)) * 8 for n in range(8)}
+    _send(env, *[
+        {"id": name, "topic": target.topic, "message_base64": base64.b64encode(value).decode(),
+         "key": f"key-{name}", "headers": {"trace": f"t-{name}"}, "countdown": 4}
+        for name, value in messages.items()
+    ])  # fmt: skip
+    _send(env, {"id": "m-0", "reschedule": True, "countdown": 5})
+    wait_until(lambda: len(redis_pending(service)) == 8, what="stored")
+    held = redis_pending(service)
+    assert all(is_reference(raw) for raw in held.values())
+    # 28 bytes and the caller's: what a one-off costs Redis beside its key, whatever its size
+    assert {len(raw) for raw in held.values()} == {28 + len(CALLER)}
+    assert all(Reference.decode(raw).size > 4096 for raw in held.values())
+
+    assert service.endpoints is not None
+    with httpx.Client(base_url=f"http://127.0.0.1:{service.endpoints.port}", timeout=15) as api:
+        shown = api.get(f"/api/v1/schedules/@{CALLER}/m-3", headers=AUTH).json()
+        assert base64.b64decode(shown["value_base64"]) == messages["m-3"]
+        listed = api.get("/api/v1/schedules", params={"caller": CALLER}, headers=AUTH).json()
+        assert {i["blackbox_id"]: i["size"] for i in listed["items"]} == {
+            f"@{CALLER}/{name}": len(value) for name, value in messages.items()
+        }
+    service.stop()
+
+    again = _start(start_service, env)  # its cache empty: every record is read back
+    records = target.wait_count(8, timeout=30)
+    assert {(r.key, r.value, r.headers["trace"]) for r in records} == {
+        (f"key-{name}".encode(), value, f"t-{name}".encode()) for name, value in messages.items()
+    }
+    assert again.metrics.value("blackbox_store_reads_total", {"source": "topic"}) >= 8
+    assert again.metrics.value("blackbox_store_records_missing_total") == 0
+
+
+def test_a_reference_whose_record_is_missing_is_dead_lettered_and_counted(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str]
+) -> None:
+    """A reference naming a place that holds another id's record (as after the store was
+    emptied or recreated) is dead-lettered as store_record_missing and counted; the others
+    of its claim are delivered."""
+    env = _index_env(env)
+    service = _start(start_service, env)
+    target, dead = reader(unique("target")), reader(env["BLACKBOX_DLQ_TOPIC"])
+    _send(env, *[{"id": f"m-{n}", "topic": target.topic, "message": f"v-{n}", "countdown": 3}
+                 for n in range(3)])  # fmt: skip
+    wait_until(lambda: len(redis_pending(service)) == 3, what="stored")
+    key = service.store.layout.keys_of(f"@{CALLER}/m-1").payload(f"@{CALLER}/m-1")
+    ref = Reference.decode(service.store.client.get(key))  # type: ignore[arg-type]
+    other = Reference.decode(redis_pending(service)[f"@{CALLER}/m-2"])
+    wrong = Reference(ref.due_ms, other.partition, other.offset, ref.size, ref.caller)
+    service.store.client.set(key, wrong.encode(), keepttl=True)
+
+    letters = dead.wait_count(1, timeout=30)
+    assert letters[0].header("blackbox-dlq-reason") == "store_record_missing"
+    assert letters[0].header("blackbox-id") == f"@{CALLER}/m-1"
+    delivered = target.wait_count(2, timeout=30)
+    assert sorted(r.value or b"" for r in delivered) == [b"v-0", b"v-2"]
+    assert service.metrics.value("blackbox_store_records_missing_total") == 1
