@@ -8,7 +8,8 @@ deliveries put in due order, and those Kafka shows made already (rechecks.py) ma
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import enum
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import structlog
@@ -30,6 +31,14 @@ log = structlog.get_logger("blackbox.firing.batch")
 
 # How far ahead a caller's next occurrence may be stored, ms (its policy's horizon).
 Horizon = Callable[[bytes | None], int]
+# Index mode: the encodings read back for references, by id.
+Found = Mapping[str, bytes]
+
+
+class Unread(enum.Enum):
+    """`prepare`'s default: the claim's references are read back there."""
+
+    READ_IT = "read it"
 
 
 @dataclass(slots=True)
@@ -90,11 +99,16 @@ class Preparing:
         self.rechecks = rechecks
         self.reader = reader
 
-    def prepare(self, claim: Claim) -> Batch:
+    def prepare(self, claim: Claim, found: Found | Unread | None = Unread.READ_IT) -> Batch:
         """Judge each id a claim took (deliver, dead-letter, skip), the deliveries in due
-        order; nothing is produced yet."""
-        batch = Batch(claim=claim, payload_bytes=sum(len(i.payload or b"") for i in claim.loaded))
-        missing = self._read_back(claim, batch)
+        order; nothing is produced yet. `found` (index mode): what `read_back` read for
+        this claim and others at once (None: the store could not be read); by default the
+        claim's own references are read back here."""
+        batch = Batch(claim=claim)
+        if found is Unread.READ_IT:
+            found = self.read_back([claim])
+        missing = self._resolve(claim, batch, found)
+        batch.payload_bytes = sum(len(i.payload or b"") for i in claim.loaded)
         for item in claim.loaded:
             if item.id in missing:
                 self._missing(item, batch)
@@ -108,21 +122,27 @@ class Preparing:
             self.metrics.redeliveries_passed_over.inc(len(batch.shown))
         return batch
 
-    def _read_back(self, claim: Claim, batch: Batch) -> set[str]:
-        """Index mode: each reference the claim took replaced by the encoding its store
-        record holds (claim.loaded rewritten); the ids whose record is missing. Where the
-        store cannot be read, the referenced ids go back to due, unproduced."""
-        wanted = [
-            (i.id, Reference.decode(i.payload))
-            for i in claim.loaded
-            if i.ended != b"c" and i.payload is not None and is_reference(i.payload)
-        ]
+    def read_back(self, claims: Sequence[Claim]) -> Found | None:
+        """Index mode: the encodings the references of `claims` name, by id, read in one
+        pass over the store (the shards of a burst ask for records lying among each
+        other's); the missing left out. None where the store could not be read."""
+        wanted = [w for claim in claims for w in _referenced(claim)]
         if not wanted or self.reader is None:
-            return set()
+            return {}
         try:
-            found = self.reader.values(wanted)
+            return self.reader.values(wanted)
         except StoreUnavailable as e:
             log.warning("store_read_failed", error=str(e), ids=len(wanted))
+            return None
+
+    def _resolve(self, claim: Claim, batch: Batch, found: Found | None) -> set[str]:
+        """Each reference the claim took replaced by the encoding `found` holds for it
+        (claim.loaded rewritten); the ids whose record is missing. Where the store could
+        not be read (`found` None), the referenced ids go back to due, unproduced."""
+        wanted = _referenced(claim)
+        if not wanted:
+            return set()
+        if found is None:
             batch.later += [(schedule_id, ref.due_ms) for schedule_id, ref in wanted]
             referenced = {schedule_id for schedule_id, _ in wanted}
             claim.loaded[:] = [i for i in claim.loaded if i.id not in referenced]
@@ -189,6 +209,16 @@ class Preparing:
             return
         occurrence = Series(series.rule, firing.deliver, firing.fired, series.paused)
         batch.schedules.append((_version(schedule, occurrence), attempts + 1))
+
+
+def _referenced(claim: Claim) -> list[tuple[str, Reference]]:
+    """The (id, reference) of each id a claim took that Redis keeps as a reference (index
+    mode), but those cancelled meanwhile."""
+    return [
+        (i.id, Reference.decode(i.payload))
+        for i in claim.loaded
+        if i.ended != b"c" and i.payload is not None and is_reference(i.payload)
+    ]
 
 
 def _version(schedule: Schedule, series: Series) -> Schedule:

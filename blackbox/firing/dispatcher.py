@@ -233,13 +233,14 @@ class Dispatcher:
         )  # fmt: skip
         if self._servers is not None:
             self._servers.note(claims, at)
+        found = self._preparing.read_back(claims)  # index mode: one pass over the store
         for claim in claims:  # when a lease there can run out: reclaimed only then
             if claim.leases_seen:
                 self.share.leased(claim.shard, claim.lease_expiry_ms, at)
             elif claim.ids:
                 self.share.leasing(claim.shard, math.ceil(claim.token))
             if claim.ids:
-                self._flight.hold(self._preparing.prepare(claim))
+                self._flight.hold(self._preparing.prepare(claim, found))
         self._flight.release_due()
         fired.delivered += self._settle_ready(stop)
         for claim in claims:  # more is due where a claim was full: look again

@@ -31,6 +31,7 @@ from blackbox.firing import shares
 from blackbox.firing.batch import Horizon
 from blackbox.firing.dispatcher import CLAIM_LEAD_MS, Dispatcher
 from blackbox.firing.nudges import NudgeListener
+from blackbox.firing.readahead import READ_AHEAD_SECONDS, ReadAhead
 from blackbox.firing.rechecks import Rechecks
 from blackbox.firing.retry import RetryPolicy
 from blackbox.firing.shares import Share, sweep_after_ms
@@ -117,6 +118,10 @@ class Firing:
         self.share = share
         self.waker = Waker(self.fire, stopping)
         self.nudges = NudgeListener(nudge_client, store.layout.wake_channel, self._nudged, stopping)
+        self._read_ahead = None
+        if settings.storage_mode == "index" and store.reader is not None:
+            budget = (settings.store_cache_mb << 20) // 2
+            self._read_ahead = ReadAhead(store, store.reader, budget)
         self._scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
         self._lock = threading.Lock()
         self._backoff = Backoff(base=settings.poll_interval, cap=30.0)
@@ -141,7 +146,17 @@ class Firing:
             guard(self.beat), "interval", seconds=self.poll_interval, id="beat",
             next_run_time=datetime.now(UTC), misfire_grace_time=None,
         )  # fmt: skip
+        if self._read_ahead is not None:
+            self._scheduler.add_job(
+                guard(self.read_ahead), "interval", seconds=READ_AHEAD_SECONDS / 4,
+                id="read_ahead", next_run_time=datetime.now(UTC), misfire_grace_time=None,
+            )  # fmt: skip
         self._scheduler.start()
+
+    def read_ahead(self) -> None:
+        """Index mode: the records of what this replica's shards hold due soon, cached."""
+        if self._read_ahead is not None and self.lost is None:
+            self._read_ahead.run_once(self.share.owned)
 
     def nudge(self, shard: int, due_ms: int) -> bool:
         """Something in `shard` is due at `due_ms`: True if this process fires that shard

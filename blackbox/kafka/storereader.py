@@ -5,7 +5,9 @@ Firing, the API and intake's moves read the encodings that index mode's referenc
 and each run of nearby offsets is read once from its first. A bounded cache keeps what
 this process wrote or read lately, so firing what intake stored within the cache's reach
 reads nothing back. A place whose record is not the id's (compacted away, or the topic
-emptied) reads as missing: firing dead-letters it (`store_record_missing`).
+emptied) reads as missing: firing dead-letters it (`store_record_missing`). Firing asks for the
+references of all the claims of one round at once (one pass over a burst's records), and
+read-ahead (firing/readahead.py) fills the cache with what falls due soon.
 """
 
 from __future__ import annotations

@@ -107,3 +107,30 @@ def test_a_reference_whose_record_is_missing_is_dead_lettered_and_counted(
     delivered = target.wait_count(2, timeout=30)
     assert sorted(r.value or b"" for r in delivered) == [b"v-0", b"v-2"]
     assert service.metrics.value("blackbox_store_records_missing_total") == 1
+
+
+def test_what_falls_due_soon_is_read_ahead_before_it_is_due(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str]
+) -> None:
+    """A process that never wrote the records (restarted: its cache empty) reads those of
+    what falls due within the read-ahead window from the store topic before they are due,
+    so firing them reads nothing back then."""
+    env = _index_env(env)
+    service = _start(start_service, env)
+    target = reader(unique("target"))
+    _send(env, *[{"id": f"m-{n}", "topic": target.topic, "message": f"v-{n}", "countdown": 8}
+                 for n in range(20)])  # fmt: skip
+    wait_until(lambda: len(redis_pending(service)) == 20, what="stored")
+    service.stop()
+    again = _start(start_service, env)
+
+    def read_ahead() -> bool:
+        return again.metrics.value("blackbox_store_reads_total", {"source": "topic"}) >= 20
+
+    wait_until(read_ahead, 8, "the records read before they are due")
+    assert target.read_to_end(timeout=1) == [], "read ahead, not fired early"
+    delivered = target.wait_count(20, timeout=30)
+    assert sorted(r.value or b"" for r in delivered) == sorted(f"v-{n}".encode() for n in range(20))
+    # The claims found every record in the cache: nothing more was read from the topic.
+    assert again.metrics.value("blackbox_store_reads_total", {"source": "topic"}) == 20
+    assert again.metrics.value("blackbox_store_reads_total", {"source": "cache"}) >= 20

@@ -14,7 +14,8 @@
 -- ARGV[3]  lease expiry, epoch ms (the claim's instant plus the lease)
 -- ARGV[4]  payload key prefix: an id's payload key is this followed by the id
 -- ARGV[5]  ended-marker key prefix, likewise (read for caller ids, '@...', only)
--- ARGV[6]  the most payload bytes to take; the first id is taken whatever its size
+-- ARGV[6]  the most payload bytes to take (a reference counts its record's size); the
+--          first id is taken whatever its size
 -- ARGV[7]  "1": answer the shard's earliest lease expiry too (one more read; asked now
 --          and then, not at every claim)
 -- KEYS[5]  the shard's clock hash (beat.lua)
@@ -54,6 +55,11 @@ local taken = 0
 for i, id in ipairs(ids) do
   local payload = redis.call('GET', ARGV[4] .. id)
   local size = payload and #payload or 0
+  if size >= 26 and string.byte(payload, 1) == 3 then
+    -- Index mode's reference (reference.py): the record it names counts, bytes 23 to 26.
+    local a, b, c, d = string.byte(payload, 23, 26)
+    size = ((a * 256 + b) * 256 + c) * 256 + d
+  end
   if taken > 0 and size > budget then
     break
   end
