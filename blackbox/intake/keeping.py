@@ -60,6 +60,22 @@ def held(raw: bytes, paused: bool) -> bytes | None:
     return raw[:_FLAGS_AT] + bytes([flags]) + raw[_FLAGS_AT + 1 :]
 
 
+def unsure_moves(writes: Sequence[Write]) -> set[int]:
+    """The moves (by index) that follow an `if_absent` create of their id in `writes`:
+    whether that create applies (its id not pending) is known only once Redis ran it, so
+    which version they move is unknown ahead."""
+    unsure: set[str] = set()
+    found: set[int] = set()
+    for index, write in enumerate(writes):
+        if isinstance(write, Schedule):
+            (unsure.add if write.if_absent else unsure.discard)(write.id)
+        elif isinstance(write, Cancellation):
+            unsure.discard(write.id)
+        elif isinstance(write, Move) and write.id in unsure:
+            found.add(index)
+    return found
+
+
 class Keeping:
     """Writes one intake's requests to the store topic (module docstring).
 
@@ -82,8 +98,13 @@ class Keeping:
         records, sources, referenced = self.ahead_records(writes)
         places = self._write(records, stop)
         kept = list(writes)
+        # A move after an `if_absent` create of its id carries no reference: Redis moves
+        # what it holds (the create applied or not), and `after` writes that again.
+        unsure = unsure_moves(writes) if places is not None else set()
         for n, (record, source) in enumerate(zip(records, sources, strict=True)):
-            if source is None or record.value is None or is_series(record.value):
+            if source is None or source in unsure or record.value is None:
+                continue
+            if is_series(record.value):
                 continue
             write = writes[source]
             if not isinstance(write, Schedule | Move):
@@ -146,7 +167,11 @@ class Keeping:
         """Write what Redis holds of each id whose request did not do what was written
         ahead (StoreUnavailable if the broker does not acknowledge them)."""
         applied = list(applied)
-        stale = sorted({w.id for w, code in applied if code not in _AS_WRITTEN[type(w)]})
+        stale_ids = {w.id for w, code in applied if code not in _AS_WRITTEN[type(w)]}
+        if self.indexing:  # the moves `ahead` left without a reference (unsure_moves)
+            writes = [w for w, _ in applied]
+            stale_ids |= {writes[n].id for n in unsure_moves(writes)}
+        stale = sorted(stale_ids)
         if not stale:
             return
         # An id whose last request was a cancel is not pending, whatever still flies: a
