@@ -5,6 +5,7 @@ mode switches. After each, every reference Redis keeps names its id's latest sto
 
 from __future__ import annotations
 
+from blackbox.clock import now_ms
 from blackbox.service import Service
 from tests.integration.conftest import ReaderFactory, ServiceFactory, with_store_topic
 from tests.integration.store_attack_tools import send, sid
@@ -66,3 +67,21 @@ def test_an_if_absent_create_of_a_pending_id_moved_in_the_same_poll_keeps_its_me
     assert shown is not None
     assert shown.value == b"original"
 
+
+def test_a_claim_of_references_is_bounded_by_the_bytes_of_their_records(
+    start_service: ServiceFactory, env: dict[str, str]
+) -> None:
+    """BLACKBOX_BATCH_BYTES bounds what one claim holds, in index mode too: a reference is
+    some 30 bytes in Redis, but firing holds its record's whole message once read back,
+    so a claim counts the size the reference keeps (ten 100 KB messages are not taken in
+    one claim of 350 KB)."""
+    env = _index(env)
+    service = start_service(**_overrides(env), BLACKBOX_SHARDS="1")
+    send(env, *[{"id": f"big-{n}", "topic": unique("target"), "message": "x" * 100_000,
+                 "countdown": 3600} for n in range(10)])  # fmt: skip
+    wait_until(lambda: len(redis_pending(service)) == 10, what="stored")
+    now = now_ms()
+    first = service.store.claim_due(now, 1000, 30_000, due_by_ms=now + 7_200_000,
+                                    max_bytes=350_000)  # fmt: skip
+    assert len(first.ids) == 3
+    assert first.more
