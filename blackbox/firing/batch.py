@@ -28,6 +28,10 @@ from blackbox.schedule import Schedule, Series
 from blackbox.storage.store import Advance, Claim, Loaded, StoreReader
 
 log = structlog.get_logger("blackbox.firing.batch")
+# References met with no store topic set (index mode turned off by unsetting it) wait
+# this long before they are claimed again: only that topic holds their messages.
+UNSET_RETRY_MS = 30_000
+UNSET_ACTION = "set BLACKBOX_STORE_TOPIC back to the store topic index mode wrote"
 
 # How far ahead a caller's next occurrence may be stored, ms (its policy's horizon).
 Horizon = Callable[[bytes | None], int]
@@ -138,19 +142,31 @@ class Preparing:
     def _resolve(self, claim: Claim, batch: Batch, found: Found | None) -> set[str]:
         """Each reference the claim took replaced by the encoding `found` holds for it
         (claim.loaded rewritten); the ids whose record is missing. Where the store could
-        not be read (`found` None), the referenced ids go back to due, unproduced."""
+        not be read (`found` None), the referenced ids go back to due, unproduced; with no
+        store topic set, a while later."""
         wanted = _referenced(claim)
         if not wanted:
             return set()
+        if self.reader is None:  # references kept by index mode, and no store topic now
+            log.error("store_topic_unset", ids=len(wanted), action=UNSET_ACTION)
+            self._hold(claim, batch, wanted, now_ms() + UNSET_RETRY_MS)
+            return set()
         if found is None:
-            batch.later += [(schedule_id, ref.due_ms) for schedule_id, ref in wanted]
-            referenced = {schedule_id for schedule_id, _ in wanted}
-            claim.loaded[:] = [i for i in claim.loaded if i.id not in referenced]
+            self._hold(claim, batch, wanted)
             return set()
         claim.loaded[:] = [
             replace(i, payload=found[i.id]) if i.id in found else i for i in claim.loaded
         ]
         return {schedule_id for schedule_id, _ in wanted if schedule_id not in found}
+
+    @staticmethod
+    def _hold(
+        claim: Claim, batch: Batch, wanted: list[tuple[str, Reference]], due_ms: int | None = None
+    ) -> None:
+        """The referenced ids back to due, unproduced (at `due_ms`, else as they were)."""
+        batch.later += [(i, ref.due_ms if due_ms is None else due_ms) for i, ref in wanted]
+        referenced = {schedule_id for schedule_id, _ in wanted}
+        claim.loaded[:] = [i for i in claim.loaded if i.id not in referenced]
 
     def _missing(self, item: Loaded, batch: Batch) -> None:
         """A reference whose store record is not there: dead-lettered, counted, logged."""

@@ -6,6 +6,7 @@ mode switches. After each, every reference Redis keeps names its id's latest sto
 from __future__ import annotations
 
 from blackbox.clock import now_ms
+from blackbox.reference import Reference, is_reference
 from blackbox.service import Service
 from tests.integration.conftest import ReaderFactory, ServiceFactory, with_store_topic
 from tests.integration.store_attack_tools import send, sid
@@ -85,3 +86,74 @@ def test_a_claim_of_references_is_bounded_by_the_bytes_of_their_records(
                                     max_bytes=350_000)  # fmt: skip
     assert len(first.ids) == 3
     assert first.more
+
+
+def test_switching_index_to_inline_and_back_loses_nothing(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str]
+) -> None:
+    """Promise 11 (upgrade in place) for the storage mode: schedules stored as references
+    fire in inline mode (the store topic still set), moves and updates there make them
+    whole again, and back in index mode a move makes a whole one a reference; nothing is
+    dead-lettered, the store matches Redis at each step."""
+    env = _index(env)
+    service = start_service(**_overrides(env))
+    target, dead = reader(unique("target")), reader(env["BLACKBOX_DLQ_TOPIC"])
+    t = target.topic
+    send(env, *[{"id": n, "topic": t, "message": f"{n}-v1", "countdown": 3600}
+                for n in ("a", "b", "c")],
+         {"id": "soon", "topic": t, "message": "soon-v1", "countdown": 6})  # fmt: skip
+    wait_until(lambda: len(redis_pending(service)) == 4, what="stored")
+    service.stop()
+
+    inline = {**env, "BLACKBOX_STORAGE_MODE": "inline"}
+    second = start_service(**_overrides(inline))
+    send(env, {"id": "a", "reschedule": True, "countdown": 3000},
+         {"id": "b", "topic": t, "message": "b-v2", "countdown": 3600})  # fmt: skip
+    target.wait_for(lambda r: any(x.value == b"soon-v1" for x in r), timeout=30)
+    _settled(second, env)
+    held = redis_pending(second)
+    assert not is_reference(held[sid("a")]) and not is_reference(held[sid("b")])
+    assert is_reference(held[sid("c")])
+    second.stop()
+
+    third = start_service(**_overrides(env))
+    send(env, {"id": "a", "reschedule": True, "countdown": 1},
+         {"id": "c", "reschedule": True, "countdown": 1})  # fmt: skip
+    target.wait_for(lambda r: {b"a-v1", b"c-v1"} <= {x.value for x in r}, timeout=30)
+    _settled(third, env)
+    assert is_reference(redis_pending(third)[sid("b")]) is False
+    assert dead.read_to_end() == []
+
+
+def test_unsetting_the_store_topic_over_references_does_not_dead_letter_them(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str]
+) -> None:
+    """Promise 1: an operator turning index mode off by unsetting BLACKBOX_STORE_TOPIC (and
+    the mode) while references are pending: only the store topic holds their messages, so
+    firing holds them back, never dead-letters them; with the store topic set again they
+    are delivered whole."""
+    env = _index(env)
+    service = start_service(**_overrides(env))
+    target, dead = reader(unique("target")), reader(env["BLACKBOX_DLQ_TOPIC"])
+    send(env, {"id": "soon", "topic": target.topic, "message": "soon", "countdown": 3})
+    wait_until(lambda: len(redis_pending(service)) == 1, what="stored")
+    due_ms = Reference.decode(redis_pending(service)[sid("soon")]).due_ms
+    service.stop()
+
+    plain = start_service()  # the fixture's environment: no store topic, inline
+    keys = plain.store.layout.keys_of(sid("soon"))
+
+    def held_back() -> bool:
+        score = plain.store.client.zscore(keys.due, sid("soon"))
+        return score is not None and score > due_ms
+
+    wait_until(held_back, 20, "claimed and held back")
+    assert dead.read_to_end() == []
+    plain.stop()
+    # Due again at once rather than after UNSET_RETRY_MS (what a claim then would take).
+    plain.store.client.zadd(keys.due, {sid("soon"): due_ms}, xx=True)
+
+    start_service(**_overrides(env))
+    delivered = target.wait_count(1, timeout=60)
+    assert delivered[0].value == b"soon"
+    assert dead.read_to_end() == []
