@@ -5,6 +5,8 @@ mode switches. After each, every reference Redis keeps names its id's latest sto
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from blackbox.clock import now_ms
 from blackbox.reference import Reference, is_reference
 from blackbox.service import Service
@@ -12,6 +14,7 @@ from tests.integration.conftest import ReaderFactory, ServiceFactory, with_store
 from tests.integration.store_attack_tools import send, sid
 from tests.integration.test_store_topic import assert_store_matches, redis_pending
 from tests.kafkatools import unique, wait_until
+from tests.process import BlackboxProcess
 
 
 def _index(env: dict[str, str]) -> dict[str, str]:
@@ -157,3 +160,30 @@ def test_unsetting_the_store_topic_over_references_does_not_dead_letter_them(
     delivered = target.wait_count(1, timeout=60)
     assert delivered[0].value == b"soon"
     assert dead.read_to_end() == []
+
+
+def test_a_new_store_topic_filled_over_references_holds_their_messages(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Promise 1: moving a namespace in index mode to another store topic the documented
+    way (the service refuses the new topic, `blackbox fill-store --yes`, start): the
+    references Redis holds name records of the old topic, so filling the new one reads
+    their messages back from the old one, writes them, and points Redis at the new
+    records; none is dead-lettered as missing, each fires whole."""
+    env = _index(env)
+    service = start_service(**_overrides(env))
+    target, dead = reader(unique("target")), reader(env["BLACKBOX_DLQ_TOPIC"])
+    send(env, *[{"id": f"m-{n}", "topic": target.topic, "message": f"m-{n}", "countdown": 3600}
+                for n in range(3)])  # fmt: skip
+    wait_until(lambda: len(redis_pending(service)) == 3, what="stored")
+    service.stop()
+
+    moved = {**with_store_topic(env), "BLACKBOX_STORAGE_MODE": "index"}
+    fill = BlackboxProcess(moved, tmp_path / "fill.log", "fill-store", "--yes")
+    assert fill.wait(60) == 0, fill.output()
+    again = start_service(**_overrides(moved))
+    assert_store_matches(again, moved)  # Redis names the new topic's records
+    send(moved, *[{"id": f"m-{n}", "reschedule": True, "countdown": 0} for n in range(3)])
+    target.wait_for(lambda r: len(r) == 3 or dead.read_to_end() != [], timeout=30)
+    assert dead.read_to_end() == []
+    assert sorted(r.value or b"" for r in target.read_to_end()) == [b"m-0", b"m-1", b"m-2"]
