@@ -7,13 +7,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from confluent_kafka import Consumer, TopicPartition
+
 from blackbox.clock import now_ms
+from blackbox.kafka import clients
 from blackbox.reference import Reference, is_reference
+from blackbox.schedule import Schedule
 from blackbox.service import Service
 from tests.integration.conftest import ReaderFactory, ServiceFactory, with_store_topic
 from tests.integration.store_attack_tools import send, sid
 from tests.integration.test_store_topic import assert_store_matches, redis_pending
-from tests.kafkatools import unique, wait_until
+from tests.kafkatools import end_offset, unique, wait_until
 from tests.process import BlackboxProcess
 
 
@@ -187,3 +191,105 @@ def test_a_new_store_topic_filled_over_references_holds_their_messages(
     target.wait_for(lambda r: len(r) == 3 or dead.read_to_end() != [], timeout=30)
     assert dead.read_to_end() == []
     assert sorted(r.value or b"" for r in target.read_to_end()) == [b"m-0", b"m-1", b"m-2"]
+
+
+def test_many_updates_cancels_recreates_and_moves_leave_redis_naming_the_latest_record(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str]
+) -> None:
+    """Promise 2: ids updated many times in one poll and across polls, cancelled,
+    created again plainly and `if_absent`, moved between: every reference names its id's
+    latest store record, and what fires is the latest version, byte for byte."""
+    env = _index(env)
+    service = start_service(**_overrides(env))
+    target, dead = reader(unique("target")), reader(env["BLACKBOX_DLQ_TOPIC"])
+    t = target.topic
+    names = [f"k{n}" for n in range(5)]
+
+    def put(name: str, version: int, **more: object) -> dict[str, object]:
+        return {"id": name, "topic": t, "message": f"{name}-v{version}", "countdown": 3600,
+                **more}  # fmt: skip
+
+    def move(name: str, countdown: float) -> dict[str, object]:
+        return {"id": name, "reschedule": True, "countdown": countdown}
+
+    for name in names:  # one poll each: creates, 19 updates, moves between
+        send(env, put(name, 1), *[put(name, v) for v in range(2, 21)], move(name, 3000),
+             put(name, 21), move(name, 2000))  # fmt: skip
+    send(env, *[r for n in names for r in (
+        {"id": n, "cancel": True}, put(n, 22, if_absent=True), put(n, 23),
+        put(n, 24, if_absent=True), move(n, 1000))])  # fmt: skip
+    for name in names:  # across polls
+        send(env, put(name, 25))
+        send(env, move(name, 1500))
+        send(env, put(name, 26, if_absent=True), move(name, 1200))
+
+    def moved_last(name: str) -> bool:
+        shown = service.store.load(sid(name))
+        return (
+            shown is not None
+            and shown.value.endswith(b"-v25")
+            and (shown.due_ms < now_ms() + 1_300_000)
+        )
+
+    wait_until(lambda: all(moved_last(n) for n in names), 30, "the last moves")
+    _settled(service, env)
+    send(env, *[move(n, 0) for n in names])
+    records = target.wait_count(len(names), timeout=30)
+    assert sorted(r.value or b"" for r in records) == [f"{n}-v25".encode() for n in names]
+    assert dead.read_to_end() == []
+
+
+def _rewind(env: dict[str, str]) -> None:
+    """What a replica killed after applying, before committing, leaves: the group's
+    commit on the intake topic back at 0 (every record is read again)."""
+    consumer = Consumer({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"],
+                         "group.id": env["BLACKBOX_GROUP_ID"]})  # fmt: skip
+    try:
+        consumer.commit(offsets=[TopicPartition(env["BLACKBOX_INTAKE_TOPIC"], 0, 0)],
+                        asynchronous=False)  # fmt: skip
+    finally:
+        consumer.close()
+
+
+def test_intake_read_again_over_references_changes_nothing(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str]
+) -> None:
+    """Promise 2: every intake record read again (a commit lost) after creates, updates,
+    moves, cancels and derived ids stored as references: Redis keeps what it held, each
+    reference names its id's latest store record, nothing is delivered twice or lost."""
+    env = _index(env)
+    service = start_service(**_overrides(env))
+    target, dead = reader(unique("target")), reader(env["BLACKBOX_DLQ_TOPIC"])
+    events = reader(env["BLACKBOX_EVENTS_TOPIC"])
+    t = target.topic
+    send(env, *[{"id": f"r{n}", "topic": t, "message": f"r{n}-v1", "countdown": 3600}
+                for n in range(4)],
+         *[{"topic": t, "message": f"derived-{n}", "countdown": 5} for n in range(3)])  # fmt: skip
+    send(env, {"id": "r0", "topic": t, "message": "r0-v2", "countdown": 3600},
+         {"id": "r1", "reschedule": True, "countdown": 4},
+         {"id": "r2", "cancel": True},
+         {"id": "r3", "topic": t, "message": "r3-v2", "countdown": 3600,
+          "if_absent": True})  # fmt: skip
+    events.wait_count(4 + 3 + 4)
+    _settled(service, env)
+    before = redis_pending(service)
+    service.stop()
+    _rewind(env)
+
+    again = start_service(**_overrides(env))
+    intake = (env["BLACKBOX_INTAKE_TOPIC"], 0)
+    end = end_offset(env["KAFKA_BOOTSTRAP_SERVERS"], intake[0])
+    committed = clients.committed_offsets(again.settings)
+    wait_until(lambda: committed([intake])[intake] == end, 30, "everything read again")
+    _settled(again, env)
+    assert {k: Reference.decode(v).due_ms for k, v in redis_pending(again).items()} == {
+        k: Reference.decode(v).due_ms for k, v in before.items()
+    }
+    target.wait_count(4, timeout=30)  # r1 and the derived ones
+    records = target.read_to_end()
+    assert sorted(r.value or b"" for r in records) == [
+        b"derived-0", b"derived-1", b"derived-2", b"r1-v1"]  # fmt: skip
+    assert {
+        k: (again.store.load(k) or Schedule("", "", b"", 0)).value for k in (sid("r0"), sid("r3"))
+    } == {sid("r0"): b"r0-v2", sid("r3"): b"r3-v1"}
+    assert dead.read_to_end() == []
