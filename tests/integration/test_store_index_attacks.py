@@ -7,14 +7,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from blackbox.clock import now_ms
+from blackbox.intake import rebuild
 from blackbox.kafka import clients
 from blackbox.reference import Reference, is_reference
 from blackbox.schedule import Schedule
 from blackbox.service import Service
-from tests.integration.conftest import ReaderFactory, ServiceFactory, with_store_topic
+from tests.integration.conftest import (
+    ReaderFactory,
+    ServiceFactory,
+    wipe_namespace,
+    with_store_topic,
+)
 from tests.integration.store_attack_tools import send, sid
 from tests.integration.test_store_topic import assert_store_matches, redis_pending
 from tests.kafkatools import end_offset, unique, wait_until
@@ -293,3 +300,42 @@ def test_intake_read_again_over_references_changes_nothing(
         k: (again.store.load(k) or Schedule("", "", b"", 0)).value for k in (sid("r0"), sid("r3"))
     } == {sid("r0"): b"r0-v2", sid("r3"): b"r3-v1"}
     assert dead.read_to_end() == []
+
+
+def test_a_flush_rebuilt_from_a_store_of_three_partitions_gives_back_each_reference(
+    start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str],
+    redis_client: redis.Redis,
+) -> None:  # fmt: skip
+    """Promise 1: a store topic of three partitions, ids updated and moved, FLUSHALL and
+    `blackbox rebuild`: Redis gets back each reference as it was (partition, offset, due
+    time), and a process with an empty cache fires each latest version from its partition."""
+    store = unique("store")
+    clients.ensure_topics({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"]}, [store], 3,
+                          topic_config={"cleanup.policy": "compact"})  # fmt: skip
+    env = {**env, "BLACKBOX_STORE_TOPIC": store, "BLACKBOX_STORAGE_MODE": "index"}
+    service = start_service(**_overrides(env))
+    target = reader(unique("target"))
+    t = target.topic
+    names = [f"p{n}" for n in range(30)]
+    send(env, *[{"id": n, "topic": t, "message": f"{n}-v1", "countdown": 3600} for n in names])
+    send(env, *[{"id": n, "topic": t, "message": f"{n}-v2", "countdown": 3600}
+                for n in names[::2]],
+         *[{"id": n, "reschedule": True, "countdown": 3000} for n in names[::3]])  # fmt: skip
+    events = reader(env["BLACKBOX_EVENTS_TOPIC"])
+    events.wait_count(len(names) + len(names[::2]) + len(names[::3]))  # each answered
+    _settled(service, env)
+    before = redis_pending(service)
+    assert len({Reference.decode(v).partition for v in before.values()}) == 3
+    service.stop()
+    wipe_namespace(redis_client, service.settings.namespace)
+
+    rebuild.rebuild(service.settings)
+
+    assert redis_pending(service) == before
+    again = start_service(**_overrides(env))
+    send(env, *[{"id": n, "reschedule": True, "countdown": 0} for n in names])
+    records = target.wait_count(len(names), timeout=30)
+    assert sorted(r.value or b"" for r in records) == sorted(
+        f"{n}-v2".encode() if i % 2 == 0 else f"{n}-v1".encode() for i, n in enumerate(names)
+    )
+    assert again.metrics.value("blackbox_store_records_missing_total") == 0
