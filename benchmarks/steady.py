@@ -54,7 +54,10 @@ IDLE_SECONDS = 3.0
 COUNTDOWNS_S = (2.0, 10.0)
 RELAY_GROUP = "bench-relay"
 # The settings each subject adds to the defaults.
-SUBJECT_SETTINGS = {"store": {"BLACKBOX_STORE_TOPIC": "blackbox.store"}}
+SUBJECT_SETTINGS = {
+    "store": {"BLACKBOX_STORE_TOPIC": "blackbox.store"},
+    "index": {"BLACKBOX_STORE_TOPIC": "blackbox.store", "BLACKBOX_STORAGE_MODE": "index"},
+}
 
 
 @dataclass(frozen=True)
@@ -280,7 +283,7 @@ def main() -> int:
         "--subjects",
         nargs="+",
         default=["service", "relay"],
-        choices=["service", "relay", "against", "store"],
+        choices=["service", "relay", "against", "store", "index"],
     )
     parser.add_argument("--against", type=Path, help="another checkout's tree (subject 'against')")
     parser.add_argument("--relay", nargs=2, metavar=("BOOTSTRAP", "TOPIC"), help=argparse.SUPPRESS)

@@ -221,9 +221,10 @@ VARIABLES: tuple[Var, ...] = (
         "inline: Redis keeps each pending schedule whole; index (needs BLACKBOX_STORE_TOPIC): "
         "Redis keeps a one-off schedule's due time, caller and place in the store topic, "
         "and firing reads its record back from there (see The store topic)"),
-    Var("BLACKBOX_STORE_CACHE_MB", "store_cache_mb", _positive_int, "64",
+    Var("BLACKBOX_STORE_CACHE_MB", "store_cache_mb", _positive_int, "256",
         "index mode: megabytes of store records a process keeps after writing or reading "
-        "them, so firing what intake stored lately reads nothing back"),
+        "them; what falls due within 10 s is read ahead into half of it, so size it to "
+        "twice the bytes of the largest burst (a burst beyond it is read back when due)"),
     Var("BLACKBOX_POLICY_FILE", "policy_file", str, "",
         "YAML or JSON per-caller policy; empty: any caller may target any topic, within the "
         "limits"),

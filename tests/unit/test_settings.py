@@ -26,7 +26,7 @@ def test_defaults_from_an_empty_environment() -> None:
         events_topic="blackbox.events",
         store_topic="",
         storage_mode="inline",
-        store_cache_mb=64,
+        store_cache_mb=256,
         policy_file="",
         poll_interval=1.0,
         batch_limit=1000,
