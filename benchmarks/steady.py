@@ -15,7 +15,8 @@ Subjects, alternated run by run so the machine's drift falls on all alike:
 - `relay`: the floor, a plain Kafka relay that consumes the intake topic and produces each
   record's message to its target at once, no Redis, with the service's client settings;
 - `against`: `blackbox run` of the checkout `--against` names (a previous release);
-- `store`: `blackbox run` of this checkout with a store topic (BLACKBOX_STORE_TOPIC).
+- `store`: `blackbox run` of this checkout with a store topic (BLACKBOX_STORE_TOPIC);
+- `index`: the same in index mode (BLACKBOX_STORAGE_MODE=index).
 
 Figures per run, from the first record sent to the last delivered: CPU per message of the
 subject, of the broker and of Redis, each net of what it spends idle over the same span
