@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -30,9 +31,25 @@ from blackbox.errors import StackError
 LOOPBACK = "127.0.0.1"
 
 
+# Ports handed out lie below Linux's ephemeral range (32768 up), which outgoing
+# connections draw their local ports from: a port the kernel handed out for one (a Kafka
+# client's, in another test process) could otherwise be taken between the pick and the
+# server's bind. Drawn at random, two processes picking at once rarely meet.
+_PORTS = range(15_000, 32_000)
+_PICK_TRIES = 100
+
+
 def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket() as s:
+    """A TCP port, on every address, that nothing holds right now."""
+    for _ in range(_PICK_TRIES):
+        port = random.choice(_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))  # noqa: S104 - a probe: servers may bind any address
+            except OSError:
+                continue
+        return port
+    with socket.socket() as s:  # that range is full: the kernel's choice
         s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
 

@@ -210,6 +210,8 @@ class Fleet:
         for r in self.replicas:
             if r.alive:
                 r.process.kill()
+            else:  # one that died by itself: its log file closed too
+                r.process.wait(5)
         self.client.close()
         close_client(self.admin)
 
