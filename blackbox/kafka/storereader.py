@@ -154,7 +154,10 @@ class StoreReader:
         if self._consumer is None:
             self._consumer = Consumer({
                 **self.config, "group.id": "blackbox-store-reader", "enable.auto.commit": False,
-                "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                # A place past the partition's end (or before its start) names no record:
+                # read from the end, it ends at once as missing, where "earliest" would
+                # read the whole partition first.
+                "enable.partition.eof": True, "auto.offset.reset": "latest",
                 "fetch.wait.max.ms": 10,
             })  # fmt: skip
         return self._consumer

@@ -86,9 +86,9 @@ def test_a_reference_fires_the_stores_record_byte_for_byte_from_another_process(
 def test_a_reference_whose_record_is_missing_is_dead_lettered_and_counted(
     start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str]
 ) -> None:
-    """A reference naming a place that holds another id's record (as after the store was
-    emptied or recreated) is dead-lettered as store_record_missing and counted; the others
-    of its claim are delivered."""
+    """A reference naming a place that holds another id's record, or one past the
+    partition's end (as after the store was emptied or recreated), is dead-lettered as
+    store_record_missing and counted; the others of its claim are delivered."""
     env = _index_env(env)
     service = _start(start_service, env)
     target, dead = reader(unique("target")), reader(env["BLACKBOX_DLQ_TOPIC"])
@@ -100,13 +100,19 @@ def test_a_reference_whose_record_is_missing_is_dead_lettered_and_counted(
     other = Reference.decode(redis_pending(service)[f"@{CALLER}/m-2"])
     wrong = Reference(ref.due_ms, other.partition, other.offset, ref.size, ref.caller)
     service.store.client.set(key, wrong.encode(), keepttl=True)
+    # And one past the partition's end (the topic recreated smaller): missing too.
+    key_0 = service.store.layout.keys_of(f"@{CALLER}/m-0").payload(f"@{CALLER}/m-0")
+    ref_0 = Reference.decode(service.store.client.get(key_0))  # type: ignore[arg-type]
+    beyond = Reference(ref_0.due_ms, ref_0.partition, ref_0.offset + 10_000, ref_0.size,
+                       ref_0.caller)  # fmt: skip
+    service.store.client.set(key_0, beyond.encode(), keepttl=True)
 
-    letters = dead.wait_count(1, timeout=30)
-    assert letters[0].header("blackbox-dlq-reason") == "store_record_missing"
-    assert letters[0].header("blackbox-id") == f"@{CALLER}/m-1"
-    delivered = target.wait_count(2, timeout=30)
-    assert sorted(r.value or b"" for r in delivered) == [b"v-0", b"v-2"]
-    assert service.metrics.value("blackbox_store_records_missing_total") == 1
+    letters = dead.wait_count(2, timeout=30)
+    assert {r.header("blackbox-dlq-reason") for r in letters} == {"store_record_missing"}
+    assert {r.header("blackbox-id") for r in letters} == {f"@{CALLER}/m-0", f"@{CALLER}/m-1"}
+    delivered = target.wait_count(1, timeout=30)
+    assert [r.value for r in delivered] == [b"v-2"]
+    assert service.metrics.value("blackbox_store_records_missing_total") == 2
 
 
 def test_what_falls_due_soon_is_read_ahead_before_it_is_due(
