@@ -16,7 +16,8 @@ Subjects, alternated run by run so the machine's drift falls on all alike:
   record's message to its target at once, no Redis, with the service's client settings;
 - `against`: `blackbox run` of the checkout `--against` names (a previous release);
 - `store`: `blackbox run` of this checkout with a store topic (BLACKBOX_STORE_TOPIC);
-- `index`: the same in index mode (BLACKBOX_STORAGE_MODE=index).
+- `index`: the same in index mode (BLACKBOX_STORAGE_MODE=index);
+- `steps`: `blackbox run` of this checkout with its steps timed (`benchmarks.steps`).
 
 Figures per run, from the first record sent to the last delivered: CPU per message of the
 subject, of the broker and of Redis, each net of what it spends idle over the same span
@@ -45,6 +46,7 @@ import orjson
 import redis
 from confluent_kafka import Consumer, Producer
 
+from benchmarks import steps
 from benchmarks.collect import CollectorProcess, Window, summary
 from benchmarks.scenarios import new_producer, send, warm_up
 from benchmarks.stack import Stack, cpu_seconds, local_stack, redis_cpu_seconds, thread_cpu_seconds
@@ -124,6 +126,8 @@ def subject_process(stack: Stack, subject: str, against: Path | None) -> Iterato
     if subject == "relay":
         command = [sys.executable, "-m", "benchmarks.steady", "--relay", stack.broker.bootstrap,
                    stack.settings.intake_topic]  # fmt: skip
+    elif subject == "steps":
+        command = [sys.executable, "-m", "benchmarks.steps", "--serve", str(steps_file(stack))]
     else:
         command = [sys.executable, "-m", "blackbox", "run"]
         if subject == "against":
@@ -137,6 +141,11 @@ def subject_process(stack: Stack, subject: str, against: Path | None) -> Iterato
     finally:
         process.terminate()
         process.wait(20)
+
+
+def steps_file(stack: Stack) -> Path:
+    """Where subject `steps` writes its steps' totals."""
+    return stack.work / "steps.json"
 
 
 def one_run(subject: str, rate: int, seconds: int, against: Path | None) -> Result:
@@ -157,6 +166,7 @@ def one_run(subject: str, rate: int, seconds: int, against: Path | None) -> Resu
         commands = client.info("commandstats")
         start = meters(stack, pid, client)
         threads_start = thread_cpu_seconds(pid)
+        steps_start = steps.read(steps_file(stack))
         for n in range(count):
             lag = start.at + n / rate - time.monotonic()
             if lag > 0:
@@ -170,9 +180,11 @@ def one_run(subject: str, rate: int, seconds: int, against: Path | None) -> Resu
         threads = _per_message(threads_start, thread_cpu_seconds(pid), count)
         calls = _calls_per_message(commands, client.info("commandstats"), count)
         client.close()
+        timed = steps.per_message(steps_start, steps.read(steps_file(stack)), count)
     return {**_figures(subject, rate, seconds, count, got, used, idle),
             "subject_threads_cpu_us_per_message": threads,
-            "redis_calls_per_message": calls}  # fmt: skip
+            "redis_calls_per_message": calls,
+            **({"steps_per_message": timed} if subject == "steps" else {})}  # fmt: skip
 
 
 def _per_message(before: dict[str, float], after: dict[str, float], count: int) -> dict[str, float]:
@@ -284,7 +296,7 @@ def main() -> int:
         "--subjects",
         nargs="+",
         default=["service", "relay"],
-        choices=["service", "relay", "against", "store", "index"],
+        choices=["service", "relay", "against", "store", "index", "steps"],
     )
     parser.add_argument("--against", type=Path, help="another checkout's tree (subject 'against')")
     parser.add_argument("--relay", nargs=2, metavar=("BOOTSTRAP", "TOPIC"), help=argparse.SUPPRESS)
