@@ -8,6 +8,9 @@ acks=all, linger 5 ms) and a delivery's headers, each rate produces `messages` r
 at a time at their instants (a sleep until each, as the waker sleeps), then the same count
 at once. Printed per record: the process's CPU, its Python thread's and librdkafka's
 threads', for the pacing alone (the sleeps, no produce), paced produces and the burst.
+Then the same for Python work alone (parsing one intake request, `envelope.parse`): paced,
+each right after a wake, against back to back. What a wake costs beyond its sleep is the
+difference, less the pacing alone: the caches a sleeping thread finds cold.
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ from collections.abc import Callable
 from confluent_kafka import Producer
 
 from benchmarks.stack import started_broker
+from blackbox import envelope
 from blackbox.kafka import clients
 
 HEADERS = [("blackbox-id", b"@billing/invoice-42"), ("blackbox-due-ms", b"1795944143176"),
            ("blackbox-attempt", b"1"), ("CALLER_SERVICE", b"billing")]  # fmt: skip
+REQUEST = b'{"topic": "invoices", "message": {"invoice": 42, "due": "2026-12-01"}, "countdown": 30}'
+LIMITS = envelope.Limits(max_value_bytes=1_048_576, forbidden_topics=frozenset({"blackbox"}))
 
 
 def _threads_cpu() -> dict[str, float]:
@@ -50,6 +56,18 @@ def _measured(count: int, run: Callable[[], None]) -> dict[str, float]:
     spent, after = time.process_time() - started, _threads_cpu()
     by = {n: (after[n] - before.get(n, 0.0)) / count * 1e6 for n in after}
     return {"process": spent / count * 1e6, **{n: v for n, v in by.items() if v > 0.05}}
+
+
+def _parse() -> None:
+    envelope.parse(REQUEST, [("CALLER_SERVICE", b"billing")], LIMITS)
+
+
+def _back_to_back(count: int, work: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        for _ in range(count):
+            work()
+
+    return run
 
 
 def _paced(count: int, rate: float, produce: Callable[[], None] | None) -> Callable[[], None]:
@@ -94,6 +112,12 @@ def main() -> None:
                 producer.flush(10)
                 shown = ", ".join(f"{n} {v:.1f}" for n, v in figures.items())
                 print(f"{rate:>8g}/s  {what:<14} µs per record: {shown}", flush=True)  # noqa: T201
+        for rate in args.rates:
+            paced = _measured(args.messages, _paced(args.messages, rate, _parse))["process"]
+            alone = _measured(args.messages, _paced(args.messages, rate, None))["process"]
+            hot = _measured(args.messages, _back_to_back(args.messages, _parse))["process"]
+            print(f"{rate:>8g}/s  parse a request µs: after a wake {paced - alone:.1f}, "  # noqa: T201
+                  f"back to back {hot:.1f}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
