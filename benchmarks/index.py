@@ -28,6 +28,7 @@ import redis
 from confluent_kafka import Producer
 
 from benchmarks.collect import CollectorProcess
+from benchmarks.producing import produce_waiting
 from benchmarks.stack import Stack, cpu_seconds, local_stack, spawn_service, wait_for
 from blackbox.envelope import CALLER_HEADER
 from blackbox.kafka import clients
@@ -52,13 +53,8 @@ def _send(stack: Stack, target: str, load: tuple[int, int, int], due: float) -> 
         countdown = due - time.time() if in_burst else 86_400.0
         document = {"id": f"{n:025d}", "topic": target, "message": f"{n:011d}:{filler}",
                     "countdown": countdown}  # fmt: skip
-        while True:
-            try:
-                producer.produce(stack.settings.intake_topic, orjson.dumps(document),
-                                 headers=[(CALLER_HEADER, CALLER)])  # fmt: skip
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce_waiting(producer, stack.settings.intake_topic, orjson.dumps(document),
+                        headers=[(CALLER_HEADER, CALLER)])  # fmt: skip
         producer.poll(0)
     assert producer.flush(120) == 0
 

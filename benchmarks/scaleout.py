@@ -43,6 +43,7 @@ from confluent_kafka import Consumer, ConsumerGroupState, Producer, TopicPartiti
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from benchmarks.floor import burst_floor
+from benchmarks.producing import produce_waiting
 from benchmarks.readings import Cpu, Slowlog, spread
 from benchmarks.stack import (
     ServiceProcess,
@@ -138,12 +139,7 @@ def produce(bootstrap: str, topic: str, values: Sequence[bytes]) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
                          "queue.buffering.max.messages": 1_000_000})  # fmt: skip
     for n, value in enumerate(values):
-        while True:
-            try:
-                producer.produce(topic, value, partition=n % PARTITIONS)
-                break
-            except BufferError:
-                producer.poll(0.01)
+        produce_waiting(producer, topic, value, partition=n % PARTITIONS)
     if producer.flush(60) != 0:
         raise SystemExit(f"could not produce every record to {topic}")
 

@@ -35,6 +35,7 @@ from benchmarks.collect import (
 )
 from benchmarks.floor import firing_floor, intake_floor
 from benchmarks.histograms import between, scrape
+from benchmarks.producing import produce_waiting
 from benchmarks.stack import (
     Stack,
     broker_name,
@@ -62,12 +63,7 @@ def new_producer(stack: Stack) -> Producer:
 
 def send(producer: Producer, intake: str, topic: str, message: object, countdown: float) -> None:
     value = orjson.dumps({"topic": topic, "message": message, "countdown": countdown})
-    while True:
-        try:
-            producer.produce(intake, value)
-            return
-        except BufferError:
-            producer.poll(0.01)
+    produce_waiting(producer, intake, value)
 
 
 def warm_up(stack: Stack, producer: Producer) -> None:

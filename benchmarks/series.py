@@ -32,6 +32,7 @@ import orjson
 import redis
 
 from benchmarks.collect import Deliveries, summary
+from benchmarks.producing import produce_waiting
 from benchmarks.scenarios import collector_for, new_producer, table
 from benchmarks.stack import (
     ServiceProcess,
@@ -68,13 +69,8 @@ def send_series(  # noqa: PLR0913 - the load's shape, by name
     for n in range(count):
         start_ms = first_ms + int(n * spread_s * 1000 / count)
         document = envelope(n, target, start_ms, one_off=one_off)
-        while True:
-            try:
-                producer.produce(stack.settings.intake_topic, orjson.dumps(document),
-                                 headers=[(CALLER_HEADER, CALLER)])  # fmt: skip
-                break
-            except BufferError:
-                producer.poll(0.01)
+        produce_waiting(producer, stack.settings.intake_topic, orjson.dumps(document),
+                        headers=[(CALLER_HEADER, CALLER)])  # fmt: skip
     if producer.flush(60):
         raise SystemExit("the intake topic did not take every series")
 

@@ -23,6 +23,7 @@ import redis
 from confluent_kafka import Producer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from benchmarks.producing import produce_waiting
 from benchmarks.stack import local_stack, service_process, time_storing
 from blackbox.envelope import CALLER_HEADER, Header
 from blackbox.signing import Parts, Signer, public_text
@@ -46,12 +47,7 @@ def produce_records(bootstrap: str, intake: str, count: int, signed: bool) -> No
         headers: list[Header] = [(CALLER_HEADER, b"billing")]
         if signed:
             headers.append(signer.header(Parts(intake, None, value, headers), issued_ms=now))
-        while True:
-            try:
-                producer.produce(intake, value, headers=[*headers])
-                break
-            except BufferError:
-                producer.poll(0.01)
+        produce_waiting(producer, intake, value, headers=[*headers])
     producer.flush(60)
 
 

@@ -33,6 +33,7 @@ import orjson
 from confluent_kafka import Producer
 
 from benchmarks.collect import CollectorProcess
+from benchmarks.producing import produce_waiting
 from benchmarks.scenarios import new_producer, warm_up
 from benchmarks.stack import Stack, cpu_seconds, local_stack, spawn_service
 from blackbox import tracing
@@ -114,13 +115,8 @@ def traced_burst(messages: int, ahead_s: float, sink: Sink | None) -> dict[str, 
 
 def _send(producer: Producer, stack: Stack, target: str, n: int, countdown: float) -> None:
     value = orjson.dumps({"topic": target, "message": n, "countdown": max(0.0, countdown)})
-    while True:
-        try:
-            producer.produce(stack.settings.intake_topic, value,
-                             headers=[("traceparent", _parent(n))])  # fmt: skip
-            return
-        except BufferError:
-            producer.poll(0.01)
+    produce_waiting(producer, stack.settings.intake_topic, value,
+                    headers=[("traceparent", _parent(n))])  # fmt: skip
 
 
 def hooks_off(count: int = 1_000_000) -> dict[str, float]:
