@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -91,6 +91,19 @@ def produce_to(
             else:
                 producer.produce(topic, value, key, partition=partition, headers=list(headers))
         assert producer.flush(30) == 0
+
+
+def rewind_intake(env: Mapping[str, str]) -> None:
+    """What a replica killed after applying, before committing, leaves: the service's
+    group commit on the intake topic's partition 0 back at offset 0 (every record is read
+    again). `env`: the service's environment."""
+    consumer = Consumer({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"],
+                         "group.id": env["BLACKBOX_GROUP_ID"]})  # fmt: skip
+    try:
+        consumer.commit(offsets=[TopicPartition(env["BLACKBOX_INTAKE_TOPIC"], 0, 0)],
+                        asynchronous=False)  # fmt: skip
+    finally:
+        consumer.close()
 
 
 def end_offset(bootstrap: str, topic: str, partition: int = 0) -> int:

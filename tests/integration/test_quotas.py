@@ -10,7 +10,6 @@ from typing import Any
 import orjson
 import pytest
 import redis
-from confluent_kafka import Consumer, TopicPartition
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from blackbox.clock import now_ms
@@ -18,7 +17,7 @@ from blackbox.envelope import CALLER_HEADER, Header
 from blackbox.errors import DeadLetterReason
 from blackbox.signing import Parts, Signer, public_text
 from tests.integration.conftest import ReaderFactory, ServiceFactory
-from tests.kafkatools import Received, produce, unique
+from tests.kafkatools import Received, produce, rewind_intake, unique
 
 pytestmark = pytest.mark.both_store_modes  # the storage-touching tests: both modes
 
@@ -221,7 +220,7 @@ def test_a_record_read_again_is_judged_as_it_was_the_first_time(
     a = next(e for e in first if e["intake"]["offset"] == 1)
     assert service.store.cancel(a["blackbox_id"]).name == "CANCELLED"  # room for one more
     service.stop()
-    _rewind(env)  # as if the records were handled and the process died before the commit
+    rewind_intake(env)  # as if the records were handled and the process died before the commit
 
     again = start_service(BLACKBOX_POLICY_FILE=str(policy))
     _send(env, "greedy", later)  # z, offset 3: read after the three read again
@@ -234,14 +233,3 @@ def test_a_record_read_again_is_judged_as_it_was_the_first_time(
 
 def _offsets(records: list[Received]) -> list[int]:
     return [int(orjson.loads(r.value or b"")["intake"]["offset"]) for r in records]
-
-
-def _rewind(env: dict[str, str]) -> None:
-    """Commit offset 0 of the intake topic's partition 0 for the service's group."""
-    consumer = Consumer({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"],
-                         "group.id": env["BLACKBOX_GROUP_ID"]})  # fmt: skip
-    try:
-        consumer.commit(offsets=[TopicPartition(env["BLACKBOX_INTAKE_TOPIC"], 0, 0)],
-                        asynchronous=False)  # fmt: skip
-    finally:
-        consumer.close()

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import redis
-from confluent_kafka import Consumer, TopicPartition
 
 from blackbox.clock import now_ms
 from blackbox.intake import rebuild
@@ -28,7 +27,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.store_attack_tools import send, sid
 from tests.integration.test_store_topic import assert_store_matches, redis_pending
-from tests.kafkatools import end_offset, unique, wait_until
+from tests.kafkatools import end_offset, rewind_intake, unique, wait_until
 from tests.process import BlackboxProcess
 
 TOKEN = "index-attack-token-0123456789"  # noqa: S105 - a test token
@@ -252,18 +251,6 @@ def test_many_updates_cancels_recreates_and_moves_leave_redis_naming_the_latest_
     assert dead.read_to_end() == []
 
 
-def _rewind(env: dict[str, str]) -> None:
-    """What a replica killed after applying, before committing, leaves: the group's
-    commit on the intake topic back at 0 (every record is read again)."""
-    consumer = Consumer({"bootstrap.servers": env["KAFKA_BOOTSTRAP_SERVERS"],
-                         "group.id": env["BLACKBOX_GROUP_ID"]})  # fmt: skip
-    try:
-        consumer.commit(offsets=[TopicPartition(env["BLACKBOX_INTAKE_TOPIC"], 0, 0)],
-                        asynchronous=False)  # fmt: skip
-    finally:
-        consumer.close()
-
-
 def test_intake_read_again_over_references_changes_nothing(
     start_service: ServiceFactory, reader: ReaderFactory, env: dict[str, str]
 ) -> None:
@@ -287,7 +274,7 @@ def test_intake_read_again_over_references_changes_nothing(
     _settled(service, env)
     before = redis_pending(service)
     service.stop()
-    _rewind(env)
+    rewind_intake(env)
 
     again = start_service(**_overrides(env))
     intake = (env["BLACKBOX_INTAKE_TOPIC"], 0)
