@@ -36,7 +36,7 @@ STEPS: dict[str, tuple[str, str, str]] = {
     "intake: a poll's records gathered": ("blackbox.intake.loop", "Intake", "_consume"),
     "intake: a poll's records handled": ("blackbox.intake.loop", "Intake", "handle"),
     "intake: crash note (a Redis write)": ("blackbox.intake.crashguard", "CrashGuard", "note"),
-    "intake: a record parsed": ("blackbox.intake.loop", "Intake", "_sort"),
+    "intake: a record parsed": ("blackbox.intake.sorting", "Sorting", "sort"),
     "intake: script calls sent": ("blackbox.storage.applying", "Applying", "send"),
     "intake: script replies read": ("blackbox.storage.applying", "Applying", "codes"),
     "intake: answered": ("blackbox.intake.loop", "Intake", "_answer"),

@@ -1,4 +1,9 @@
-"""The intake loop: poll -> parse -> store in Redis / dead-letter -> store offsets.
+"""The intake loop: a poll's walk, one stage per module, in the order a reader follows it.
+
+A poll's records are *gathered* (`_consume`), *sorted* each into a write or a refusal
+(sorting.py), refusals *dead-lettered*, writes *kept* in the store topic where one is set
+(keeping.py) and *applied* in Redis part by part (applying.py), then *answered*
+(answering.py, answers.py), their offsets stored once the answers landed.
 
 Offsets are stored only after every record of a batch was either written to Redis or
 acknowledged by the dead-letter topic. If Redis or the broker fails, the consumer is
@@ -12,87 +17,61 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import redis
 import structlog
 from confluent_kafka import (
-    TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaException,
     Message,
     TopicPartition,
 )
 
-from blackbox import envelope
 from blackbox.backoff import Backoff
 from blackbox.clock import now_ms
-from blackbox.envelope import Cancel, Header, Hold, Limits, Request, Reschedule
-from blackbox.errors import BlackboxError, DeadLetterReason, InvalidEnvelope
+from blackbox.errors import BlackboxError
 from blackbox.firing.nudges import Nudge
-from blackbox.intake import answering, retrying, traces
+from blackbox.intake import answering, retrying
 from blackbox.intake.answers import Answers
-from blackbox.intake.batch import Batch, Counted, Signed
-from blackbox.intake.crashguard import CRASH_LIMIT, CrashGuard
-from blackbox.intake.gaps import GapCheck, GapConfig, Partition
-from blackbox.intake.identity import Identity, Proof
+from blackbox.intake.batch import Batch
+from blackbox.intake.config import IntakeConfig
+from blackbox.intake.crashguard import CrashGuard
+from blackbox.intake.gaps import GapCheck, Partition
+from blackbox.intake.identity import Identity
 from blackbox.intake.incarnations import Incarnations
 from blackbox.intake.keeping import Keeping
 from blackbox.intake.nonces import Nonces
 from blackbox.intake.placement import Placement
-from blackbox.intake.policy import CallerPolicy
 from blackbox.intake.quotas import Quotas
+from blackbox.intake.sorting import Sorting
 from blackbox.kafka import deadletter
-from blackbox.kafka.clients import read_headers
 from blackbox.kafka.deadletter import DeadLetter
-from blackbox.kafka.events import Coordinates
 from blackbox.kafka.outbox import Outbox
 from blackbox.kafka.storetopic import StoreUnavailable
 from blackbox.metrics import Metrics
-from blackbox.schedule import Schedule, intake_id, scoped_id
-from blackbox.signing import Parts
+from blackbox.schedule import Schedule
 from blackbox.storage.applying import (
     Applied,
-    Cancellation,
-    Holding,
     Move,
-    Write,
-    watermark_field,
 )
 from blackbox.storage.store import RedisStore
 from blackbox.storage.watermarks import Watermarks
-from blackbox.tracecontext import Carried
 
 log = structlog.get_logger("blackbox.intake.loop")
 # How long one poll waits for a record; also how soon intake sees a stop.
 POLL_SECONDS = 0.5
-# How long intake gathers records after the first of a poll, while more keep coming (see
-# _consume): BLACKBOX_INTAKE_WINDOW_MS. A pause this long ends it early.
-WINDOW_SECONDS = 0.025
+# A pause this long ends the window of gathering records early (see _consume; the window
+# is IntakeConfig's, BLACKBOX_INTAKE_WINDOW_MS).
 PAUSE_SECONDS = 0.005
 # How long a stopping intake waits for its last answers before committing.
 FINAL_ANSWER_SECONDS = 3.0
 # Records parsed before their part is sent to Redis: small enough that Redis applies one
 # part while the next is parsed, large enough that a script call carries many.
 PART_RECORDS = 100
-UNREADABLE_HEADERS = "a header name is not UTF-8; the record's headers could not be read"
 
 
 class DeadLetterUnavailable(BlackboxError):
     """The dead-letter topic did not acknowledge a record; the batch must be retried."""
-
-
-def received_ms(message: Message, now: int) -> int:
-    """The instant a countdown runs from: the record's timestamp, never later than now.
-
-    Using the record's own time makes re-reads after a crash land on the same due time
-    and lets records read late (after downtime) fire when their sender meant; a producer
-    clock running ahead cannot push a schedule later than its countdown from now.
-    """
-    kind, stamp = message.timestamp()
-    if kind == TIMESTAMP_NOT_AVAILABLE or stamp <= 0:
-        return now
-    return min(stamp, now)
 
 
 class Intake:
@@ -137,6 +116,13 @@ class Intake:
             consumer, store, self.known, config.gaps, metrics, seek=self._seek,
             tag=lambda topic: self.incarnations.tags([topic])[topic], on_stopped=on_stopped,
         )  # fmt: skip
+        self.sorting = self._sorting()
+
+    def _sorting(self) -> Sorting:
+        """The stage that makes each record a write or a refusal (sorting.py)."""
+        return Sorting(self.config, self.metrics, self.store, identity=self.identity,
+                       placement=self.placement, quotas=self.quotas, nonces=self.nonces,
+                       gaps=self.gaps, known=self.known)  # fmt: skip
 
     def run(self, stop: threading.Event) -> None:
         """Consume until `stop` is set, then close the consumer (committing what was stored)."""
@@ -270,10 +256,10 @@ class Intake:
         with self.store.applying(now, self.known) as applying:
             for start in range(0, len(records), PART_RECORDS):
                 for message in records[start : start + PART_RECORDS]:
-                    self._sort(message, now, batch)
+                    self.sorting.sort(message, now, batch)
                 try:
-                    self._refuse_replays(batch)
-                    self._refuse_over_quota(batch, now)
+                    self.sorting.refuse_replays(batch)
+                    self.sorting.refuse_over_quota(batch, now)
                     self._keep_ahead(batch, stop)
                     self._send_dead_letters(batch.unlanded(), stop)
                 except (DeadLetterUnavailable, StoreUnavailable, redis.RedisError):
@@ -329,163 +315,6 @@ class Intake:
         self.answers.settle(stop)
         self.answers.submit(events, now, offsets)
 
-    def _sort(self, message: Message, now: int, batch: Batch) -> None:
-        """Parse one record into a write, or refuse it with a dead letter. Nothing a record
-        holds may escape as an exception: one that no check foresaw is dead-lettered as
-        `unreadable`, with the error logged."""
-        where = _where(message)
-        batch.saw(*where)
-        if where in batch.poisoned:  # set aside unparsed; its headers kept where readable
-            headers = read_headers(message) if batch.poisoned[where] else None
-            detail = f"handling it stopped the intake {CRASH_LIMIT} times"
-            error = _unreadable(detail)
-            self._refuse(batch, message, where, headers=headers, request=None, error=error)
-            return
-        headers = read_headers(message)  # once: a second read of bad names crashed the client
-        context = traces.context_of(headers, self.metrics)
-        with traces.logged(context):
-            self._sort_read(message, where, headers, context=context, now=now, batch=batch)
-
-    def _sort_read(  # noqa: PLR0913 - one record and what was read of it
-        self, message: Message, where: tuple[str, int, int], headers: list[Header] | None, *,
-        context: Carried, now: int, batch: Batch,
-    ) -> None:  # fmt: skip
-        request: Request | None = None
-        try:
-            if headers is None:
-                raise InvalidEnvelope(DeadLetterReason.INVALID_HEADER, UNREADABLE_HEADERS)
-            checked, proof = self._identified(message, headers, now)
-            request = envelope.parse(message.value(), checked, self.config.limits, message.key())
-            origin = intake_id(*where, batch.tags[where[0]])
-            write = traces.traced(self._write(request, message, now, origin, proof), context,
-                                  where)  # fmt: skip
-            if proof is not None:
-                batch.signed.append(Signed(proof, origin, message, where, headers))
-        except InvalidEnvelope as e:
-            self._refuse(batch, message, where, headers=headers, request=request, error=e)
-            return
-        except Exception as e:
-            log.exception("intake_record_failed", topic=where[0], partition=where[1],
-                          offset=where[2])  # fmt: skip
-            error = _unreadable(repr(e))
-            self._refuse(batch, message, where, headers=headers, request=request, error=error)
-            return
-        kept = self._rewritten(write)
-        if kept is not None:
-            batch.unsent[where[:2]].append((where[2], kept))
-        if isinstance(kept, Schedule) and self._counted(message, where, kept.id, batch):
-            batch.counted.append(Counted(kept, message, where, headers))
-
-    def _rewritten(self, write: Write) -> Write | None:
-        """What to apply of a valid request: all of it (a replay passes over some, see
-        rebuild.py)."""
-        return write
-
-    def _identified(
-        self, message: Message, headers: list[Header], now: int
-    ) -> tuple[Sequence[Header], Proof | None]:
-        """The headers to parse with and a signature's proof (identity.py), a signed record
-        on its key's partition (placement.py); nothing is computed for a record no identity
-        rule applies to."""
-        if not self.identity.applies_to(headers):
-            return headers, None
-        parts = Parts(message.topic() or "", message.key(), message.value(), headers)
-        stamp = record_ms(message, now)
-        # Read again after Redis lost it: its age was judged when first read, not now.
-        read_at = stamp if self.gaps.handled_before(*_where(message)) else now
-        checked, proof = self.identity.establish(parts, stamp, read_at)
-        if proof is not None:
-            self.placement.check(parts.topic, message.partition() or 0, parts.key)
-        return checked, proof
-
-    def _refuse_replays(self, batch: Batch) -> None:
-        """Refuse the signed records whose nonce another record used first."""
-        signed = batch.take_signed()
-        firsts = self.nonces.first_uses([(s.proof, s.origin) for s in signed])
-        for record, first in zip(signed, firsts, strict=True):
-            if first is None:
-                continue
-            batch.unsend(record.where)
-            error = InvalidEnvelope(
-                DeadLetterReason.BAD_SIGNATURE, f"a replay: its nonce was used by {first}"
-            )
-            self._refuse(batch, record.message, record.where, headers=record.headers,
-                         request=None, error=error)  # fmt: skip
-
-    def _counted(
-        self, message: Message, where: tuple[str, int, int], schedule_id: str, batch: Batch
-    ) -> bool:
-        """Whether a record's new schedule is checked against its caller's quota: where a
-        policy sets quotas, unless its shard's watermark is at or past it (handled before:
-        applied, or refused for the quota, and read again after a crash or a rebalance;
-        intake.lua answers it as it stands), it was handled before a gap, or it is replayed
-        as accepted before (rebuild.py). The decision is made once per record."""
-        if not self.quotas.counting or not self._judged_by_policy(message):
-            return False
-        topic, partition, offset = where
-        field = watermark_field(topic, partition, batch.tags[topic])
-        mark = self.known.mark(field, self.store.layout.shard_of(schedule_id))
-        return not (mark is not None and offset <= mark) and not self.gaps.handled_before(*where)
-
-    def _refuse_over_quota(self, batch: Batch, now: int) -> None:
-        """Refuse the new schedules that would take a caller past its quota (quotas.py)."""
-        counted = batch.take_counted()
-        if not counted:
-            return
-        writes = [(c, c.write) for c in counted]
-        for record, error in self.quotas.refusals(writes, now, batch.quota_tally):
-            batch.unsend(record.where)
-            shard = self.store.layout.shard_of(record.write.id)
-            batch.passed.setdefault(record.where[:2], set()).add(shard)
-            self._refuse(batch, record.message, record.where, headers=record.headers,
-                         request=None, error=error)  # fmt: skip
-
-    def _refuse(  # noqa: PLR0913 - the record, what could be read of it, and why
-        self, batch: Batch, message: Message, where: tuple[str, int, int], *,
-        headers: list[Header] | None, request: Request | None, error: InvalidEnvelope,
-    ) -> None:  # fmt: skip
-        if self.gaps.handled_before(*where):  # refused, dead-lettered and answered before
-            log.info("refusal_not_repeated", reason=error.reason.value, topic=where[0],
-                     partition=where[1], offset=where[2])  # fmt: skip
-            return
-        batch.refuse(
-            deadletter.from_intake(message, headers, error.reason, error.detail),
-            answering.refusal_of(Coordinates(*where), headers or [], request, error, message.key()),
-        )
-        log.warning("dead_lettered", reason=error.reason.value, detail=error.detail,
-                    topic=where[0], partition=where[1], offset=where[2])  # fmt: skip
-        traces.refused(self.config.dlq_topic, error.reason.value, headers)
-
-    def _write(
-        self, request: Request, message: Message, now: int, origin: str, proof: Proof | None
-    ) -> Write:
-        """What to apply in Redis for a valid request; the caller's policy may still refuse."""
-        if isinstance(request, Cancel):
-            return Cancellation(scoped_id(request.caller, request.schedule_id))
-        if isinstance(request, Hold):
-            return Holding(scoped_id(request.caller, request.schedule_id), request.caller,
-                           request.paused)  # fmt: skip
-        received = received_ms(message, now) if proof is None else proof.countdown_from(now)
-        judged = self._judged_by_policy(message)
-        if isinstance(request, Reschedule):
-            due_ms = request.due_ms(received)
-            if judged:
-                self.config.policy.check_horizon(request.caller, due_ms, received)
-            return Move(scoped_id(request.caller, request.schedule_id), request.caller, due_ms)
-        wanted = request
-        if request.retry is not None:  # a consumer's retry: its topic and delay by its policy
-            rule = self.config.policy.rule_for(request.caller)
-            wanted = retrying.resolved(request, rule, received, self.config.limits)
-        schedule = Schedule.from_envelope(wanted, origin, received, sent_ms=received)
-        if judged:
-            self.config.policy.check(wanted, schedule.due_ms, received, schedule.series)
-        return schedule
-
-    def _judged_by_policy(self, message: Message) -> bool:
-        """Whether the caller's policy judges this record: always (a replay of what was
-        accepted before does not, see rebuild.py)."""
-        return True
-
     def _send_dead_letters(self, dead: list[DeadLetter], stop: threading.Event) -> None:
         results = deadletter.send(self.outbox, self.config.dlq_topic, dead, stop)
         errors = [e for _, e in results if e is not None]
@@ -535,31 +364,3 @@ class Intake:
         self.guard.revoked((p.topic, p.partition) for p in partitions)
         self.gaps.revoke((p.topic, p.partition) for p in partitions)
         log.info("intake_revoked", partitions=sorted(p.partition for p in partitions))
-
-
-def record_ms(message: Message, now: int) -> int:
-    """The record's own timestamp (now where it has none)."""
-    kind, stamp = message.timestamp()
-    return now if kind == TIMESTAMP_NOT_AVAILABLE or stamp <= 0 else stamp
-
-
-def _where(message: Message) -> tuple[str, int, int]:
-    return message.topic() or "", message.partition() or 0, message.offset() or 0
-
-
-def _unreadable(detail: str) -> InvalidEnvelope:
-    return InvalidEnvelope(DeadLetterReason.UNREADABLE, detail)
-
-
-@dataclass(frozen=True, slots=True)
-class IntakeConfig:
-    """What the intake reads, how much at once, and what it accepts."""
-
-    topics: tuple[str, ...]  # the shared intake topic, then the callers' own
-    batch: int
-    dlq_topic: str
-    events_topic: str
-    limits: Limits
-    policy: CallerPolicy
-    gaps: GapConfig = field(default_factory=GapConfig)
-    window_s: float = WINDOW_SECONDS  # gathering records after a poll's first (_consume)

@@ -55,13 +55,15 @@ from blackbox.envelope import Header, Request
 from blackbox.errors import BlackboxError, CorruptSchedule, InvalidEnvelope
 from blackbox.intake import passover, targets
 from blackbox.intake.batch import Batch
+from blackbox.intake.config import IntakeConfig
 from blackbox.intake.crashguard import CrashGuard
 from blackbox.intake.identity import Proof
 from blackbox.intake.incarnations import Incarnations, RedisRecord
-from blackbox.intake.loop import Intake, IntakeConfig, record_ms
+from blackbox.intake.loop import Intake
 from blackbox.intake.nonces import Nonces
 from blackbox.intake.passover import Known, Reason
 from blackbox.intake.runner import answers_outbox, caller_policy_of, intake_config_of
+from blackbox.intake.sorting import Sorting, record_ms
 from blackbox.kafka import clients, deliveries, letters, readback, storetopic
 from blackbox.kafka.deadletter import DeadLetter
 from blackbox.kafka.letters import Letters
@@ -121,8 +123,10 @@ class Replaying(Intake):
     """The intake's parsing and writing over records it accepted before (module docstring).
 
     It reuses `Intake` as it is and changes what a replay must not do again: answering,
-    dead-lettering, judging a signature's age by the clock of today, and writing back what
-    Kafka shows ended."""
+    dead-lettering, and, in its sorting (`Replayed`), judging a signature's age by the
+    clock of today and writing back what Kafka shows ended."""
+
+    sorting: Replayed
 
     def __init__(
         self, *args: Any, config_kafka: dict[str, str], letters: Letters,
@@ -136,64 +140,21 @@ class Replaying(Intake):
         self.passing = Known(letters=letters,
                              retention_ms=self.store.ended_retention_seconds * 1000)  # fmt: skip
         self.counts = Counts(skipped=letters.skipped)
-        self._accepted_ms = 0  # the time of the record whose write is being judged
 
-    def _accepted_before(self, message: Message) -> bool:
+    def _sorting(self) -> Replayed:
+        return Replayed(self, self.config, self.metrics, self.store,
+                        identity=self.identity, placement=self.placement, quotas=self.quotas,
+                        nonces=self.nonces, gaps=self.gaps, known=self.known)  # fmt: skip
+
+    def accepted_before(self, message: Message) -> bool:
         """Below the group's committed offset and not refused in the dead-letter topic (the
         replay left those out): the service accepted it, under the policy and keys of then."""
         return (message.offset() or 0) < (self.committed.get(_where(message)) or 0)
 
-    def _identified(
-        self, message: Message, headers: list[Header], now: int
-    ) -> tuple[Sequence[Header], Proof | None]:
-        stamp = record_ms(message, now)
-        if not self._accepted_before(message):
-            return super()._identified(message, headers, stamp)
-        parts = Parts(message.topic() or "", message.key(), message.value(), headers)
-        return self.identity.recorded(parts, now)
-
-    def _judged_by_policy(self, message: Message) -> bool:
-        return not self._accepted_before(message)
-
-    def _write(
-        self, request: Request, message: Message, now: int, origin: str, proof: Proof | None
-    ) -> Write:
-        self._accepted_ms = record_ms(message, now)
-        return super()._write(request, message, now, origin, proof)
-
-    def _rewritten(self, write: Write) -> Write | None:
-        topic = getattr(write, "topic", None)
-        if topic in self.unreadable:  # what was delivered there cannot be told
-            self.counts.passed_over[Reason.TARGET_UNREADABLE] += 1
-            return None
-        if isinstance(topic, str) and topic not in self.counts.targets:
-            self.counts.targets.add(topic)
-            found = deliveries.read(self.config_kafka, [topic])
-            self.passing.deliveries.merge(found)
-            self.counts.skipped += found.skipped
-        kept, reason = passover.judged(write, self.passing, self._accepted_ms)
-        if reason is not None:
-            self.counts.passed_over[reason] += 1
-        if reason is Reason.SERIES_UNCOUNTED:
-            log.warning("rebuild_series_uncounted", id=getattr(write, "id", ""), topic=topic,
-                        why="its target topic lost too many of its deliveries to bound its "
-                        "count: not written back, so it cannot run past its limit")  # fmt: skip
-        return kept
-
     def restored(self, schedule: Schedule, written_ms: int) -> Write | None:
         """What to write back of a version the store topic kept (written at `written_ms`):
         judged as a replayed request is, passed over where Kafka shows it ended."""
-        self._accepted_ms = written_ms
-        return self._rewritten(schedule)
-
-    def _refuse(
-        self, batch: Batch, message: Message, where: tuple[str, int, int], *,
-        error: InvalidEnvelope, **_: Any,
-    ) -> None:  # fmt: skip
-        self.counts.refused += 1
-        log.warning("rebuild_refused", reason=error.reason.value, detail=error.detail,
-                    topic=where[0], partition=where[1], offset=where[2],
-                    accepted_before=self._accepted_before(message))  # fmt: skip
+        return self.sorting.restored(schedule, written_ms)
 
     def _send_dead_letters(self, dead: list[DeadLetter], stop: threading.Event) -> None:
         return
@@ -203,6 +164,69 @@ class Replaying(Intake):
         offsets: list[TopicPartition],
     ) -> None:  # fmt: skip
         self.counts.written += sum(1 for code in codes if code in _STORED)
+
+
+class Replayed(Sorting):
+    """The sorting of a replay: a record accepted before is taken as it was then (its
+    signature as recorded, its caller's policy not judged again), and what Kafka shows
+    ended is passed over, counted in the replay's counts."""
+
+    def __init__(self, replay: Replaying, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.replay = replay
+        self._accepted_ms = 0  # the time of the record whose write is being judged
+
+    def identified(
+        self, message: Message, headers: list[Header], now: int
+    ) -> tuple[Sequence[Header], Proof | None]:
+        stamp = record_ms(message, now)
+        if not self.replay.accepted_before(message):
+            return super().identified(message, headers, stamp)
+        parts = Parts(message.topic() or "", message.key(), message.value(), headers)
+        return self.identity.recorded(parts, now)
+
+    def judged_by_policy(self, message: Message) -> bool:
+        return not self.replay.accepted_before(message)
+
+    def write(
+        self, request: Request, message: Message, now: int, origin: str, proof: Proof | None
+    ) -> Write:
+        self._accepted_ms = record_ms(message, now)
+        return super().write(request, message, now, origin, proof)
+
+    def rewritten(self, write: Write) -> Write | None:
+        replay, counts = self.replay, self.replay.counts
+        topic = getattr(write, "topic", None)
+        if topic in replay.unreadable:  # what was delivered there cannot be told
+            counts.passed_over[Reason.TARGET_UNREADABLE] += 1
+            return None
+        if isinstance(topic, str) and topic not in counts.targets:
+            counts.targets.add(topic)
+            found = deliveries.read(replay.config_kafka, [topic])
+            replay.passing.deliveries.merge(found)
+            counts.skipped += found.skipped
+        kept, reason = passover.judged(write, replay.passing, self._accepted_ms)
+        if reason is not None:
+            counts.passed_over[reason] += 1
+        if reason is Reason.SERIES_UNCOUNTED:
+            log.warning("rebuild_series_uncounted", id=getattr(write, "id", ""), topic=topic,
+                        why="its target topic lost too many of its deliveries to bound its "
+                        "count: not written back, so it cannot run past its limit")  # fmt: skip
+        return kept
+
+    def restored(self, schedule: Schedule, written_ms: int) -> Write | None:
+        """What to write back of a version the store topic kept (written at `written_ms`)."""
+        self._accepted_ms = written_ms
+        return self.rewritten(schedule)
+
+    def refuse(
+        self, batch: Batch, message: Message, where: tuple[str, int, int], *,
+        error: InvalidEnvelope, **_: Any,
+    ) -> None:  # fmt: skip
+        self.replay.counts.refused += 1
+        log.warning("rebuild_refused", reason=error.reason.value, detail=error.detail,
+                    topic=where[0], partition=where[1], offset=where[2],
+                    accepted_before=self.replay.accepted_before(message))  # fmt: skip
 
 
 def ranges_past_commits(

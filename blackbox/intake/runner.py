@@ -17,11 +17,12 @@ from blackbox.envelope import Limits
 from blackbox.errors import SettingsError
 from blackbox.firing.nudges import Nudge
 from blackbox.intake import policy
+from blackbox.intake.config import IntakeConfig
 from blackbox.intake.crashguard import CrashGuard
 from blackbox.intake.gaps import GapConfig, Loss, Partition
 from blackbox.intake.incarnations import Incarnations, RedisRecord
 from blackbox.intake.keeping import Keeping
-from blackbox.intake.loop import POLL_SECONDS, Intake, IntakeConfig
+from blackbox.intake.loop import POLL_SECONDS, Intake
 from blackbox.intake.nonces import Nonces
 from blackbox.intake.policy import CallerPolicy
 from blackbox.kafka import clients, replication, retention

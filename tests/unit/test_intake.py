@@ -9,8 +9,9 @@ from confluent_kafka import Consumer
 
 from blackbox.envelope import Limits
 from blackbox.intake.batch import Batch
+from blackbox.intake.config import IntakeConfig
 from blackbox.intake.incarnations import Incarnations
-from blackbox.intake.loop import PAUSE_SECONDS, POLL_SECONDS, Intake, IntakeConfig
+from blackbox.intake.loop import PAUSE_SECONDS, POLL_SECONDS, Intake
 from blackbox.intake.policy import open_policy
 from blackbox.metrics import Metrics
 from blackbox.schedule import Schedule
