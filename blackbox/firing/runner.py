@@ -70,7 +70,8 @@ def retry_policy_of(settings: Settings) -> RetryPolicy:
 
 
 def firing_outbox(settings: Settings) -> Outbox:
-    """The producer of deliveries: it does not linger (a due message leaves at once)."""
+    """The producer of deliveries: it waits up to FIRING_LINGER_MS (5 ms) to share a
+    produce request, each record stamped when it is handed over at its due instant."""
 
     def renew() -> Producer:
         return clients.new_producer(settings, linger_ms=clients.FIRING_LINGER_MS)
