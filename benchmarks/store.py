@@ -28,6 +28,7 @@ import orjson
 import redis
 from confluent_kafka import Producer
 
+from benchmarks.producing import produce_waiting
 from benchmarks.stack import Stack, local_stack, start_service, wait_for
 from blackbox.kafka import clients, readback
 from blackbox.storage.store import pending_counts
@@ -49,9 +50,9 @@ def _send(stack: Stack, target: str, fired: int, pending: int, size: int) -> Non
     rng.shuffle(requests)
     for countdown, n in requests:
         document = {"topic": target, "message": f"{n}:{filler}", "countdown": countdown}
-        producer.produce(stack.settings.intake_topic, orjson.dumps(document))
+        produce_waiting(producer, stack.settings.intake_topic, orjson.dumps(document))
         producer.poll(0)
-    assert producer.flush(60) == 0
+    assert producer.flush(120) == 0
 
 
 def _disk_bytes(stack: Stack, topic: str) -> int:
