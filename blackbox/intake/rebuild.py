@@ -142,9 +142,7 @@ class Replaying(Intake):
         self.counts = Counts(skipped=letters.skipped)
 
     def _sorting(self) -> Replayed:
-        return Replayed(self, self.config, self.metrics, self.store,
-                        identity=self.identity, placement=self.placement, quotas=self.quotas,
-                        nonces=self.nonces, gaps=self.gaps, known=self.known)  # fmt: skip
+        return Replayed(self)
 
     def accepted_before(self, message: Message) -> bool:
         """Below the group's committed offset and not refused in the dead-letter topic (the
@@ -171,8 +169,12 @@ class Replayed(Sorting):
     signature as recorded, its caller's policy not judged again), and what Kafka shows
     ended is passed over, counted in the replay's counts."""
 
-    def __init__(self, replay: Replaying, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, replay: Replaying) -> None:
+        """The parts of `replay` sorting needs (made while it is built: what is its own, it
+        reads when called)."""
+        super().__init__(replay.config, replay.metrics, replay.store, identity=replay.identity,
+                         placement=replay.placement, quotas=replay.quotas,
+                         nonces=replay.nonces, gaps=replay.gaps, known=replay.known)  # fmt: skip
         self.replay = replay
         self._accepted_ms = 0  # the time of the record whose write is being judged
 
