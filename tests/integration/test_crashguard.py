@@ -3,10 +3,11 @@ owner of the partition reads the offsets it died on."""
 
 from __future__ import annotations
 
+import pytest
 import redis
 from confluent_kafka import Message
 
-from blackbox.intake.crashguard import CRASH_LIMIT, CrashGuard, Suspect
+from blackbox.intake.crashguard import CRASH_LIMIT, NOTE_AHEAD, CrashGuard, Suspect
 from tests.kafkatools import unique
 
 TOPIC = "intake"
@@ -20,8 +21,10 @@ def _offsets(records: list[Message]) -> list[int]:
     return [m.offset() or 0 for m in records]
 
 
-def _owner(client: redis.Redis, key: str) -> CrashGuard:
-    guard = CrashGuard(client, key)
+def _owner(client: redis.Redis, key: str, ahead: int = 0) -> CrashGuard:
+    """A new owner of partition 0; noting nothing ahead unless asked (the notes' exact
+    offsets are what the tests below read)."""
+    guard = CrashGuard(client, key, ahead)
     guard.assigned([(TOPIC, 0)])
     return guard
 
@@ -139,11 +142,10 @@ def _poll(positions: dict[int, int], ends: dict[int, int]) -> list[Message]:
 
 
 def _life(
-    client: redis.Redis, key: str, committed: dict[int, int], ends: dict[int, int], killer: Where
+    guard: CrashGuard, committed: dict[int, int], ends: dict[int, int], killer: Where
 ) -> tuple[bool, dict[Where, bool]]:
-    """One owner of every partition, from the committed offsets: whether it died (on the
-    killer), and the records it set aside."""
-    guard = CrashGuard(client, key)
+    """`guard` the new owner of every partition, from the committed offsets: whether it
+    died (on the killer), and the records it set aside."""
     guard.assigned([(TOPIC, p) for p in committed])
     positions, set_aside = dict(committed), dict[Where, bool]()
     while positions != ends:
@@ -169,18 +171,22 @@ def _charged(client: redis.Redis, key: str) -> set[str]:
     return charged
 
 
-def test_a_death_is_charged_only_to_the_record_handled_alone(redis_client: redis.Redis) -> None:
+@pytest.mark.parametrize("ahead", [0, NOTE_AHEAD])
+def test_a_death_is_charged_only_to_the_record_handled_alone(
+    redis_client: redis.Redis, ahead: int
+) -> None:
     """Guarantee 4, one caller never harms another: a record on partition 3 that kills the
     intake, polled with good records of partitions 0-2 and committed nothing since, is
     the only record set aside (its headers read), after CRASH_LIMIT deaths alone; the
-    good records, read again after every death, are never charged one."""
+    good records, read again after every death, are never charged one. Whether the notes
+    hold only the offsets in hand or more past them, as the defaults do."""
     key = unique("handling")
     committed = {p: 5 for p in range(4)}
     ends = {p: 8 for p in range(4)}
     killer = (TOPIC, 3, 5)
     deaths, set_aside = 0, dict[Where, bool]()
     while True:
-        died, set_aside = _life(redis_client, key, committed, ends, killer)
+        died, set_aside = _life(CrashGuard(redis_client, key, ahead), committed, ends, killer)
         if not died:
             break
         deaths += 1
@@ -188,7 +194,9 @@ def test_a_death_is_charged_only_to_the_record_handled_alone(redis_client: redis
         assert _charged(redis_client, key) <= {f"{TOPIC}:3"}, "a death charged to a good record"
     assert set_aside == {killer: True}
     assert deaths == CRASH_LIMIT + 1  # the poll of many, then CRASH_LIMIT deaths alone
-    assert redis_client.exists(key) == 0
+    # What stays: notes of offsets ahead of the ends never reached, charging nothing.
+    assert _charged(redis_client, key) == set()
+    assert ahead or redis_client.exists(key) == 0
 
 
 def test_a_record_whose_setting_aside_died_is_set_aside_unread(redis_client: redis.Redis) -> None:
@@ -205,3 +213,62 @@ def test_a_record_whose_setting_aside_died_is_set_aside_unread(redis_client: red
     assert guard.note(now) == {(TOPIC, 0, 4): False}
     guard.ended(now)
     assert redis_client.hget(key, f"{TOPIC}:0") is None
+
+
+def test_a_steady_stream_writes_one_note_per_range_ahead(redis_client: redis.Redis) -> None:
+    """The polls that follow within the offsets noted ahead write nothing (seen here by
+    deleting the note between polls); the first poll past them notes again from its own
+    first offset."""
+    key = unique("handling")
+    guard = _owner(redis_client, key, NOTE_AHEAD)
+    now, _ = guard.careful(_records(0, 1, 2))
+    assert guard.note(now) == {}
+    assert redis_client.hget(key, f"{TOPIC}:0") == f"0 {2 + NOTE_AHEAD} 0".encode()
+    redis_client.delete(key)
+    for first in range(3, NOTE_AHEAD - 20, 20):  # to offset 2 + NOTE_AHEAD at most
+        assert guard.note(_records(*range(first, first + 20))) == {}
+    assert redis_client.exists(key) == 0
+    past = NOTE_AHEAD + 3
+    guard.note(_records(past - 1, past))
+    assert redis_client.hget(key, f"{TOPIC}:0") == f"{past - 1} {past + NOTE_AHEAD} 0".encode()
+
+
+def test_a_death_within_a_range_noted_ahead_leaves_each_record_to_be_handled_alone(
+    redis_client: redis.Redis,
+) -> None:
+    """Guarantee 4 with notes ahead: an owner dies in a poll it wrote no note for (its
+    offsets were noted with an earlier poll); the next owner, from the committed offset,
+    handles every record to the end of the range alone, charging the one in hand at each
+    death, then whole polls again without a note of the death left."""
+    key = unique("handling")
+    dead = _owner(redis_client, key, 4)
+    dead.note(_records(10, 11))  # noted 10 to 15
+    dead.ended(_records(10, 11))  # handled and committed: the next poll starts at 12
+    dead.note(_records(12, 13))  # within the range: nothing written, then it died
+    assert redis_client.hget(key, f"{TOPIC}:0") == b"10 15 0"
+    guard = _owner(redis_client, key, 4)
+    for offset in range(12, 16):
+        now, later = guard.careful(_records(*range(offset, 18)))
+        assert (_offsets(now), _offsets(later)) == ([offset], list(range(offset + 1, 18)))
+        assert guard.note(now) == {}
+        assert redis_client.hget(key, f"{TOPIC}:0") == f"{offset} 15 1".encode()
+        guard.ended(now)
+    assert redis_client.hget(key, f"{TOPIC}:0") is None
+    now, later = guard.careful(_records(16, 17))
+    assert (_offsets(now), later) == ([16, 17], [])
+    guard.note(now)
+    assert redis_client.hget(key, f"{TOPIC}:0") == b"16 21 0"
+
+
+def test_a_caught_failure_makes_the_next_poll_note_again(redis_client: redis.Redis) -> None:
+    """A poll interrupted by a caught failure deletes its note: the poll read again must
+    note again, though its offsets lie within the range noted before (else a death while
+    handling it would leave no note, and the killer would come back forever)."""
+    key = unique("handling")
+    guard = _owner(redis_client, key, NOTE_AHEAD)
+    now, _ = guard.careful(_records(0, 1))
+    guard.note(now)
+    guard.interrupted(now)
+    assert redis_client.hget(key, f"{TOPIC}:0") is None
+    guard.note(_records(0, 1))
+    assert redis_client.hget(key, f"{TOPIC}:0") == f"0 {1 + NOTE_AHEAD} 0".encode()
