@@ -5,7 +5,10 @@ A request about a caller's own id (cancel, reschedule, pause, resume) and a new 
 binds one, else the shared one), keyed by the id, so they are applied in order with the
 caller's records, under its policy. An id derived from an intake record has no later
 records to race: cancel runs the intake's own cancel (the same Lua function, atomically)
-and sends the same event an intake cancel sends; a reschedule sends `updated`.
+and sends the same event an intake cancel sends; a reschedule sends `updated`. Beside a
+store topic, what such a cancel or move left in Redis is then written to the store, as
+intake writes what Redis holds after a request that did not do what it asked
+(intake/keeping.py): a rebuild after a Redis loss restores the move and not the cancel.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import orjson
+import redis
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -24,10 +28,13 @@ from blackbox.envelope import CALLER_HEADER, Header, Limits
 from blackbox.firing.nudges import Nudge
 from blackbox.intake.answering import OUTCOMES
 from blackbox.intake.incarnations import Lookup, tag_of
+from blackbox.intake.keeping import Keeping
 from blackbox.intake.policy import CallerPolicy, open_policy
 from blackbox.kafka.events import Event, Outcome
+from blackbox.kafka.storetopic import StoreUnavailable
 from blackbox.schedule import Schedule, intake_id, scoped_id
 from blackbox.signing import Parts, Signer
+from blackbox.storage.applying import Applied, Cancellation, Move, Write
 from blackbox.storage.store import RedisStore
 
 log = structlog.get_logger("blackbox.api.admin")
@@ -59,6 +66,7 @@ class Admin:
         policy: CallerPolicy | None = None,
         send_seconds: float = SEND_SECONDS,
         signer: Signer | None = None,
+        keeping: Keeping | None = None,
     ) -> None:
         self.store = store
         self.producer = producer
@@ -71,11 +79,15 @@ class Admin:
         self._bound = {caller: topic for topic, caller in self.policy.bound_topics.items()}
         self.send_seconds = send_seconds
         self.signer = signer  # signs what the API sends for callers (see the README)
+        self.keeping = keeping  # the store topic's writer, where one is set
         self._lock = threading.Lock()  # one produce-and-flush at a time
 
     def cancel(self, blackbox_id: str) -> Outcome:
         """cancelled, already_fired or not_found, with that event on the events topic."""
-        outcome = OUTCOMES[self.store.cancel(blackbox_id)]
+        code = self.store.cancel(blackbox_id)
+        if code is Applied.CANCELLED:
+            self._keep(Cancellation(blackbox_id))
+        outcome = OUTCOMES[code]
         self._answer(Event.of_stored(outcome, blackbox_id, None))
         log.info("api_cancel", blackbox_id=blackbox_id, outcome=outcome.value)
         return outcome
@@ -86,11 +98,23 @@ class Admin:
         code, schedule = self.store.reschedule(blackbox_id, due_ms, now_ms())
         outcome = OUTCOMES[code]
         if schedule is not None:
+            self._keep(Move(blackbox_id, schedule.caller, due_ms))
             self.on_scheduled(self.store.layout.shard_of(blackbox_id), due_ms)
             self._answer(Event.of_stored(outcome, blackbox_id, schedule.caller,
                                          due_ms=due_ms, topic=schedule.topic))  # fmt: skip
         log.info("api_reschedule", blackbox_id=blackbox_id, outcome=outcome.value, due_ms=due_ms)
         return Moved(outcome, schedule)
+
+    def _keep(self, write: Write) -> None:
+        """Write to the store topic what `write` left in Redis (it changed Redis alone, no
+        version of it written ahead). Best effort, once the change is made: a store left
+        behind only restores the change's version before it, should Redis be lost."""
+        if self.keeping is None:
+            return
+        try:
+            self.keeping.after([(write, None)], threading.Event())
+        except (StoreUnavailable, redis.RedisError, KafkaException) as e:
+            log.error("api_change_not_stored", blackbox_id=write.id, error=str(e))
 
     def topic_for(self, caller: str | None) -> str:
         """The intake topic a caller's requests go to: its own, else the shared one."""

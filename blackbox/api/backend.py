@@ -13,10 +13,13 @@ from blackbox.api.tokens import tokens_of
 from blackbox.errors import SettingsError
 from blackbox.firing.nudges import Nudge
 from blackbox.health import Health
+from blackbox.intake.keeping import Keeping
 from blackbox.intake.policy import CallerPolicy
 from blackbox.intake.runner import limits_of
 from blackbox.kafka import clients
 from blackbox.kafka.answers import Follower
+from blackbox.kafka.outbox import Outbox
+from blackbox.kafka.storetopic import StoreTopic
 from blackbox.metrics import Metrics
 from blackbox.settings import Settings
 from blackbox.signing import Signer
@@ -47,6 +50,8 @@ class Backend:
         """Flush the API's requests, then close every Kafka client the routes used."""
         self.admin.producer.flush(1.0)
         clients.close_producer(self.admin.producer)
+        if self.admin.keeping is not None:
+            self.admin.keeping.topic.outbox.close(1.0)
         self.topic_ids.close()
         self.dead_letters.close()
         if self.answers is not None:
@@ -64,6 +69,17 @@ def _api_signer(settings: Settings) -> Signer | None:
         raise SettingsError(f"BLACKBOX_API_SIGNING_KEY_FILE: {e}") from e
 
 
+def _keeping(settings: Settings, store: RedisStore, metrics: Metrics) -> Keeping | None:
+    """What writes the API's own changes to the store topic, where one is set (admin.py),
+    with a producer of its own that reports every record (index mode's references name
+    where each landed)."""
+    if not settings.store_topic:
+        return None
+    outbox = Outbox(clients.new_producer(settings), settings.delivery_timeout + 1.0)
+    topic = StoreTopic(settings.store_topic, outbox, metrics)
+    return Keeping(topic, store, indexing=settings.storage_mode == "index")
+
+
 def backend_of(  # noqa: PLR0913 - the service's parts the API acts on
     settings: Settings, store: RedisStore, health: Health, metrics: Metrics,
     on_scheduled: Nudge, *, caller_policy: CallerPolicy,
@@ -75,7 +91,8 @@ def backend_of(  # noqa: PLR0913 - the service's parts the API acts on
     admin = Admin(store, clients.new_producer(settings), settings.intake_topic,
                   settings.events_topic, limits_of(settings, caller_policy), topic_ids,
                   on_scheduled, policy=caller_policy, send_seconds=settings.delivery_timeout,
-                  signer=_api_signer(settings))  # fmt: skip
+                  signer=_api_signer(settings),
+                  keeping=_keeping(settings, store, metrics))  # fmt: skip
     answers = Follower(settings.kafka, settings.events_topic)
     answers.start()
     return Backend(

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import redis
@@ -29,6 +30,8 @@ from tests.kafkatools import TopicReader, end_offset, produce, unique, wait_unti
 from tests.process import BlackboxProcess
 
 CALLER = "shop"
+TOKEN = "test-token-0123456789abcdef"  # noqa: S105 - a test token
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def _send(env: dict[str, str], *documents: dict[str, Any]) -> None:
@@ -264,3 +267,48 @@ def test_a_store_set_on_a_namespace_with_schedules_is_filled_once_before_the_ser
     after = start_service(**overrides)
     latest = assert_store_matches(after, stored)
     assert len(latest) == 5
+
+
+def test_what_the_api_changes_in_redis_alone_reaches_the_store(
+    start_service: ServiceFactory, reader: ReaderFactory, store_env: dict[str, str],
+    redis_client: redis.Redis,
+) -> None:  # fmt: skip
+    """Schedules without an id of their own are cancelled and moved by the API in Redis
+    alone (no request of theirs reaches the intake topic): the store follows, a tombstone
+    for the cancelled and the moved version (in index mode Redis names it), so a flush and
+    `blackbox rebuild` restore the move, and never the cancelled one."""
+    env = store_env
+    overrides = store_overrides(env)
+    service = start_service(BLACKBOX_API_TOKEN=TOKEN, **overrides)
+    target, events = reader(unique("target")), reader(env["BLACKBOX_EVENTS_TOPIC"])
+    _send(env, *[{"topic": target.topic, "message": f"derived-{n}", "countdown": 3600}
+                 for n in range(3)])  # fmt: skip
+    _wait_answers(events, 3)
+    _when_settled(service, env)
+    cancelled, moved, kept = sorted(redis_pending(service))
+    with httpx.Client(base_url=f"http://127.0.0.1:{_port(service)}", timeout=15) as client:
+        gone = client.delete(f"/api/v1/schedules/{cancelled}", headers=AUTH)
+        assert gone.json()["outcome"] == "cancelled", gone.text
+        later = client.post(f"/api/v1/schedules/{moved}/reschedule", json={"countdown": 7200},
+                            headers=AUTH)  # fmt: skip
+        assert later.json()["outcome"] == "updated", later.text
+
+    latest = _when_settled(service, env)  # the store matches Redis: the move's due too
+
+    assert latest[cancelled] is None
+    assert set(redis_pending(service)) == {moved, kept}
+    service.stop()
+    _forget_all(env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_INTAKE_TOPIC"])
+    before = redis_pending(service)
+    wipe_namespace(redis_client, service.settings.namespace)
+    rebuild.rebuild(service.settings)
+    assert redis_pending(service) == before
+    layout = service.store.layout
+    moved_ms, kept_ms = (float(redis_client.zscore(layout.keys_of(i).due, i) or 0)
+                         for i in (moved, kept))  # fmt: skip
+    assert moved_ms - kept_ms > 3_000_000  # an hour later, as moved
+
+
+def _port(service: Service) -> int:
+    assert service.endpoints is not None
+    return service.endpoints.port
