@@ -47,6 +47,7 @@ from benchmarks.stack import (
     time_storing,
 )
 from blackbox.clock import now_ms
+from blackbox.envelope import CALLER_HEADER
 from blackbox.kafka import clients
 from blackbox.schedule import Schedule, intake_id
 from blackbox.storage.applying import IntakeSlice
@@ -54,6 +55,8 @@ from blackbox.storage.keys import Layout
 from blackbox.storage.store import RedisStore
 
 Result = dict[str, object]
+# The caller every request names, as a service sending to the intake does.
+CALLER = b"bench"
 
 
 def new_producer(stack: Stack) -> Producer:
@@ -61,9 +64,17 @@ def new_producer(stack: Stack) -> Producer:
                      "queue.buffering.max.messages": 1_000_000})  # fmt: skip
 
 
-def send(producer: Producer, intake: str, topic: str, message: object, countdown: float) -> None:
+def send(  # noqa: PLR0913, PLR0917 - a request's parts
+    producer: Producer, intake: str, topic: str, message: object, countdown: float,
+    caller: bytes | None = CALLER,
+) -> None:  # fmt: skip
+    """One request, as a caller's service sends it: with its `CALLER_SERVICE` header
+    (None: without it, as the benchmarks sent them until
+    November 2026)."""
     value = orjson.dumps({"topic": topic, "message": message, "countdown": countdown})
-    produce_waiting(producer, intake, value)
+    produce_waiting(
+        producer, intake, value, headers=None if caller is None else [(CALLER_HEADER, caller)]
+    )
 
 
 def warm_up(stack: Stack, producer: Producer) -> None:

@@ -12,6 +12,8 @@ measures every process's CPU over an idle window, then sends `rate` messages a s
 Subjects, alternated run by run so the machine's drift falls on all alike:
 
 - `service`: `blackbox run` of this checkout, on the defaults;
+- `anonymous`: the same, sent requests without the `CALLER_SERVICE` header (as every
+  subject was until November 2026; the others send it, as a caller's service does);
 - `relay`: the floor, a plain Kafka relay that consumes the intake topic and produces each
   record's message to its target at once, no Redis, with the service's client settings;
 - `against`: `blackbox run` of the checkout `--against` names (a previous release);
@@ -48,7 +50,7 @@ from confluent_kafka import Consumer, Producer
 
 from benchmarks import steps
 from benchmarks.collect import CollectorProcess, Window, summary
-from benchmarks.scenarios import new_producer, send, warm_up
+from benchmarks.scenarios import CALLER, new_producer, send, warm_up
 from benchmarks.stack import Stack, cpu_seconds, local_stack, redis_cpu_seconds, thread_cpu_seconds
 from blackbox.kafka import clients
 
@@ -143,6 +145,11 @@ def subject_process(stack: Stack, subject: str, against: Path | None) -> Iterato
         process.wait(20)
 
 
+def caller_of(subject: str) -> bytes | None:
+    """The CALLER_SERVICE header the subject's requests carry."""
+    return None if subject == "anonymous" else CALLER
+
+
 def steps_file(stack: Stack) -> Path:
     """Where subject `steps` writes its steps' totals."""
     return stack.work / "steps.json"
@@ -171,7 +178,8 @@ def one_run(subject: str, rate: int, seconds: int, against: Path | None) -> Resu
             lag = start.at + n / rate - time.monotonic()
             if lag > 0:
                 producer.poll(lag)
-            send(producer, stack.settings.intake_topic, target, n, rng.uniform(*COUNTDOWNS_S))
+            send(producer, stack.settings.intake_topic, target, n, rng.uniform(*COUNTDOWNS_S),
+                 caller_of(subject))  # fmt: skip
         producer.flush(30)
         # The collector follows until its window closes: the meters are read after the
         # last delivery, and the idle rate over the whole span is taken off (net figures).
@@ -206,7 +214,8 @@ def burst_run(subject: str, count: int, against: Path | None, ahead_s: float = 1
         producer = new_producer(stack)
         due = time.time() + ahead_s
         for n in range(count):
-            send(producer, stack.settings.intake_topic, target, n, due - time.time())
+            send(producer, stack.settings.intake_topic, target, n, due - time.time(),
+                 caller_of(subject))  # fmt: skip
         producer.flush(30)
         time.sleep(max(0.0, due - time.time()))  # the firing alone from here
         start = meters(stack, pid, client)
@@ -266,7 +275,7 @@ def median_table(results: list[Result]) -> str:
         cells = []
         for name in fields:
             values = [v for v in (_field(r, name) for r in runs) if v is not None]
-            cells.append(f"{statistics.median(values):>28}" if values else f"{'-':>28}")
+            cells.append(f"{round(statistics.median(values), 1):>28}" if values else f"{'-':>28}")
         lines.append(f"  {rate:>6} {subject:<8} " + " ".join(cells))
     return "\n".join(lines)
 
@@ -296,7 +305,7 @@ def main() -> int:
         "--subjects",
         nargs="+",
         default=["service", "relay"],
-        choices=["service", "relay", "against", "store", "index", "steps"],
+        choices=["service", "anonymous", "relay", "against", "store", "index", "steps"],
     )
     parser.add_argument("--against", type=Path, help="another checkout's tree (subject 'against')")
     parser.add_argument("--relay", nargs=2, metavar=("BOOTSTRAP", "TOPIC"), help=argparse.SUPPRESS)
