@@ -8,8 +8,11 @@ that dies, leaves the offset uncommitted: every replica given the partition woul
 record again and die again. So, before handling a poll, intake notes in Redis, for each
 partition in it, the offsets it is about to handle ("first last attempts"), and
 `NOTE_AHEAD` offsets past them: the polls that follow within that range need no note of
-their own, so a steady stream of small polls writes about one note per `NOTE_AHEAD`
-records. A clean stop or a revoke deletes the notes; a note found when a partition is
+their own for NOTE_REFRESH_SECONDS (a note lost meanwhile, with a Redis that failed over
+or to a former owner's late revoke, is written again within that), so a steady stream of
+small polls writes about one note per `NOTE_AHEAD` records or per NOTE_REFRESH_SECONDS,
+whichever comes first. A clean stop or a revoke deletes the notes (a revoke only the
+note it wrote: one served late leaves the next owner's); a note found when a partition is
 assigned means its last owner died while handling offsets within it: they are suspect
 (those its owner never reached are handled alone too, slower, never charged a death).
 
@@ -28,6 +31,7 @@ Costs one Redis call per poll that leaves the range noted, and one more per susp
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -43,6 +47,13 @@ CRASH_LIMIT = 3
 # 1,000 requests a second, polls of about 20 records wrote a note each: 10 µs of CPU per
 # message). A death makes the next owner handle at most this many more records alone.
 NOTE_AHEAD = 256
+# How long a note stands for the polls within its range before it is written again.
+NOTE_REFRESH_SECONDS = 1.0
+# Deletes a partition's note only while it is the one this owner wrote.
+_DELETE_IF_OURS = (
+    "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then "
+    "return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0"
+)
 
 Partition = tuple[str, int]
 Where = tuple[str, int, int]  # topic, partition, offset
@@ -108,11 +119,6 @@ def _firsts(records: Sequence[Message]) -> dict[Partition, Message]:
     return firsts
 
 
-def _within(noted: tuple[int, int] | None, first: int, last: int) -> bool:
-    """Whether offsets `first` to `last` lie within a range noted."""
-    return noted is not None and noted[0] <= first and last <= noted[1]
-
-
 def _is_suspect(message: Message, suspects: Mapping[Partition, Suspect]) -> bool:
     suspect = suspects.get(_partition(message))
     return suspect is not None and suspect.holds(message.offset() or 0)
@@ -155,17 +161,21 @@ class CrashGuard:
     """The notes of one intake consumer, in one Redis hash shared by the group."""
 
     def __init__(
-        self, client: redis.Redis | redis.RedisCluster, key: str, ahead: int = NOTE_AHEAD
+        self,
+        client: redis.Redis | redis.RedisCluster,
+        key: str,
+        ahead: int = NOTE_AHEAD,
+        refresh_seconds: float = NOTE_REFRESH_SECONDS,
     ) -> None:
         self.client = client
         self.key = key
         self.ahead = ahead
+        self.refresh_seconds = refresh_seconds
         self._unchecked: set[Partition] = set()  # assigned, notes not read yet
         self._suspects: dict[Partition, Suspect] = {}
         self._owned: set[Partition] = set()
-        # Partition -> (first, last) offsets its note in Redis holds, uncharged: written by
-        # this owner and not changed since.
-        self._noted: dict[Partition, tuple[int, int]] = {}
+        # Partition -> the note this owner wrote of it, uncharged, and when (monotonic s).
+        self._noted: dict[Partition, tuple[Suspect, float]] = {}
 
     def assigned(self, partitions: Iterable[Partition]) -> None:
         """New partitions: their notes are read before their first poll is handled."""
@@ -179,11 +189,26 @@ class CrashGuard:
         """Partitions given away cleanly: their notes go, unless they still hold a suspect
         (its crash count must reach the next owner)."""
         gone = [p for p in partitions if p in self._owned]
+        written: dict[Partition, Suspect] = {}
         for partition in gone:
             self._owned.discard(partition)
             self._unchecked.discard(partition)
+            noted = self._noted.pop(partition, None)
+            if noted is not None:
+                written[partition] = noted[0]
+        plain = [p for p in gone if self._suspects.pop(p, None) is None]
+        self._delete([p for p in plain if p not in written])
+        try:  # a revoke served late must not delete the note of the partition's next owner
+            for partition, note in written.items():
+                self.client.eval(_DELETE_IF_OURS, 1, self.key, _field(partition), note.encode())
+        except redis.RedisError as e:
+            log.info("crash_notes_not_deleted", error=str(e))
+
+    def moved(self, partitions: Iterable[Partition]) -> None:
+        """The consumer was moved on these partitions (a gap read again, a rewind): their
+        next poll is noted, whatever this owner noted before."""
+        for partition in partitions:
             self._noted.pop(partition, None)
-        self._delete([p for p in gone if self._suspects.pop(p, None) is None])
 
     def interrupted(self, records: Sequence[Message]) -> None:
         """Handling these records ended in a caught failure (Redis or the broker away), not
@@ -230,15 +255,16 @@ class CrashGuard:
         headers may be read. Only a suspect record noted alone is charged one attempt."""
         alone = len(records) == 1
         notes: dict[str, str] = {}
-        noted: dict[Partition, tuple[int, int]] = {}
+        noted: dict[Partition, Suspect] = {}
         poisoned: dict[Where, bool] = {}
+        now = time.monotonic()
         for partition, (first, last) in _spans(records).items():
             suspect = self._suspects.get(partition)
             if suspect is None:
-                if _within(self._noted.get(partition), first, last):
+                if self._stands(partition, first, last, now):
                     continue
-                noted[partition] = (first, last + self.ahead)
-                notes[_field(partition)] = Suspect(first, last + self.ahead, 0).encode()
+                noted[partition] = Suspect(first, last + self.ahead, 0)
+                notes[_field(partition)] = noted[partition].encode()
                 continue
             self._noted.pop(partition, None)
             if not suspect.holds(first):  # re-reads of what the last owner handled: note kept
@@ -250,8 +276,18 @@ class CrashGuard:
             notes[_field(partition)] = charged.encode()
         if notes:
             self.client.hset(self.key, mapping=notes)  # type: ignore[arg-type]
-        self._noted.update(noted)  # once written: a failed write is noted again next time
+        for partition, note in noted.items():  # once written: a failed write is noted again
+            self._noted[partition] = (note, now)
         return poisoned
+
+    def _stands(self, partition: Partition, first: int, last: int, now: float) -> bool:
+        """Whether this owner's note of `partition` holds offsets `first` to `last` and was
+        written within refresh_seconds."""
+        noted = self._noted.get(partition)
+        if noted is None:
+            return False
+        note, at = noted
+        return note.offset <= first and last <= note.last and now - at < self.refresh_seconds
 
     def ended(self, records: Sequence[Message]) -> None:
         """Handling these records ended: a suspect record among them is cleared (the rest of

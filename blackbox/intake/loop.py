@@ -349,6 +349,7 @@ class Intake:
     def _seek(self, topic: str, partition: int, offset: int) -> None:
         """Move the consumer to `offset` of the partition (KafkaException if it cannot)."""
         self.incarnations.rewound(topic, partition, offset)
+        self.guard.moved([(topic, partition)])
         self.consumer.seek(TopicPartition(topic, partition, offset))
 
     def _assigned(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:

@@ -557,7 +557,8 @@ def _replaying(settings: Settings, store: RedisStore, consumer: Consumer, plan: 
         consumer, store, answers_outbox(settings), plan.config, Metrics(),
         incarnations=Incarnations(clients.topic_id_lookup(settings.kafka),
                                   RedisRecord(store.client, store.layout)),
-        guard=CrashGuard(store.client, store.layout.intake_handling),
+        # Notes of the offsets in hand only: none is left ahead for the service's intake.
+        guard=CrashGuard(store.client, store.layout.intake_handling, ahead=0),
         nonces=Nonces(store.client, store.layout), config_kafka=dict(settings.kafka),
         letters=plan.refused, committed=plan.committed, unreadable=plan.unreadable,
     )  # fmt: skip

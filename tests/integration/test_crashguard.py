@@ -8,7 +8,7 @@ import redis
 from confluent_kafka import Message
 
 from blackbox.intake.crashguard import CRASH_LIMIT, NOTE_AHEAD, CrashGuard, Suspect
-from tests.kafkatools import unique
+from tests.kafkatools import unique, wait_until
 
 TOPIC = "intake"
 
@@ -272,3 +272,50 @@ def test_a_caught_failure_makes_the_next_poll_note_again(redis_client: redis.Red
     assert redis_client.hget(key, f"{TOPIC}:0") is None
     guard.note(_records(0, 1))
     assert redis_client.hget(key, f"{TOPIC}:0") == f"0 {1 + NOTE_AHEAD} 0".encode()
+
+
+def test_a_late_revoke_leaves_the_note_of_the_partition_s_next_owner(
+    redis_client: redis.Redis,
+) -> None:
+    """An owner that stalled past its session serves its revoke late, after the group gave
+    the partition to another: it deletes only the note it wrote, not its successor's."""
+    key = unique("handling")
+    stalled = _owner(redis_client, key, NOTE_AHEAD)
+    now, _ = stalled.careful(_records(0, 1))
+    stalled.note(now)
+    redis_client.hset(key, f"{TOPIC}:0", f"2 {3 + NOTE_AHEAD} 0")  # the next owner's
+    stalled.revoked([(TOPIC, 0)])
+    assert redis_client.hget(key, f"{TOPIC}:0") == f"2 {3 + NOTE_AHEAD} 0".encode()
+    clean = _owner(redis_client, unique("handling"), NOTE_AHEAD)  # on time: its note goes
+    now, _ = clean.careful(_records(5, 6))
+    clean.note(now)
+    clean.revoked([(TOPIC, 0)])
+    assert redis_client.exists(clean.key) == 0
+
+
+def test_a_note_lost_with_redis_is_written_again_within_the_refresh_or_at_a_seek(
+    redis_client: redis.Redis,
+) -> None:
+    """A Redis that failed over may lose a note without intake meeting an error: the polls
+    within the range write it again once it is `refresh_seconds` old, and at once after the
+    consumer was moved (gaps.py's re-read seeks)."""
+    key = unique("handling")
+    guard = _owner(redis_client, key, NOTE_AHEAD)
+    guard.refresh_seconds = 0.2
+    now, _ = guard.careful(_records(0, 1))
+    guard.note(now)
+    redis_client.delete(key)  # lost with the old primary
+    guard.note(_records(2, 3))
+    assert redis_client.hget(key, f"{TOPIC}:0") is None  # within the range and fresh
+    offsets = iter(range(4, 200))
+
+    def noted_again() -> bool:
+        offset = next(offsets)
+        guard.note(_records(offset))
+        return redis_client.hget(key, f"{TOPIC}:0") is not None
+
+    wait_until(noted_again, 5, "the note written again")
+    redis_client.delete(key)
+    guard.moved([(TOPIC, 0)])
+    guard.note(_records(2, 3))
+    assert redis_client.hget(key, f"{TOPIC}:0") == f"2 {3 + NOTE_AHEAD} 0".encode()
