@@ -22,7 +22,7 @@ from confluent_kafka import KafkaException, Producer
 
 from blackbox import tracing
 from blackbox.api import app
-from blackbox.api.backend import backend_of
+from blackbox.api.backend import Backend, backend_of
 from blackbox.api.connections import Limits
 from blackbox.api.server import PROBE_LIMITS, PROBE_PATHS, Endpoints
 from blackbox.clock import now_ms
@@ -100,6 +100,7 @@ class Service:
             if role.takes_intake else None
         )  # fmt: skip
         self.health = Health(self._probes(), self.metrics, self._stall_seconds())
+        self.backend: Backend | None = None  # the API's parts, with its HTTP server
         self.endpoints = (
             None if settings.http_port is None else self._endpoints(settings, caller_policy)
         )
@@ -165,6 +166,7 @@ class Service:
         """The HTTP server: health, metrics, the API and its page."""
         backend = backend_of(settings, self.store, self.health, self.metrics,
                              self._scheduled, caller_policy=caller_policy)  # fmt: skip
+        self.backend = backend
         try:
             limits = Limits(settings.http_header_timeout, settings.http_max_connections,
                             settings.http_answer_timeout,

@@ -98,8 +98,8 @@ class Admin:
         code, schedule = self.store.reschedule(blackbox_id, due_ms, now_ms())
         outcome = OUTCOMES[code]
         if schedule is not None:
-            self._keep(Move(blackbox_id, schedule.caller, due_ms))
             self.on_scheduled(self.store.layout.shard_of(blackbox_id), due_ms)
+            self._keep(Move(blackbox_id, schedule.caller, due_ms))
             self._answer(Event.of_stored(outcome, blackbox_id, schedule.caller,
                                          due_ms=due_ms, topic=schedule.topic))  # fmt: skip
         log.info("api_reschedule", blackbox_id=blackbox_id, outcome=outcome.value, due_ms=due_ms)

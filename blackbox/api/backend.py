@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from confluent_kafka import Producer
+
 from blackbox.api.access import Access
 from blackbox.api.admin import Admin
 from blackbox.api.deadletters import DeadLetterTail
@@ -75,7 +77,11 @@ def _keeping(settings: Settings, store: RedisStore, metrics: Metrics) -> Keeping
     where each landed)."""
     if not settings.store_topic:
         return None
-    outbox = Outbox(clients.new_producer(settings), settings.delivery_timeout + 1.0)
+
+    def renew() -> Producer:
+        return clients.new_producer(settings)
+
+    outbox = Outbox(renew(), settings.delivery_timeout + 1.0, renew)
     topic = StoreTopic(settings.store_topic, outbox, metrics)
     return Keeping(topic, store, indexing=settings.storage_mode == "index")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from blackbox import reference
 from blackbox.kafka.outbox import Record
@@ -171,13 +171,27 @@ class Keeping:
         if self.indexing:  # the moves `ahead` left without a reference (unsure_moves)
             writes = [w for w, _ in applied]
             stale_ids |= {writes[n].id for n in unsure_moves(writes)}
-        stale = sorted(stale_ids)
-        if not stale:
-            return
         # An id whose last request was a cancel is not pending, whatever still flies: a
         # version being delivered is tombstoned by firing once acknowledged.
         last = {w.id: w for w, _ in applied}
-        held = [None if isinstance(last[i], Cancellation) else raw
+        cancelled = {i for i in stale_ids if isinstance(last[i], Cancellation)}
+        self.restate(sorted(stale_ids), stop, cancelled)
+
+    def restate(
+        self,
+        stale: Sequence[str],
+        stop: threading.Event,
+        cancelled: Collection[str] = (),
+        *,
+        recheck: bool = True,
+    ) -> None:
+        """Write what Redis holds of each id (a tombstone for one not pending, or in
+        `cancelled`), and wait (StoreUnavailable); in index mode, point Redis at each
+        version written again. With `recheck`, an id whose version was written while
+        Redis changed it is written again (see `_changed`)."""
+        if not stale:
+            return
+        held = [None if i in cancelled else raw
                 for i, raw in zip(stale, self.store.payloads(stale), strict=True)]  # fmt: skip
         payloads = self._resolved(stale, held)
         # A reference whose record is missing stays as it is: firing dead-letters it.
@@ -191,14 +205,27 @@ class Keeping:
             for i, _, raw in kept
         ]  # fmt: skip
         places = self._write(records, stop)
+        written = {i: was for i, was, raw in kept if was is not None and raw is not None}
         moves = []
         for n, (schedule_id, was, raw) in enumerate(kept):
             if was is None or raw is None or not is_reference(was):
                 continue
             now = raw if places is None else reference.of(raw, *places[n], caller_from_prefix(raw))
             moves.append((schedule_id, was, now))
+            written[schedule_id] = now
         if moves:
             self.store.repoint(moves)
+        if recheck and written:
+            self.restate(self._changed(written), stop, recheck=False)
+
+    def _changed(self, written: dict[str, bytes]) -> list[str]:
+        """The ids of versions just written that Redis no longer holds as it did (or as it
+        was pointed at them): fired, ended or stored anew while the version was on its way,
+        firing's tombstone (written behind its ack) or intake's next version may have
+        landed before it. Written again, what Redis holds now lands after both."""
+        ids = sorted(written)
+        now = self.store.payloads(ids)
+        return [i for i, raw in zip(ids, now, strict=True) if raw != written[i]]
 
     def _write(self, records: Sequence[Record], stop: threading.Event) -> list[Place] | None:
         """Write `records` and wait; in index mode, where each landed (kept in the

@@ -43,6 +43,7 @@ from blackbox.intake.keeping import Keeping
 from blackbox.intake.nonces import Nonces
 from blackbox.intake.placement import Placement
 from blackbox.intake.quotas import Quotas
+from blackbox.intake.restating import Restating
 from blackbox.intake.sorting import Sorting
 from blackbox.kafka import deadletter
 from blackbox.kafka.deadletter import DeadLetter
@@ -89,13 +90,17 @@ class Intake:
         guard: CrashGuard,
         nonces: Nonces,
         keeping: Keeping | None = None,
+        restating: Restating | None = None,
         on_scheduled: Nudge = lambda _shard, _due_ms: None,
         on_refused_for_memory: Callable[[bool], None] = lambda _refused: None,
         on_stopped: Callable[[Sequence[Partition]], None] = lambda _partitions: None,
     ) -> None:
         """`on_stopped` is told the partitions whose Redis lost data, whenever they change;
-        `keeping` writes to the store topic, where one is set (keeping.py)."""
+        `keeping` writes to the store topic, where one is set (keeping.py), and
+        `restating` writes again what Redis holds of ids stored anew as they ended
+        (restating.py)."""
         self.keeping = keeping
+        self.restating = restating
         self.on_scheduled = on_scheduled
         self.incarnations = incarnations
         self.guard = guard
@@ -148,6 +153,8 @@ class Intake:
     def poll_once(self, stop: threading.Event) -> None:
         """Consume one batch and handle it, backing off and rewinding if a dependency fails."""
         self.gaps.run()
+        if self.restating is not None:
+            self.restating.run(self.gaps.assigned - self.gaps.stopped.keys(), stop)
         records = self._unheld(self._admitted([m for m in self._consume() if self._is_record(m)]))
         if not records:
             self.answers.settle(stop)

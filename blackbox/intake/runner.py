@@ -25,6 +25,7 @@ from blackbox.intake.keeping import Keeping
 from blackbox.intake.loop import POLL_SECONDS, Intake
 from blackbox.intake.nonces import Nonces
 from blackbox.intake.policy import CallerPolicy
+from blackbox.intake.restating import Restating
 from blackbox.kafka import clients, replication, retention
 from blackbox.kafka.outbox import Outbox
 from blackbox.kafka.storetopic import StoreTopic
@@ -125,6 +126,8 @@ class Receiving:
             incarnations=Incarnations(self.topic_ids, RedisRecord(store.client, store.layout)),
             guard=CrashGuard(store.client, store.layout.intake_handling),
             nonces=Nonces(store.client, store.layout), keeping=keeping,
+            restating=(None if keeping is None
+                       else Restating(store, keeping, settings.delivery_timeout)),
             on_scheduled=announce, on_refused_for_memory=room.intake_refused,
             on_stopped=on_stopped,
         )  # fmt: skip

@@ -145,6 +145,9 @@ class IntakeScript:
         # which set a caller's (percent-encoded, as in its ids) go to (quotas.py).
         self.counting = False
         self.bucket_of: Callable[[str], str] = str
+        # Whether a caller's id stored anew just after it ended is noted in its shard's
+        # restate set, to be written to the store topic again (intake/restating.py).
+        self.restating = False
         # Lua measures strings in bytes: the tag's length to cut an id from its payload key.
         self.tag_bytes = [len(keys.tag.encode("utf-8")) for keys in layout.shards]
         # Whether one call may carry the chunks of several shards (intake.lua's grouped
@@ -186,9 +189,12 @@ class IntakeScript:
         keys_of = self.layout.shards[shard]
         keys = [keys_of.due, keys_of.in_flight, keys_of.intake_marks, keys_of.attempts,
                 keys_of.owners]  # fmt: skip
+        if self.restating:
+            keys.append(keys_of.restate)
         counting = self.counting
+        flags = ("1" if counting else "0") + ("1" if self.restating else "0")
         args: list[Any] = [part.field, mark, self.ended_retention_seconds,
-                           self.tag_bytes[shard], after, "1" if counting else "0"]  # fmt: skip
+                           self.tag_bytes[shard], after, flags]  # fmt: skip
         for _, (offset, write) in chunk:
             request = self._args(offset, write, now_ms)
             keys.append(keys_of.payload(write.id))

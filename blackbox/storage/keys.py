@@ -71,6 +71,14 @@ class Keys:
         return f"{self.tag}:in"
 
     @property
+    def restate(self) -> str:
+        """Sorted set: "<intake watermark field>|<id>" -> epoch ms intake stored a caller's
+        id anew as it removed its ended-marker; the intake owning that partition writes
+        what Redis holds of the id to the store topic again once firing's tombstone of its
+        last version must have landed (intake/restating.py)."""
+        return f"{self.tag}:restate"
+
+    @property
     def clock(self) -> str:
         """Hash: "at", the epoch ms an intake last found this Redis whole; "lost", why Redis
         was found to have lost data, kept until the operator acts (clocks.py)."""

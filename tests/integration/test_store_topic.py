@@ -4,6 +4,8 @@ exactly what Redis holds pending, byte for byte, and a tombstone for each id tha
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from blackbox.envelope import CALLER_HEADER
 from blackbox.intake import rebuild
-from blackbox.kafka.storetopic import FILLED_KEY
+from blackbox.kafka.storetopic import ENDED_HEADER, FILLED_KEY, FIRED
 from blackbox.reference import Reference, is_reference, resolved
 from blackbox.service import Service
 from blackbox.settings import Settings
@@ -312,3 +314,78 @@ def test_what_the_api_changes_in_redis_alone_reaches_the_store(
 def _port(service: Service) -> int:
     assert service.endpoints is not None
     return service.endpoints.port
+
+
+def test_an_id_sent_again_as_its_last_version_fires_is_written_again_after_the_tombstone(
+    start_service: ServiceFactory, reader: ReaderFactory, store_env: dict[str, str],
+    redis_client: redis.Redis,
+) -> None:  # fmt: skip
+    """A caller's id sent again in the moments its last version is being fired: firing's
+    tombstone of that version, written behind Redis's ack, may land in the store after
+    intake's new version (here it is written after it by hand, as it would land). Intake
+    writes what Redis holds of the id again once that tombstone must have landed (the
+    delivery timeout after): the store ends with the new version, as Redis holds it, and a
+    rebuild would restore it."""
+    env = store_env
+    service = start_service(BLACKBOX_DELIVERY_TIMEOUT="1", **store_overrides(env))
+    target, events = reader(unique("target")), reader(env["BLACKBOX_EVENTS_TOPIC"])
+    again = {"id": "again", "topic": target.topic}
+    _send(env, {**again, "message": "first", "countdown": 0})
+    target.wait_count(1, timeout=30)
+    _when_settled(service, env)  # the first version's tombstone landed
+    _send(env, {**again, "message": "second", "countdown": 3600})
+    _wait_answers(events, 2)
+    stored_id = f"@{CALLER}/again"
+    restate = service.store.layout.keys_of(stored_id).restate
+    assert redis_client.zcard(restate) == 1  # noted as stored anew just after it ended
+    produce(env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_STORE_TOPIC"], [None],
+            [(ENDED_HEADER, FIRED)], key=stored_id.encode())  # the tombstone, late  # fmt: skip
+    assert (
+        store_latest(env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_STORE_TOPIC"])[stored_id] is None
+    )  # the store says ended, Redis holds it pending
+
+    latest = _when_settled(service, env)
+
+    assert latest[stored_id] is not None
+    assert redis_client.zcard(restate) == 0
+
+
+def test_a_move_to_now_fired_while_the_api_writes_it_ends_as_a_tombstone(
+    start_service: ServiceFactory, reader: ReaderFactory, store_env: dict[str, str]
+) -> None:
+    """The API moves a schedule without an id of its own to now; it fires while the API is
+    between reading what Redis holds and writing it to the store, and firing's tombstone
+    lands first. The API sees Redis changed under its write and writes again: the store
+    ends with the tombstone, as Redis holds nothing."""
+    env = store_env
+    service = start_service(BLACKBOX_API_TOKEN=TOKEN, **store_overrides(env))
+    target, events = reader(unique("target")), reader(env["BLACKBOX_EVENTS_TOPIC"])
+    _send(env, {"topic": target.topic, "message": "derived", "countdown": 3600})
+    _wait_answers(events, 1)
+    _when_settled(service, env)
+    (moved,) = redis_pending(service)
+    bootstrap, store = env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_STORE_TOPIC"]
+    assert service.backend is not None and service.backend.admin.keeping is not None
+    keeping = service.backend.admin.keeping
+    read = keeping._resolved
+    held = threading.Event()
+
+    def held_up(ids: Sequence[str], payloads: Sequence[bytes | None]) -> list[bytes | None]:
+        found = read(ids, payloads)
+        if moved in ids and not held.is_set():  # the API's first read of what Redis holds
+            held.set()
+            wait_until(lambda: moved not in redis_pending(service), 30, "fired meanwhile")
+            wait_until(lambda: store_latest(bootstrap, store)[moved] is None, 30,
+                       "firing's tombstone landed")  # fmt: skip
+        return found
+
+    keeping._resolved = held_up  # type: ignore[method-assign,assignment]
+    with httpx.Client(base_url=f"http://127.0.0.1:{_port(service)}", timeout=60) as client:
+        now = client.post(f"/api/v1/schedules/{moved}/reschedule", json={"countdown": 0},
+                          headers=AUTH)  # fmt: skip
+        assert now.json()["outcome"] == "updated", now.text
+    target.wait_count(1, timeout=30)
+
+    latest = _when_settled(service, env)
+
+    assert latest[moved] is None

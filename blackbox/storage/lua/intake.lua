@@ -11,9 +11,14 @@
 -- KEYS[3]      intake watermarks hash ("topic:partition" -> highest offset handled)
 -- KEYS[4]      attempts hash (id -> failed attempts)
 -- KEYS[5]      owners set (the callers with an owned set in this shard)
--- KEYS[6..]    per request, in order: the payload key of its id; then, for a caller's id
---              (every op but "n"), the ended-marker key of that id ("f" fired, "c"
---              cancelled); then, where ARGV[6] counts, the owned set of its caller
+-- KEYS[6]      where ARGV[6] restates: the restate sorted set ("field|id" -> epoch ms a
+--              caller's id was stored anew as its ended-marker was removed: firing's
+--              tombstone of its last version may land in the store topic after this
+--              version, which intake writes again later: intake/restating.py)
+-- KEYS[6..]    (KEYS[7..] where ARGV[6] restates) per request, in order: the payload key
+--              of its id; then, for a caller's id (every op but "n"), the ended-marker key
+--              of that id ("f" fired, "c" cancelled); then, where ARGV[6] counts, the
+--              owned set of its caller
 -- ARGV[1]      the watermark field, "topic:partition"
 -- ARGV[2]      the offset the watermark moves to (the last record of the chunk, bad ones too)
 -- ARGV[3]      how long an ended-marker is kept, seconds
@@ -21,7 +26,9 @@
 --              the id
 -- ARGV[5]      the watermark the chunk before this one leaves (-1 for the first chunk of
 --              its partition in an intake session: no condition)
--- ARGV[6]      "1": count each caller's ids in its owned set (a policy sets quotas)
+-- ARGV[6]      two flags: its first "1": count each caller's ids in its owned set (a
+--              policy sets quotas); its second "1": note in the restate set each caller's
+--              id stored anew just after it ended (a store topic is set)
 -- ARGV[5i+2..5i+6]  per request: intake offset (ascending), op, due ms, payload TTL s,
 --              encoded payload. op "n": a new id derived from the record (SET NX);
 --              "u": a caller's id, stored or replaced; "c": cancel a caller's id (due,
@@ -97,12 +104,18 @@ end
 local function apply(KEYS, ARGV, mark)
   local retention = ARGV[3]
   local codes = {}
+  local counting = string.sub(ARGV[6], 1, 1) == '1'
+  local restate_key = string.sub(ARGV[6], 2, 2) == '1' and KEYS[6]
 
   local function upsert(payload_key, marker_key, id, due, ttl, payload)
     local pending = redis.call('ZSCORE', KEYS[1], id)
     redis.call('SET', payload_key, payload, 'EX', ttl)
     redis.call('ZADD', KEYS[1], due, id)
-    redis.call('DEL', marker_key)
+    if redis.call('DEL', marker_key) == 1 and restate_key then
+      local now = redis.call('TIME')
+      redis.call('ZADD', restate_key, now[1] * 1000 + math.floor(now[2] / 1000),
+                 ARGV[1] .. '|' .. id)
+    end
     redis.call('HDEL', KEYS[4], id)
     if pending then return 2 end
     return 1
@@ -159,7 +172,6 @@ local function apply(KEYS, ARGV, mark)
   end
 
   local tag_length = tonumber(ARGV[4])
-  local counting = ARGV[6] == '1'
   -- A caller's ids in its owned set, by due time (quotas.py prunes the ended ones).
   local listed = {}  -- the owned sets this call has put in the owners set already
   local function own(owned_key, id, due)
@@ -171,6 +183,7 @@ local function apply(KEYS, ARGV, mark)
     end
   end
   local k = 6
+  if restate_key then k = 7 end
   for a = 7, #ARGV, 5 do
     local payload_key, op = KEYS[k], ARGV[a + 1]
     local id = string.sub(payload_key, tag_length + 1)

@@ -1,0 +1,101 @@
+"""Restating: the store topic told again what Redis holds of a caller's id stored anew just
+after its last version ended.
+
+Firing writes the tombstone of a version it delivered behind Redis's ack, without waiting
+for it (kafka/storetopic.py); intake writes a new version of the same id ahead of Redis. A
+new version that comes in the moments between the two may land in the store before that
+tombstone: the store would then hold the id ended while Redis holds it pending, and a
+rebuild after a Redis loss would miss it.
+
+So intake.lua notes in its shard's restate set each caller's id it stores while removing
+the id's ended-marker (the mark every ended caller's id keeps), with the instant and the
+intake partition. The intake owning that partition writes what Redis then holds of the id
+(a version, or a tombstone if it ended since, as `Keeping.after` does) once the tombstone
+must have landed or failed: the producer's delivery timeout, and a margin, after the note.
+It runs between polls on the intake's thread, after every write of that partition's
+requests before it, so no version of the id that intake writes can land after it. A note
+of a partition nobody owns any more (its topic deleted) is taken by any intake once
+STALE_MS old. Costs one ZRANGE per shard every CHECK_SECONDS, and a store write per id
+created anew within moments of its end.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Collection
+
+import redis
+import structlog
+from confluent_kafka import KafkaException
+
+from blackbox.clock import now_ms
+from blackbox.intake.keeping import Keeping
+from blackbox.kafka.storetopic import StoreUnavailable
+from blackbox.storage.store import RedisStore
+
+log = structlog.get_logger("blackbox.intake.restating")
+
+# How often the restate sets are looked at, seconds.
+CHECK_SECONDS = 5.0
+# Added to the delivery timeout: a tombstone handed to the producer has landed or failed
+# by then.
+MARGIN_MS = 5_000
+# A note this old is taken by any intake: its partition's owner would have taken it.
+STALE_MS = 600_000
+# The most notes taken from a shard at a time.
+BATCH = 500
+
+Partition = tuple[str, int]
+
+
+def partition_of(field: str) -> Partition | None:
+    """The intake partition of a watermark field ("topic:partition[:incarnation]")."""
+    parts = field.split(":")
+    if len(parts) < 2 or not parts[1].isdigit():
+        return None
+    return (parts[0], int(parts[1]))
+
+
+class Restating:
+    """The restate notes of one intake, written to the store topic when due."""
+
+    def __init__(self, store: RedisStore, keeping: Keeping, delivery_timeout_s: float) -> None:
+        self.store = store
+        self.keeping = keeping
+        self.wait_ms = int(delivery_timeout_s * 1000) + MARGIN_MS
+        self._next_check = 0.0
+        store.intake.restating = True  # intake.lua notes them from now on
+
+    def run(self, owned: Collection[Partition], stop: threading.Event) -> int:
+        """Restate the notes of `owned` partitions old enough, every CHECK_SECONDS; how
+        many ids were restated. A failure leaves them for the next time."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return 0
+        self._next_check = now + CHECK_SECONDS
+        try:
+            shards = self.store.layout.shards
+            return sum(self._restate(keys.restate, owned, stop) for keys in shards)
+        except (redis.RedisError, KafkaException, StoreUnavailable) as e:
+            log.warning("store_restate_failed", error=str(e), retry_in_s=CHECK_SECONDS)
+            return 0
+
+    def _restate(self, key: str, owned: Collection[Partition], stop: threading.Event) -> int:
+        at = now_ms()
+        noted: list[tuple[bytes, float]] = self.store.client.zrange(  # type: ignore[assignment]
+            key, "-inf", at - self.wait_ms, byscore=True, offset=0, num=BATCH, withscores=True
+        )
+        taken: list[bytes] = []
+        ids: list[str] = []
+        for member, score in noted:
+            field, _, schedule_id = member.decode("utf-8").partition("|")
+            if partition_of(field) in owned or at - score > STALE_MS:
+                taken.append(member)
+                ids.append(schedule_id)
+        if not ids:
+            return 0
+        self.keeping.restate(sorted(set(ids)), stop)
+        self.store.client.zrem(key, *taken)
+        log.info("store_restated", ids=len(ids))
+        return len(ids)
