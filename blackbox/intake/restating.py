@@ -29,7 +29,6 @@ import redis
 import structlog
 from confluent_kafka import KafkaException
 
-from blackbox.clock import now_ms
 from blackbox.intake.keeping import Keeping
 from blackbox.kafka.storetopic import StoreUnavailable
 from blackbox.storage.store import RedisStore
@@ -45,6 +44,27 @@ MARGIN_MS = 5_000
 STALE_MS = 600_000
 # The most notes taken from a shard at a time.
 BATCH = 500
+
+# The notes of a restate set noted `ARGV[1]` ms or longer ago by Redis's clock (the one
+# intake.lua scored them by, not this replica's), up to ARGV[2], with Redis's now.
+_DUE = """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+return {now, redis.call('ZRANGE', KEYS[1], '-inf', now - tonumber(ARGV[1]), 'BYSCORE',
+                        'LIMIT', 0, ARGV[2], 'WITHSCORES')}
+"""
+# Remove the notes taken, each only where its score is still the one read: a note the
+# owner made again meanwhile (the id stored anew once more) stays for its own turn.
+_FORGET = """
+local removed = 0
+for i = 1, #ARGV, 2 do
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score and tonumber(score) == tonumber(ARGV[i + 1]) then
+    removed = removed + redis.call('ZREM', KEYS[1], ARGV[i])
+  end
+end
+return removed
+"""
 
 Partition = tuple[str, int]
 
@@ -65,6 +85,8 @@ class Restating:
         self.keeping = keeping
         self.wait_ms = int(delivery_timeout_s * 1000) + MARGIN_MS
         self._next_check = 0.0
+        self._due = store.client.register_script(_DUE)
+        self._forget = store.client.register_script(_FORGET)
         store.intake.restating = True  # intake.lua notes them from now on
 
     def run(self, owned: Collection[Partition], stop: threading.Event) -> int:
@@ -82,20 +104,17 @@ class Restating:
             return 0
 
     def _restate(self, key: str, owned: Collection[Partition], stop: threading.Event) -> int:
-        at = now_ms()
-        noted: list[tuple[bytes, float]] = self.store.client.zrange(  # type: ignore[assignment]
-            key, "-inf", at - self.wait_ms, byscore=True, offset=0, num=BATCH, withscores=True
-        )
-        taken: list[bytes] = []
+        at, flat = self._due(keys=[key], args=[self.wait_ms, BATCH])
+        taken: list[bytes | int] = []
         ids: list[str] = []
-        for member, score in noted:
+        for member, score in zip(flat[::2], flat[1::2], strict=True):
             field, _, schedule_id = member.decode("utf-8").partition("|")
-            if partition_of(field) in owned or at - score > STALE_MS:
-                taken.append(member)
+            if partition_of(field) in owned or int(at) - int(score) > STALE_MS:
+                taken += [member, int(score)]
                 ids.append(schedule_id)
         if not ids:
             return 0
         self.keeping.restate(sorted(set(ids)), stop)
-        self.store.client.zrem(key, *taken)
+        self._forget(keys=[key], args=taken)
         log.info("store_restated", ids=len(ids))
         return len(ids)

@@ -166,7 +166,9 @@ def _wait_answers(events: TopicReader, count: int) -> None:
     events.wait_for(lambda _: len(events.records) >= count, timeout=30)
 
 
-def _when_settled(service: Service, env: dict[str, str]) -> dict[str, bytes | None]:
+def _when_settled(
+    service: Service, env: dict[str, str], timeout: float = 20.0
+) -> dict[str, bytes | None]:
     """The store once it matches Redis (firing writes its tombstones behind its acks)."""
     found: dict[str, bytes | None] = {}
 
@@ -178,7 +180,7 @@ def _when_settled(service: Service, env: dict[str, str]) -> dict[str, bytes | No
             return False
         return True
 
-    wait_until(matches, 20, "the store matches Redis")
+    wait_until(matches, timeout, "the store matches Redis")
     return found
 
 
@@ -324,10 +326,10 @@ def test_an_id_sent_again_as_its_last_version_fires_is_written_again_after_the_t
     tombstone of that version, written behind Redis's ack, may land in the store after
     intake's new version (here it is written after it by hand, as it would land). Intake
     writes what Redis holds of the id again once that tombstone must have landed (the
-    delivery timeout after): the store ends with the new version, as Redis holds it, and a
-    rebuild would restore it."""
+    delivery timeout and 5 s after, checked every 5 s): the store ends with the new version,
+    as Redis holds it, and a rebuild would restore it."""
     env = store_env
-    service = start_service(BLACKBOX_DELIVERY_TIMEOUT="1", **store_overrides(env))
+    service = start_service(**store_overrides(env))
     target, events = reader(unique("target")), reader(env["BLACKBOX_EVENTS_TOPIC"])
     again = {"id": "again", "topic": target.topic}
     _send(env, {**again, "message": "first", "countdown": 0})
@@ -344,7 +346,7 @@ def test_an_id_sent_again_as_its_last_version_fires_is_written_again_after_the_t
         store_latest(env["KAFKA_BOOTSTRAP_SERVERS"], env["BLACKBOX_STORE_TOPIC"])[stored_id] is None
     )  # the store says ended, Redis holds it pending
 
-    latest = _when_settled(service, env)
+    latest = _when_settled(service, env, timeout=60)
 
     assert latest[stored_id] is not None
     assert redis_client.zcard(restate) == 0
