@@ -146,10 +146,15 @@ class Guard:
 
     def _refuse_if_busy(self, old: Layout, now_ms: int) -> None:
         """Checked before the watermarks are carried (shards.lua checks again with the
-        change): the new layout's keys may share tags with the old one's."""
+        change): the new layout's keys may share tags with the old one's. This process's
+        own heartbeat is not another's (its firing may have beaten before the settle, as
+        shards.lua counts it)."""
         running = 0
         for key in (self.layout.processes, self.layout.members):
             running += int(self.client.zcount(key, f"({now_ms}", "+inf"))
+            mine = self.client.zscore(key, self.name)
+            if mine is not None and mine > now_ms:
+                running -= 1
         if running:
             raise self._busy(old, running)
 

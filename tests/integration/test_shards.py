@@ -529,6 +529,21 @@ def test_batches_with_nothing_to_ack_are_answered_in_place(store: RedisStore) ->
     assert store.counts() == (0, 0)
 
 
+def test_a_process_whose_firing_beat_before_it_settled_starts(client: redis.Redis) -> None:
+    """Scale: a process's firing may beat before its start settled the shard count (the
+    store's check took its time at start): on a fresh namespace, its own heartbeat is not
+    another process running another count. Another's is."""
+    layout = Layout(unique("ns"), 16)
+    Share(layout, "self").beat(client, now_ms(), ttl_ms=60_000)
+
+    _settle(client, layout, name="self")
+
+    other = Layout(unique("ns"), 16)
+    Share(other, "other").beat(client, now_ms(), ttl_ms=60_000)
+    with pytest.raises(ShardsChanged, match="1 process"):
+        _settle(client, other, name="self")
+
+
 def test_processes_started_together_on_a_fresh_namespace_all_start(
     client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
