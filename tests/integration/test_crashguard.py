@@ -29,6 +29,19 @@ def _owner(client: redis.Redis, key: str, ahead: int = 0) -> CrashGuard:
     return guard
 
 
+def _each_alone_to(client: redis.Redis, guard: CrashGuard, first: int, last: int) -> None:
+    """The new owner reads from `first` on, two records past `last`: each offset of the
+    suspect range is handled alone, charged while in hand and cleared once it ended; no
+    note of the death is left after `last`."""
+    for offset in range(first, last + 1):
+        now, later = guard.careful(_records(*range(offset, last + 3)))
+        assert (_offsets(now), _offsets(later)) == ([offset], list(range(offset + 1, last + 3)))
+        assert guard.note(now) == {}
+        assert client.hget(guard.key, f"{TOPIC}:0") == f"{offset} {last} 1".encode()
+        guard.ended(now)
+    assert client.hget(guard.key, f"{TOPIC}:0") is None
+
+
 def test_a_clean_owner_handles_whole_polls_and_leaves_no_note(redis_client: redis.Redis) -> None:
     """Guarantee 4: without a death, polls are handled whole and a clean stop deletes the
     notes (the next owner is not slowed down)."""
@@ -51,13 +64,7 @@ def test_the_next_owner_takes_the_offsets_died_on_one_at_a_time(
     key = unique("handling")
     _owner(redis_client, key).note(_records(10, 11, 12, 13, 14))  # then died
     guard = _owner(redis_client, key)
-    for offset in range(10, 15):
-        now, later = guard.careful(_records(*range(offset, 16)))
-        assert (_offsets(now), _offsets(later)) == ([offset], list(range(offset + 1, 16)))
-        assert guard.note(now) == {}
-        assert redis_client.hget(key, f"{TOPIC}:0") == f"{offset} 14 1".encode()
-        guard.ended(now)
-    assert redis_client.hget(key, f"{TOPIC}:0") is None
+    _each_alone_to(redis_client, guard, 10, 14)
     now, later = guard.careful(_records(15, 16))
     assert (_offsets(now), later) == ([15, 16], [])
 
@@ -247,13 +254,7 @@ def test_a_death_within_a_range_noted_ahead_leaves_each_record_to_be_handled_alo
     dead.note(_records(12, 13))  # within the range: nothing written, then it died
     assert redis_client.hget(key, f"{TOPIC}:0") == b"10 15 0"
     guard = _owner(redis_client, key, 4)
-    for offset in range(12, 16):
-        now, later = guard.careful(_records(*range(offset, 18)))
-        assert (_offsets(now), _offsets(later)) == ([offset], list(range(offset + 1, 18)))
-        assert guard.note(now) == {}
-        assert redis_client.hget(key, f"{TOPIC}:0") == f"{offset} 15 1".encode()
-        guard.ended(now)
-    assert redis_client.hget(key, f"{TOPIC}:0") is None
+    _each_alone_to(redis_client, guard, 12, 15)
     now, later = guard.careful(_records(16, 17))
     assert (_offsets(now), later) == ([16, 17], [])
     guard.note(now)
