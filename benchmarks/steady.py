@@ -12,6 +12,8 @@ measures every process's CPU over an idle window, then sends `rate` messages a s
 Subjects, alternated run by run so the machine's drift falls on all alike:
 
 - `service`: `blackbox run` of this checkout, on the defaults;
+- `uncoalesced`: the same with a wake of firing at each due instant
+  (BLACKBOX_FIRE_COALESCE_MS=0, as before December 2026);
 - `anonymous`: the same, sent requests without the `CALLER_SERVICE` header (as every
   subject was until November 2026; the others send it, as a caller's service does);
 - `relay`: the floor, a plain Kafka relay that consumes the intake topic and produces each
@@ -60,6 +62,7 @@ COUNTDOWNS_S = (2.0, 10.0)
 RELAY_GROUP = "bench-relay"
 # The settings each subject adds to the defaults.
 SUBJECT_SETTINGS = {
+    "uncoalesced": {"BLACKBOX_FIRE_COALESCE_MS": "0"},
     "store": {"BLACKBOX_STORE_TOPIC": "blackbox.store"},
     "index": {"BLACKBOX_STORE_TOPIC": "blackbox.store", "BLACKBOX_STORAGE_MODE": "index"},
 }
@@ -305,7 +308,7 @@ def main() -> int:
         "--subjects",
         nargs="+",
         default=["service", "relay"],
-        choices=["service", "anonymous", "relay", "against", "store", "index", "steps"],
+        choices=["service", "anonymous", "relay", "against", "steps", *SUBJECT_SETTINGS],
     )
     parser.add_argument("--against", type=Path, help="another checkout's tree (subject 'against')")
     parser.add_argument("--relay", nargs=2, metavar=("BOOTSTRAP", "TOPIC"), help=argparse.SUPPRESS)

@@ -117,7 +117,7 @@ class Firing:
         self.lost: str | None = None  # what Redis lost, while firing holds for it
         self._clocks_due = 0.0  # time.monotonic() of the next look at the clocks
         self.share = share
-        self.waker = Waker(self.fire, stopping)
+        self.waker = Waker(self.fire, stopping, settings.fire_coalesce_ms)
         self.nudges = NudgeListener(nudge_client, store.layout.wake_channel, self._nudged, stopping)
         self._read_ahead = None
         if settings.storage_mode == "index" and store.reader is not None:

@@ -5,6 +5,12 @@ whichever is sooner) and wakes early when nudged: by this replica's intake, or b
 replica's through a Redis pub/sub message carrying the due time. A nudge that comes while
 `fire` runs is kept: the claim inside may already have looked, so the next wake-up is no
 later than the nudged time.
+
+Wakes are spaced: one begins at least `spacing_ms` after the last one began
+(BLACKBOX_FIRE_COALESCE_MS). At a steady 1,000 messages/s nearly every millisecond has a
+due instant, and a wake costs about a hundred microseconds whatever it carries; spaced,
+the deliveries due within the gap leave together, each at most `spacing_ms` late. A stream
+slower than one due instant per gap never waits: its wakes are far apart already.
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ Fire = Callable[[], int]
 class Waker:
     """A loop calling `fire` at the instants it returns, woken early by `nudge`."""
 
-    def __init__(self, fire: Fire, stop: threading.Event) -> None:
+    def __init__(self, fire: Fire, stop: threading.Event, spacing_ms: int = 0) -> None:
         self.fire = fire
         self.stop = stop
+        self.spacing_ms = spacing_ms
         self.planned_ms = 0
         # Woken through a queue, not an Event: it waits in C, where an Event's wait runs a
         # Condition in Python (the waker sleeps once per due instant: ~1,000 times a second
@@ -38,18 +45,28 @@ class Waker:
         while not self.stop.is_set():
             with self._lock:
                 self._firing, self._nudged_ms = True, None
+            began_ms = now_ms()
             wake_at = self.fire()
             with self._lock:
                 if self._nudged_ms is not None:
                     wake_at = min(wake_at, self._nudged_ms)
                 self._firing, self.planned_ms = False, wake_at
-            self._sleep_until(wake_at)
+            self._sleep_until(began_ms + self.spacing_ms)
 
-    def _sleep_until(self, wake_at: int) -> None:
-        delay = (wake_at - now_ms()) / 1000
+    def _sleep_until(self, not_before_ms: int) -> None:
+        """Sleep until the planned wake-up (moved sooner by nudges meanwhile), no sooner
+        than `not_before_ms`, or until stopped."""
+        while not self.stop.is_set():
+            with self._lock:
+                wake_at = max(self.planned_ms, not_before_ms)
+            delay = (wake_at - now_ms()) / 1000
+            if delay <= 0:
+                break
+            try:
+                self._wake.get(timeout=delay)  # a nudge: the plan may be sooner now
+            except queue.Empty:
+                break
         try:
-            if delay > 0:
-                self._wake.get(timeout=delay)
             while True:  # the wakes asked for meanwhile are all served by this one
                 self._wake.get_nowait()
         except queue.Empty:

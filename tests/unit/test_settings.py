@@ -34,6 +34,7 @@ def test_defaults_from_an_empty_environment() -> None:
         intake_batch=500,
         intake_window_ms=25,
         fire_ahead_ms=100,
+        fire_coalesce_ms=3,
         lease_seconds=30.0,
         delivery_timeout=10.0,
         max_attempts=5,
@@ -111,6 +112,8 @@ def test_values_are_read_typed_and_stripped() -> None:
         ("BLACKBOX_INTAKE_WINDOW_MS", "2.5"),
         ("BLACKBOX_FIRE_AHEAD_MS", "1001"),
         ("BLACKBOX_FIRE_AHEAD_MS", ""),
+        ("BLACKBOX_FIRE_COALESCE_MS", "-1"),
+        ("BLACKBOX_FIRE_COALESCE_MS", "1001"),
         ("BLACKBOX_LEASE_SECONDS", "0"),
         ("BLACKBOX_DELIVERY_TIMEOUT", "-5"),
         ("BLACKBOX_MAX_ATTEMPTS", "0"),
@@ -328,6 +331,7 @@ def test_api_token_is_masked_and_checked() -> None:
         ("BLACKBOX_POLL_INTERVAL", "0.001", 0.001),
         ("BLACKBOX_INTAKE_WINDOW_MS", "0", 0),
         ("BLACKBOX_FIRE_AHEAD_MS", "1000", 1000),
+        ("BLACKBOX_FIRE_COALESCE_MS", "0", 0),
     ],
 )
 def test_the_edges_of_each_range_are_accepted(name: str, value: str, expected: object) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 
 from blackbox.clock import now_ms
 from blackbox.firing.waker import Waker
@@ -90,3 +92,79 @@ def test_a_nudge_while_firing_is_told_to_the_running_fire() -> None:
 
     assert seen == [None, 1_234]
     assert waker.nudged_while_firing() is None  # not firing any more
+
+
+def _run(waker: Waker) -> threading.Thread:
+    thread = threading.Thread(target=waker.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _stopped(waker: Waker, thread: threading.Thread) -> None:
+    waker.stop.set()
+    waker.wake()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_wakes_are_spaced_by_the_coalescing_interval() -> None:
+    """BLACKBOX_FIRE_COALESCE_MS: asked to wake at once, again and again (a due instant
+    every millisecond, and nudges for each), the waker begins a run no sooner than the
+    interval after the last one began; so the deliveries due meanwhile leave together."""
+    runs: list[int] = []
+    waker: Waker
+
+    def fire() -> int:
+        runs.append(now_ms())
+        waker.nudge(now_ms())  # sooner than anything: a short countdown
+        return now_ms()  # something is due at once
+
+    waker = Waker(fire, threading.Event(), spacing_ms=40)
+    thread = _run(waker)
+    wait_until(lambda: len(runs) >= 6, timeout=10, what="six runs")
+    _stopped(waker, thread)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(runs)]
+    assert min(gaps) >= 40, gaps
+
+
+def test_a_nudge_after_a_quiet_spell_wakes_at_once_whatever_the_spacing() -> None:
+    """Spacing counts from the last run: the first due instant after a quiet spell (here
+    past the interval already) waits for nothing."""
+    fired = threading.Semaphore(0)
+
+    def fire() -> int:
+        fired.release()
+        return now_ms() + 60_000
+
+    waker = Waker(fire, threading.Event(), spacing_ms=200)
+    thread = _run(waker)
+    assert fired.acquire(timeout=5)
+    quiet_from = time.monotonic()  # a quiet spell longer than the spacing
+    wait_until(lambda: time.monotonic() - quiet_from > 0.25, timeout=5, what="a quiet spell")
+    nudged_at = time.monotonic()
+    assert waker.nudge(now_ms())
+    assert fired.acquire(timeout=5)
+    woke_after = time.monotonic() - nudged_at
+    _stopped(waker, thread)
+    assert woke_after < 0.15, f"the nudge waited {woke_after:.3f} s for the spacing"
+
+
+def test_a_nudge_within_the_spacing_waits_for_its_end_not_for_the_plan() -> None:
+    """A nudge soon after a run is served when the interval ends, not at the plan made
+    a minute away, and not before the interval ends."""
+    runs: list[float] = []
+    fired = threading.Semaphore(0)
+
+    def fire() -> int:
+        runs.append(time.monotonic())
+        fired.release()
+        return now_ms() + 60_000
+
+    waker = Waker(fire, threading.Event(), spacing_ms=300)
+    thread = _run(waker)
+    assert fired.acquire(timeout=5)
+    wait_until(lambda: waker.planned_ms > now_ms() + 30_000, timeout=5, what="the plan")
+    assert waker.nudge(now_ms())
+    assert fired.acquire(timeout=5), "the nudge was not served"
+    _stopped(waker, thread)
+    assert 0.29 <= runs[1] - runs[0] < 5, runs
