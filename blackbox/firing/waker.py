@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from blackbox.clock import now_ms
@@ -45,21 +46,21 @@ class Waker:
         while not self.stop.is_set():
             with self._lock:
                 self._firing, self._nudged_ms = True, None
-            began_ms = now_ms()
+            began = time.monotonic()  # the spacing: not moved by a step of the wall clock
             wake_at = self.fire()
             with self._lock:
                 if self._nudged_ms is not None:
                     wake_at = min(wake_at, self._nudged_ms)
                 self._firing, self.planned_ms = False, wake_at
-            self._sleep_until(began_ms + self.spacing_ms)
+            self._sleep_until(began + self.spacing_ms / 1000)
 
-    def _sleep_until(self, not_before_ms: int) -> None:
-        """Sleep until the planned wake-up (moved sooner by nudges meanwhile), no sooner
-        than `not_before_ms`, or until stopped."""
+    def _sleep_until(self, not_before: float) -> None:
+        """Sleep until the planned wake-up (epoch ms, moved sooner by nudges meanwhile), no
+        sooner than `not_before` (time.monotonic()), or until stopped."""
         while not self.stop.is_set():
             with self._lock:
-                wake_at = max(self.planned_ms, not_before_ms)
-            delay = (wake_at - now_ms()) / 1000
+                planned_ms = self.planned_ms
+            delay = max((planned_ms - now_ms()) / 1000, not_before - time.monotonic())
             if delay <= 0:
                 break
             try:

@@ -27,6 +27,7 @@ from blackbox.api import tokens
 from blackbox.api.app import probes_app
 from blackbox.api.server import Endpoints
 from blackbox.cli import main as cli
+from blackbox.errors import SettingsError
 from blackbox.health import Health
 from blackbox.intake import policy
 from blackbox.metrics import LATENESS_BUCKETS, Metrics
@@ -184,6 +185,32 @@ def test_rendered_environment_loads_as_settings() -> None:
     assert loaded.batch_limit == 2000
     assert loaded.kafka["bootstrap.servers"] == "kafka:9092"
     assert loaded.kafka_consumer == {"fetch.wait.max.ms": "5"}
+
+
+# The windows of milliseconds, 0 (off) to 1,000, as settings.py reads them.
+WINDOWS_MS = ("BLACKBOX_INTAKE_WINDOW_MS", "BLACKBOX_FIRE_AHEAD_MS", "BLACKBOX_FIRE_COALESCE_MS")
+
+
+@pytest.mark.parametrize("name", WINDOWS_MS)
+@pytest.mark.parametrize("value", ["0", 0, "1000", 1000, "25"])
+def test_the_chart_takes_every_window_the_service_takes(name: str, value: str | int) -> None:
+    """0 turns a window off (docs/configuration.md): the chart renders it, and the
+    environment it renders loads."""
+    docs = manifests({"config": {name: value}})
+    loaded = Settings.from_env(environment(docs, _deployment(docs)))
+    (var,) = (v for v in VARIABLES if v.name == name)
+    assert getattr(loaded, var.attribute) == int(value)
+
+
+@pytest.mark.parametrize("name", WINDOWS_MS)
+@pytest.mark.parametrize("value", ["1001", 1001, "-1", -1, "5000", "007", "2.5"])
+def test_the_chart_refuses_a_window_the_service_refuses(name: str, value: str | int) -> None:
+    """What the service would refuse at start (exit code 2) is refused at install."""
+    if value != "007":  # the service reads 7; the chart asks for the plain form
+        with pytest.raises(SettingsError):
+            Settings.from_env({name: str(value)})
+    with pytest.raises(helm_python.HelmValuesError):
+        render({"config": {name: value}})
 
 
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=list(VALUE_SETS))

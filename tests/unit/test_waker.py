@@ -6,7 +6,10 @@ import itertools
 import threading
 import time
 
+import pytest
+
 from blackbox.clock import now_ms
+from blackbox.firing import waker as waker_module
 from blackbox.firing.waker import Waker
 from tests.kafkatools import wait_until
 
@@ -168,3 +171,30 @@ def test_a_nudge_within_the_spacing_waits_for_its_end_not_for_the_plan() -> None
     assert fired.acquire(timeout=5), "the nudge was not served"
     _stopped(waker, thread)
     assert 0.29 <= runs[1] - runs[0] < 5, runs
+
+
+def test_a_backward_step_of_the_wall_clock_does_not_hold_nudges_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The spacing is kept on the monotonic clock: the wall clock stepping back 3 s while
+    a wake runs (an NTP correction) must not hold a due message back by 3 s."""
+    step_ms = [0]
+    monkeypatch.setattr(waker_module, "now_ms", lambda: now_ms() - step_ms[0])
+    fired = threading.Semaphore(0)
+
+    def fire() -> int:
+        step_ms[0] = 3_000  # the clock steps back during the first wake
+        fired.release()
+        return waker_module.now_ms() + 60_000
+
+    waker = Waker(fire, threading.Event(), spacing_ms=3)
+    thread = _run(waker)
+    assert fired.acquire(timeout=5)
+    wait_until(lambda: waker.planned_ms > waker_module.now_ms(), timeout=5, what="the plan")
+    nudged_at = time.monotonic()
+    assert waker.nudge(waker_module.now_ms())  # due now, by the stepped clock
+    served = fired.acquire(timeout=10)
+    waited = time.monotonic() - nudged_at
+    _stopped(waker, thread)
+    assert served
+    assert waited < 1, f"the nudge was served after {waited:.3f} s"
