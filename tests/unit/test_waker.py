@@ -179,20 +179,24 @@ def test_a_backward_step_of_the_wall_clock_does_not_hold_nudges_back(
     """The spacing is kept on the monotonic clock: the wall clock stepping back 3 s while
     a wake runs (an NTP correction) must not hold a due message back by 3 s."""
     step_ms = [0]
-    monkeypatch.setattr(waker_module, "now_ms", lambda: now_ms() - step_ms[0])
+
+    def stepped() -> int:
+        return now_ms() - step_ms[0]
+
+    monkeypatch.setattr(waker_module, "now_ms", stepped)
     fired = threading.Semaphore(0)
 
     def fire() -> int:
         step_ms[0] = 3_000  # the clock steps back during the first wake
         fired.release()
-        return waker_module.now_ms() + 60_000
+        return stepped() + 60_000
 
     waker = Waker(fire, threading.Event(), spacing_ms=3)
     thread = _run(waker)
     assert fired.acquire(timeout=5)
-    wait_until(lambda: waker.planned_ms > waker_module.now_ms(), timeout=5, what="the plan")
+    wait_until(lambda: waker.planned_ms > stepped(), timeout=5, what="the plan")
     nudged_at = time.monotonic()
-    assert waker.nudge(waker_module.now_ms())  # due now, by the stepped clock
+    assert waker.nudge(stepped())  # due now, by the stepped clock
     served = fired.acquire(timeout=10)
     waited = time.monotonic() - nudged_at
     _stopped(waker, thread)
