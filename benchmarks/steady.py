@@ -5,6 +5,7 @@ lateness, beside a plain relay (the floor) and, optionally, another checkout of 
     python -m benchmarks.steady --rates 1000 --rounds 3          # alternated, 3 rounds
     python -m benchmarks.steady --rates 1000 --against /tmp/v010 # beside another release
     python -m benchmarks.steady --rates 1000 --burst 20000        # and 20,000 due at once
+    python -m benchmarks.steady --rates 1000 --served             # and the broker's requests
 
 Each run starts a fresh stack (Redis, Apache Kafka), waits until its subject is ready,
 measures every process's CPU over an idle window, then sends `rate` messages a second for
@@ -22,6 +23,11 @@ Subjects, alternated run by run so the machine's drift falls on all alike:
 - `store`: `blackbox run` of this checkout with a store topic (BLACKBOX_STORE_TOPIC);
 - `index`: the same in index mode (BLACKBOX_STORAGE_MODE=index);
 - `steps`: `blackbox run` of this checkout with its steps timed (`benchmarks.steps`).
+
+With `--served`, the broker's own request metrics give what it served per message over
+the same span (`broker_served_per_message`: requests by type, all clients', the load
+generator's and the collector's included, and bytes in and out; `benchmarks.brokerrequests`
+attaches to the broker's JVM for them, so leave it off when comparing the broker's CPU).
 
 Figures per run, from the first record sent to the last delivered: CPU per message of the
 subject, of the broker and of Redis, each net of what it spends idle over the same span
@@ -50,7 +56,7 @@ import orjson
 import redis
 from confluent_kafka import Consumer, Producer
 
-from benchmarks import steps
+from benchmarks import brokerrequests, steps
 from benchmarks.collect import CollectorProcess, Window, summary
 from benchmarks.scenarios import CALLER, new_producer, send, warm_up
 from benchmarks.stack import Stack, cpu_seconds, local_stack, redis_cpu_seconds, thread_cpu_seconds
@@ -83,10 +89,19 @@ class Meters:
 
 
 def meters(stack: Stack, pid: int, client: redis.Redis) -> Meters:
+    return Meters(cpu_seconds(pid), cpu_seconds(_broker_pid(stack)), redis_cpu_seconds(client),
+                  time.monotonic())  # fmt: skip
+
+
+def _served(stack: Stack, wanted: bool) -> dict[str, int] | None:
+    """What the broker served so far, when asked for (`--served`)."""
+    return brokerrequests.counts(_broker_pid(stack)) if wanted else None
+
+
+def _broker_pid(stack: Stack) -> int:
     broker = stack.broker.process
     assert broker is not None
-    return Meters(cpu_seconds(pid), cpu_seconds(broker.pid), redis_cpu_seconds(client),
-                  time.monotonic())  # fmt: skip
+    return broker.pid
 
 
 def relay(bootstrap: str, intake: str) -> None:
@@ -158,7 +173,9 @@ def steps_file(stack: Stack) -> Path:
     return stack.work / "steps.json"
 
 
-def one_run(subject: str, rate: int, seconds: int, against: Path | None) -> Result:
+def one_run(
+    subject: str, rate: int, seconds: int, against: Path | None, *, count_served: bool = False
+) -> Result:
     count = rate * seconds
     rng = random.Random(rate)
     overrides = SUBJECT_SETTINGS.get(subject, {})
@@ -169,11 +186,13 @@ def one_run(subject: str, rate: int, seconds: int, against: Path | None) -> Resu
         opens = time.time()
         window = Window(target, opens - 1, opens + IDLE_SECONDS + seconds + COUNTDOWNS_S[1] + 5)
         collector = CollectorProcess.following(stack.broker.bootstrap, [window], seconds + 90)
+        served = _served(stack, count_served)  # the broker's JMX agent started before idle
         idle_start = meters(stack, pid, client)
         time.sleep(IDLE_SECONDS)  # the subject idle: what it costs per second doing nothing
         idle = meters(stack, pid, client).since(idle_start)
         producer = new_producer(stack)
         commands = client.info("commandstats")
+        served = _served(stack, count_served)
         start = meters(stack, pid, client)
         threads_start = thread_cpu_seconds(pid)
         steps_start = steps.read(steps_file(stack))
@@ -188,6 +207,7 @@ def one_run(subject: str, rate: int, seconds: int, against: Path | None) -> Resu
         # last delivery, and the idle rate over the whole span is taken off (net figures).
         got = collector.result(timeout=seconds + 120)
         used = meters(stack, pid, client).since(start)
+        requests = brokerrequests.per_message(served, _served(stack, count_served), count)
         threads = _per_message(threads_start, thread_cpu_seconds(pid), count)
         calls = _calls_per_message(commands, client.info("commandstats"), count)
         client.close()
@@ -195,6 +215,7 @@ def one_run(subject: str, rate: int, seconds: int, against: Path | None) -> Resu
     return {**_figures(subject, rate, seconds, count, got, used, idle),
             "subject_threads_cpu_us_per_message": threads,
             "redis_calls_per_message": calls,
+            "broker_served_per_message": requests,
             **({"steps_per_message": timed} if subject == "steps" else {})}  # fmt: skip
 
 
@@ -270,7 +291,9 @@ def median_table(results: list[Result]) -> str:
     """Per subject and rate, the median of each figure over the rounds."""
     fields = ["subject_cpu_us_per_message", "broker_cpu_us_per_message",
               "redis_cpu_us_per_message", "lateness_ms.p50", "lateness_ms.p99",
-              "own_lateness_ms.p50", "own_lateness_ms.p99", "lost", "duplicated"]  # fmt: skip
+              "own_lateness_ms.p50", "own_lateness_ms.p99", "lost", "duplicated",
+              "broker_served_per_message.requests", "broker_served_per_message.Produce",
+              "broker_served_per_message.Fetch"]  # fmt: skip
     keys = sorted({(r["rate_per_s"], r["subject"]) for r in results})
     lines = [f"  {'rate':>6} {'subject':<8} " + " ".join(f"{f:>28}" for f in fields)]
     for rate, subject in keys:
@@ -310,6 +333,12 @@ def main() -> int:
         default=["service", "relay"],
         choices=["service", "anonymous", "relay", "against", "steps", *SUBJECT_SETTINGS],
     )
+    parser.add_argument(
+        "--served",
+        action="store_true",
+        help="also count what the broker served per message, from its own metrics over JMX "
+        "(attaches to the broker's JVM: its CPU figures are then not comparable)",
+    )
     parser.add_argument("--against", type=Path, help="another checkout's tree (subject 'against')")
     parser.add_argument("--relay", nargs=2, metavar=("BOOTSTRAP", "TOPIC"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -325,7 +354,8 @@ def main() -> int:
     for round_ in range(args.rounds):
         for rate in args.rates:
             for subject in subjects if round_ % 2 == 0 else reversed(subjects):
-                result = one_run(subject, rate, args.seconds, args.against)
+                result = one_run(subject, rate, args.seconds, args.against,
+                                 count_served=args.served)  # fmt: skip
                 results.append(result)
                 print(orjson.dumps(result).decode(), flush=True)  # noqa: T201 - figures
         for subject in [s for s in subjects if s != "relay"] if args.burst else []:
