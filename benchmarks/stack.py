@@ -21,7 +21,7 @@ from typing import TypeVar
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from blackbox.dev.cluster import RedisCluster
+from blackbox.dev.cluster import formed_cluster
 from blackbox.dev.servers import (
     KafkaBroker,
     RedisServer,
@@ -251,7 +251,7 @@ def redis_for(kind: str) -> Iterator[str]:
     "cluster" (a Redis Cluster of three masters, `redis+cluster://`)."""
     work = scratch_dir("blackbox-bench-")
     if kind == "cluster":
-        with RedisCluster([free_port() for _ in range(CLUSTER_MASTERS)], work) as cluster:
+        with formed_cluster(CLUSTER_MASTERS, work) as cluster:
             yield cluster.url
         return
     server = RedisServer(free_port(), work)

@@ -6,16 +6,23 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import redis
+import structlog
 
-from blackbox.dev.servers import LOOPBACK, RedisServer, free_port
+from blackbox.dev.servers import LOOPBACK, RedisServer, free_port, log_tail
 from blackbox.errors import StackError
 
+log = structlog.get_logger("blackbox.dev.cluster")
+
 CLUSTER_SLOTS = 16384  # every hash slot of a Redis Cluster
+# Clusters formed on fresh free ports, in a fresh folder, before `formed_cluster` gives up: a
+# cluster whose nodes never agreed they were ready was seen once in a test session.
+FORM_TRIES = 2
 
 
 def redis_cli() -> str:
@@ -150,20 +157,68 @@ class RedisCluster:
 
     def _replicas_known(self, node: RedisServer) -> int:
         """How many nodes `node` knows as replicas (CLUSTER NODES flags)."""
+        return sum(b"slave" in flags for _, flags in self._known(node))
+
+    def _known(self, node: RedisServer) -> list[tuple[str, set[bytes]]]:
+        """Every node `node` knows (itself too): its address and its CLUSTER NODES flags."""
         with _client(node) as client:
             nodes: bytes = client.execute_command("CLUSTER", "NODES")
-        return sum(b"slave" in line.split()[2].split(b",") for line in nodes.splitlines())
+        return [(fields[1].decode(), set(fields[2].split(b",")))
+                for fields in (line.split() for line in nodes.splitlines())]  # fmt: skip
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
-            if all(self._ready(node) for node in self.nodes):
-                return
+            try:
+                if all(self._ready(node) for node in self.nodes):
+                    return
+            except redis.RedisError:  # a node too busy to answer in time: not ready yet
+                pass
             time.sleep(0.05)
         raise StackError(f"the Redis Cluster on {self.url} was not ready within "
-                         f"{self.start_timeout} s; see the nodes' redis.log")  # fmt: skip
+                         f"{self.start_timeout} s: {self.describe()}")  # fmt: skip
+
+    def describe(self) -> str:
+        """Each node as it sees the cluster (its state, slots, masters, known nodes and the
+        nodes it flags as failing), then the end of its log: why a cluster is not ready."""
+        return "".join(f"\nnode {node.port}: {self._view(node)}"
+                       f"{log_tail(node.log_path, lines=8)}" for node in self.nodes)  # fmt: skip
+
+    def _view(self, node: RedisServer) -> str:
+        try:
+            info = self.cluster_info(node)
+            failing = [address for address, flags in self._known(node)
+                       if flags & {b"fail", b"fail?"}]  # fmt: skip
+        except redis.RedisError as e:
+            return f"unanswered ({e})"
+        fields = ("cluster_state", "cluster_slots_ok", "cluster_size", "cluster_known_nodes")
+        return " ".join(f"{name}={info.get(name)}" for name in fields) + f" failing={failing}"
 
 
 def _client(node: RedisServer) -> redis.Redis:
     """A plain client of one node, answering for that node only."""
     return redis.Redis(host=LOOPBACK, port=node.port, socket_timeout=2)
+
+
+@contextmanager
+def formed_cluster(
+    size: int, data_dir: Path, replicas: int = 0, appendfsync: str | None = None
+) -> Iterator[RedisCluster]:
+    """A `RedisCluster` of `size` nodes on free ports, started, and stopped on leaving. One
+    that does not become ready is stopped and formed again on other free ports, in a
+    folder of its own, up to FORM_TRIES times; the last failure is raised."""
+    for attempt in range(1, FORM_TRIES + 1):
+        folder = data_dir if attempt == 1 else data_dir / f"attempt-{attempt}"
+        cluster = RedisCluster([free_port() for _ in range(size)], folder, replicas, appendfsync)
+        try:
+            cluster.start()
+        except StackError as e:
+            if attempt == FORM_TRIES:
+                raise
+            log.warning("redis_cluster_formed_again", attempt=attempt, error=str(e))
+            continue
+        break
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

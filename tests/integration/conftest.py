@@ -13,7 +13,7 @@ import pytest
 import redis
 from fastapi.dependencies import models as fastapi_models
 
-from blackbox.dev.cluster import RedisCluster
+from blackbox.dev.cluster import RedisCluster, formed_cluster
 from blackbox.dev.servers import KafkaBroker, RedisServer, free_port
 from blackbox.kafka import clients
 from blackbox.role import Role
@@ -67,8 +67,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
     """A Redis Cluster of three masters on free ports, started when a test first asks for it
     and stopped at the end of the session."""
-    ports = [free_port() for _ in range(3)]
-    with RedisCluster(ports, tmp_path_factory.mktemp("redis-cluster")) as cluster:
+    with formed_cluster(3, tmp_path_factory.mktemp("redis-cluster")) as cluster:
         yield cluster
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from blackbox.dev.cluster import RedisCluster
+from blackbox.dev.cluster import RedisCluster, formed_cluster
 from blackbox.dev.servers import KafkaBroker, RedisServer, free_port
 from blackbox.kafka import clients
 from blackbox.settings import Settings
@@ -44,8 +44,7 @@ DELIVERY_DEADLINE = 30.0  # seconds after the last schedule's due time
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[RedisCluster]:
     """Three masters and three replicas, every node append-only with `appendfsync always`."""
-    ports = [free_port() for _ in range(6)]
-    with RedisCluster(ports, tmp_path / "cluster", replicas=1, appendfsync="always") as formed:
+    with formed_cluster(6, tmp_path / "cluster", replicas=1, appendfsync="always") as formed:
         yield formed
 
 
