@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import redis
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,8 +27,8 @@ from blackbox.dev.servers import (
     TansuBroker,
     free_port,
     scratch_dir,
+    start_on_free_ports,
 )
-from blackbox.errors import StackError
 from blackbox.kafka import clients
 from blackbox.settings import Settings
 from blackbox.storage.keys import Layout
@@ -61,9 +60,10 @@ def shards_setting() -> dict[str, str]:
 def local_stack(appendfsync: str | None = None, **overrides: str) -> Iterator[Stack]:
     """Start Redis and the broker on free ports, with the intake and DLQ topics created."""
     work = scratch_dir("blackbox-bench-")
-    redis = RedisServer(free_port(), work, appendfsync=appendfsync)
-    redis.start()
-    broker = start_broker(work, new_broker)
+    redis = start_on_free_ports(
+        work / "redis", lambda folder: RedisServer(free_port(), folder, appendfsync=appendfsync)
+    )
+    broker = start_on_free_ports(work, new_broker)
     env = {
         "REDIS_URL": redis.url,
         "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
@@ -103,40 +103,6 @@ def new_broker(work: Path) -> KafkaBroker | TansuBroker:
 
 def kafka_broker(work: Path) -> KafkaBroker:
     return KafkaBroker(free_port(), work / "kafka", heap="1g")
-
-
-Broker = TypeVar("Broker", KafkaBroker, TansuBroker, KafkaBroker | TansuBroker)
-
-# Starts of a broker whose picked ports another process took first (a port is free when
-# picked, and taken by the time the JVM binds it: seen once in an hour-long run).
-BIND_TRIES = 3
-
-
-def start_broker(work: Path, new: Callable[[Path], Broker]) -> Broker:
-    """A broker made by `new` in `work`, started; one whose port was taken meanwhile is made
-    again on other free ports, in a folder of its own (KRaft keeps its controller's port)."""
-    for attempt in range(1, BIND_TRIES + 1):
-        folder = work if attempt == 1 else work / f"broker-{attempt}"
-        folder.mkdir(parents=True, exist_ok=True)
-        broker = new(folder)
-        try:
-            broker.start()
-        except StackError:
-            broker.stop()
-            if not _port_taken(broker.log_path) or attempt == BIND_TRIES:
-                raise
-            print(f"broker port {broker.port} taken, starting it again", file=sys.stderr)  # noqa: T201
-            continue
-        return broker
-    raise AssertionError("unreachable")
-
-
-def _port_taken(log_path: Path) -> bool:
-    """Whether a broker's log says it could not bind its port."""
-    try:
-        return "java.net.BindException" in log_path.read_text(errors="replace")
-    except OSError:
-        return False
 
 
 def spawn_service(env: dict[str, str], log_path: Path, *args: str) -> subprocess.Popen[bytes]:
@@ -235,7 +201,7 @@ def redis_cpu_seconds(client: redis.Redis) -> float:
 @contextmanager
 def started_broker() -> Iterator[KafkaBroker]:
     """An Apache Kafka broker on a free port, for benchmarks that start their own services."""
-    broker = start_broker(scratch_dir("blackbox-bench-"), kafka_broker)
+    broker = start_on_free_ports(scratch_dir("blackbox-bench-"), kafka_broker)
     try:
         yield broker
     finally:

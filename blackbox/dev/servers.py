@@ -17,11 +17,12 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from shlex import split
-from typing import IO
+from typing import IO, TypeVar
 
+import structlog
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
@@ -29,6 +30,7 @@ from blackbox.dev import maven
 from blackbox.errors import StackError
 
 LOOPBACK = "127.0.0.1"
+log = structlog.get_logger("blackbox.dev.servers")
 
 
 # Ports handed out lie below Linux's ephemeral range (32768 up), which outgoing
@@ -136,6 +138,46 @@ class _Server:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+Server = TypeVar("Server", bound=_Server)
+
+# Starts of a server whose picked port another process took first: a port is free when
+# picked, and may be taken by the time the server binds it (seen once in an hour of
+# benchmarks, where a Kafka broker picked it).
+BIND_TRIES = 3
+# What a server's log says when its port was taken: the JVM's, and the C library's text
+# that redis-server and Tansu give.
+_PORT_TAKEN = ("java.net.BindException", "Address already in use")
+
+
+def start_on_free_ports(work: Path, new: Callable[[Path], Server]) -> Server:
+    """A server made by `new` in `work` (on free ports it picks), started; one whose port
+    was taken meanwhile is made again, on other free ports, in a folder of its own (a KRaft
+    broker's log folder keeps its controller's port), up to BIND_TRIES times."""
+    for attempt in range(1, BIND_TRIES + 1):
+        folder = work if attempt == 1 else work / f"attempt-{attempt}"
+        folder.mkdir(parents=True, exist_ok=True)
+        server = new(folder)
+        try:
+            server.start()
+        except StackError:
+            server.stop()
+            if attempt == BIND_TRIES or not port_taken(server.log_path):
+                raise
+            log.warning("server_port_taken", port=server.port, attempt=attempt)
+            continue
+        return server
+    raise AssertionError("unreachable")
+
+
+def port_taken(log_path: Path) -> bool:
+    """Whether a server's log says it could not bind a port."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(said in text for said in _PORT_TAKEN)
 
 
 class RedisServer(_Server):

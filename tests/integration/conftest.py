@@ -14,7 +14,7 @@ import redis
 from fastapi.dependencies import models as fastapi_models
 
 from blackbox.dev.cluster import RedisCluster, formed_cluster
-from blackbox.dev.servers import KafkaBroker, RedisServer, free_port
+from blackbox.dev.servers import KafkaBroker, RedisServer, free_port, start_on_free_ports
 from blackbox.kafka import clients
 from blackbox.role import Role
 from blackbox.service import Service
@@ -42,8 +42,8 @@ def broker(
     exits (thousands, burying a failing run's report). In a session that passed, one left
     open is an error naming what holds it; after a failure it may be the failed test's
     (its traceback keeps its frames), so it is only closed."""
-    server = KafkaBroker(free_port(), tmp_path_factory.mktemp("kafka"))
-    server.start()
+    server = start_on_free_ports(tmp_path_factory.mktemp("kafka"),
+                                 lambda folder: KafkaBroker(free_port(), folder))  # fmt: skip
     yield server
     left = open_clients()
     found = [f"{type(c).__name__} held by {holders(c)}" for c in left]
@@ -57,8 +57,8 @@ def broker(
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(free_port(), tmp_path_factory.mktemp("redis"))
-    server.start()
+    server = start_on_free_ports(tmp_path_factory.mktemp("redis"),
+                                 lambda folder: RedisServer(free_port(), folder))  # fmt: skip
     yield server
     server.stop()
 
