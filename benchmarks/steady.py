@@ -15,6 +15,7 @@ Subjects, alternated run by run so the machine's drift falls on all alike:
 - `service`: `blackbox run` of this checkout, on the defaults;
 - `uncoalesced`: the same with a wake of firing at each due instant
   (BLACKBOX_FIRE_COALESCE_MS=0, as before December 2026);
+- `oneshard`: the same on one shard (BLACKBOX_SHARDS=1) rather than the default 16;
 - `anonymous`: the same, sent requests without the `CALLER_SERVICE` header (as every
   subject was until November 2026; the others send it, as a caller's service does);
 - `relay`: the floor, a plain Kafka relay that consumes the intake topic and produces each
@@ -69,6 +70,7 @@ RELAY_GROUP = "bench-relay"
 # The settings each subject adds to the defaults.
 SUBJECT_SETTINGS = {
     "uncoalesced": {"BLACKBOX_FIRE_COALESCE_MS": "0"},
+    "oneshard": {"BLACKBOX_SHARDS": "1"},
     "store": {"BLACKBOX_STORE_TOPIC": "blackbox.store"},
     "index": {"BLACKBOX_STORE_TOPIC": "blackbox.store", "BLACKBOX_STORAGE_MODE": "index"},
 }
